@@ -1,0 +1,1 @@
+"""FastAPI service hosting registered tool environments, with HTTP and in-process clients (issue #4)."""

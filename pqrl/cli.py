@@ -1,0 +1,112 @@
+"""The ``pqrl`` command line. Each subcommand imports its package only when it runs.
+
+Subcommands whose issue has not landed yet are listed (compose.yaml already calls them) and exit
+with status 2 and a message saying so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+
+__all__ = ["build_parser", "main"]
+
+# subcommand path -> the issue that delivers it
+PLANNED: dict[tuple[str, ...], str] = {
+    ("train",): "#7 (trainer)",
+    ("status",): "#7 (trainer)",
+    ("sft",): "#7 (trainer)",
+    ("rollout",): "#6 (rollouts)",
+    ("engine", "serve"): "#6 (rollouts)",
+    ("env-server",): "#4 (env server)",
+    ("env", "list"): "#4 (env server)",
+    ("tasks", "validate"): "#5 (task suites)",
+    ("tasks", "submit"): "#5 (task suites)",
+    ("tasks", "list"): "#5 (task suites)",
+    ("tasks", "show"): "#5 (task suites)",
+}
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from pqrl.demo import DemoConfig, run_demo
+
+    run_demo(
+        DemoConfig(
+            tasks=args.tasks,
+            group_size=args.group_size,
+            max_new_tokens=args.max_new_tokens,
+            seed=args.seed,
+            model=args.model,
+            redis_url=args.redis_url,
+        )
+    )
+    return 0
+
+
+def _cmd_model_prepare(args: argparse.Namespace) -> int:
+    from pqrl.model_cache import prepare_model
+
+    print(prepare_model(args.name))
+    return 0
+
+
+def _cmd_build_image(args: argparse.Namespace) -> int:
+    from sandboxes.image import build_image
+
+    print(build_image(force=args.force, mirror=args.mirror, progress=lambda m: print(m, file=sys.stderr)))
+    return 0
+
+
+def _planned(path: tuple[str, ...]) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
+        print(f"pqrl {' '.join(path)}: not yet implemented (issue {PLANNED[path]})", file=sys.stderr)
+        return 2
+
+    return run
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pqrl", description="Agentic RL: rollouts in sandboxes, GRPO training.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    groups: dict[str, argparse._SubParsersAction] = {}
+
+    def group(name: str, help: str) -> argparse._SubParsersAction:
+        if name not in groups:
+            p = sub.add_parser(name, help=help)
+            groups[name] = p.add_subparsers(dest=f"{name}_command", required=True, metavar="COMMAND")
+        return groups[name]
+
+    demo = sub.add_parser("demo", help="end-to-end demo: model -> trajectories -> Redis store -> consumer")
+    demo.add_argument("--tasks", type=int, default=4, help="number of tasks (one group each)")
+    demo.add_argument("--group-size", type=int, default=4, help="samples per task (G)")
+    demo.add_argument("--max-new-tokens", type=int, default=32)
+    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--model", default="smollm2-135m-instruct", help="built-in model name or a model dir")
+    demo.add_argument("--redis-url", default=None, help="use this Redis instead of a private one")
+    demo.set_defaults(func=_cmd_demo)
+
+    prep = group("model", "offline model cache").add_parser("prepare", help="convert the GGUF model once")
+    prep.add_argument("--name", default="smollm2-135m-instruct")
+    prep.set_defaults(func=_cmd_model_prepare)
+
+    build = group("sandbox", "sandbox images").add_parser("build-image", help="build the base image offline")
+    build.add_argument("--force", action="store_true", help="rebuild even if the image exists")
+    build.add_argument("--mirror", default=None, help="Debian mirror URL for debootstrap")
+    build.set_defaults(func=_cmd_build_image)
+
+    for path, issue in PLANNED.items():
+        parent = sub if len(path) == 1 else group(path[0], f"{path[0]} commands")
+        p = parent.add_parser(path[-1], help=f"(not yet implemented: issue {issue})")
+        p.add_argument("rest", nargs=argparse.REMAINDER)
+        p.set_defaults(func=_planned(path))
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,178 @@
+"""``pqrl demo``: the foundation end to end, with every part real.
+
+A private Redis (or ``--redis-url``), the run's task queue, SmolLM2-135M-Instruct sampling G answers
+per arithmetic task with the engine's logprob convention (log_softmax(logits / T) of the sampled
+token), Trajectory records with exact-answer rewards, groups written to the trajectory stream, and a
+trainer-side consumer group that reads, scores (GRPO group advantages) and acknowledges them,
+after which the stream is trimmed to empty. Multi-turn tool use, sandboxes and the optimizer step
+arrive with their issues; ``pqrl train`` replaces this demo as the main job then.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import re
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from pqrl.model_cache import DEFAULT_MODEL, load_model, load_tokenizer
+from pqrl.redis_server import RedisServer
+from pqrl.store import TrajectoryStore
+from pqrl.trajectory import Trajectory, Turn
+
+__all__ = ["DemoConfig", "run_demo"]
+
+
+@dataclass(frozen=True)
+class DemoConfig:
+    tasks: int = 4
+    group_size: int = 4
+    max_new_tokens: int = 32
+    temperature: float = 1.0
+    seed: int = 0
+    model: str = DEFAULT_MODEL
+    redis_url: str | None = None
+
+
+def make_tasks(n: int, seed: int) -> list[dict[str, Any]]:
+    rng = random.Random(seed)
+    tasks = []
+    for i in range(n):
+        a, b = rng.randint(2, 30), rng.randint(2, 30)
+        tasks.append({"id": f"add-{seed}-{i}", "question": f"What is {a} + {b}?", "answer": str(a + b)})
+    return tasks
+
+
+def exact_answer_reward(text: str, answer: str) -> float:
+    """1 when the last number in the response is the answer."""
+    numbers = re.findall(r"-?\d+", text)
+    return float(bool(numbers) and numbers[-1] == answer)
+
+
+def grpo_advantages(rewards: np.ndarray, eps: float = 1e-6) -> np.ndarray:
+    return (rewards - rewards.mean()) / (rewards.std() + eps)
+
+
+def sample_group(model: Any, tokenizer: Any, task: dict[str, Any], cfg: DemoConfig, run_id: str) -> list[Trajectory]:
+    import torch
+
+    messages = [{"role": "user", "content": task["question"] + " Answer with just the number."}]
+    prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    prompt = list(prompt["input_ids"] if isinstance(prompt, dict) or hasattr(prompt, "keys") else prompt)
+    input_ids = torch.tensor([prompt] * cfg.group_size)
+    with torch.no_grad():
+        out = model.generate(
+            input_ids,
+            attention_mask=torch.ones_like(input_ids),
+            do_sample=True,
+            temperature=cfg.temperature,
+            top_p=1.0,
+            top_k=0,
+            max_new_tokens=cfg.max_new_tokens,
+            output_logits=True,
+            return_dict_in_generate=True,
+            pad_token_id=tokenizer.eos_token_id,
+        )
+    new = out.sequences[:, len(prompt) :]
+    # SGLang's convention: log_softmax(logits / T) of the sampled token, no top-p/top-k renormalization.
+    logits = torch.stack(out.logits, dim=1).float() / cfg.temperature
+    logprobs = torch.log_softmax(logits, dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
+    group_id = uuid.uuid4().hex[:12]
+    group = []
+    for i in range(cfg.group_size):
+        ids = new[i].tolist()
+        n = ids.index(tokenizer.eos_token_id) + 1 if tokenizer.eos_token_id in ids else len(ids)
+        text = tokenizer.decode(ids[:n], skip_special_tokens=True)
+        T = len(prompt) + n
+        generated = np.zeros(T, np.uint8)
+        generated[len(prompt) :] = 1
+        behavior = np.zeros(T, np.float32)
+        behavior[len(prompt) :] = logprobs[i, :n].numpy()
+        group.append(
+            Trajectory(
+                id=f"{group_id}-{i}",
+                run_id=run_id,
+                task_id=task["id"],
+                group_id=group_id,
+                env="demo-add",
+                tokens=np.array(prompt + ids[:n], np.int32),
+                generated=generated,
+                loss_mask=generated.copy(),
+                behavior_logprobs=behavior,
+                versions=np.where(generated == 1, 0, -1).astype(np.int32),
+                prompt_len=len(prompt),
+                turns=(Turn(len(prompt), T, "stop" if ids[n - 1] == tokenizer.eos_token_id else "length"),),
+                reward=exact_answer_reward(text, task["answer"]),
+                reward_info={"response": text, "answer": task["answer"]},
+            )
+        )
+    return group
+
+
+async def _run(cfg: DemoConfig, redis_url: str) -> dict[str, Any]:
+    import torch
+
+    torch.manual_seed(cfg.seed)
+    run_id = f"demo-{int(time.time())}-{uuid.uuid4().hex[:6]}"
+    t0 = time.perf_counter()
+    tokenizer = load_tokenizer(cfg.model)
+    model = load_model(cfg.model).eval()
+    print(f"model {cfg.model} loaded in {time.perf_counter() - t0:.1f}s; run {run_id} on {redis_url}", flush=True)
+
+    async with TrajectoryStore(redis_url, run_id, max_backlog=cfg.tasks) as store:
+        await store.create_consumer_group("trainer")
+        await store.push_tasks(make_tasks(cfg.tasks, cfg.seed))
+        # Rollout side: take each task from the queue, sample a group, publish it, ack the task.
+        for k in range(cfg.tasks):
+            (entry,) = await store.take_tasks("rollout", "demo-worker", count=1)
+            t1 = time.perf_counter()
+            group = sample_group(model, tokenizer, entry.task, cfg, run_id)
+            await store.put_group(group, timeout=30)
+            await store.ack_tasks("rollout", [entry.entry_id])
+            rewards = [t.reward for t in group]
+            print(
+                f"[rollout {k + 1}/{cfg.tasks}] {entry.task['question']} -> rewards {rewards} "
+                f"({sum(t.num_generated for t in group)} tokens, {time.perf_counter() - t1:.1f}s)",
+                flush=True,
+            )
+        backlog_before = await store.backlog()
+        # Trainer side: read, compute group advantages, acknowledge (which trims the stream).
+        tokens = used = 0
+        reward_sum = 0.0
+        while entries := await store.read_groups("trainer", "demo-trainer", count=16):
+            for e in entries:
+                r = np.array([t.reward for t in e.trajectories])
+                adv = grpo_advantages(r)
+                tokens += sum(t.num_generated for t in e.trajectories)
+                reward_sum += float(r.sum())
+                used += len(r)
+                print(f"[trainer] group {e.entry_id}: advantages {np.round(adv, 2).tolist()}", flush=True)
+            await store.ack("trainer", [e.entry_id for e in entries])
+        summary = {
+            "run_id": run_id,
+            "groups": cfg.tasks,
+            "trajectories": used,
+            "reward_mean": reward_sum / max(used, 1),
+            "generated_tokens": tokens,
+            "backlog_before_ack": backlog_before,
+            "backlog_after_ack": await store.backlog(),
+            "seconds": round(time.perf_counter() - t0, 1),
+        }
+    return summary
+
+
+def run_demo(cfg: DemoConfig) -> dict[str, Any]:
+    """Runs the demo and prints a JSON summary line; returns the summary."""
+    if cfg.redis_url:
+        summary = asyncio.run(_run(cfg, cfg.redis_url))
+    else:
+        with RedisServer() as server:
+            summary = asyncio.run(_run(cfg, server.url))
+    print(json.dumps(summary), flush=True)
+    return summary

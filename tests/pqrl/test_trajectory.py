@@ -1,0 +1,105 @@
+"""The Trajectory record's invariants: every rejected record names the offending field."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from pqrl.trajectory import Status, Trajectory, TrajectoryError, Truncation, Turn
+from tests.conftest import make_trajectory
+
+
+def _fields(t: Trajectory) -> dict:
+    return {f.name: getattr(t, f.name) for f in dataclasses.fields(t)}
+
+
+def _with(t: Trajectory, **changes) -> Trajectory:
+    return Trajectory(**{**_fields(t), **changes})
+
+
+def test_valid_record_converts_dtypes_and_counts():
+    t = make_trajectory()
+    assert t.tokens.dtype == np.int32 and t.generated.dtype == np.uint8
+    assert t.behavior_logprobs.dtype == np.float32 and t.versions.dtype == np.int32
+    assert t.num_tokens == 5 + 4 + 3 + 2 and t.num_generated == 6
+    assert t.status is Status.COMPLETED
+    lists = _with(t, tokens=t.tokens.tolist(), generated=t.generated.tolist())
+    assert lists == t and lists.tokens.dtype == np.int32
+
+
+def test_masked_out_generated_span_keeps_its_logprobs():
+    t = make_trajectory()
+    mask = t.loss_mask.copy()
+    mask[5:9] = 0  # an invalid turn: generated, logprobs kept, not trained on
+    t2 = _with(t, loss_mask=mask)
+    assert t2.loss_mask.sum() == 2 and np.all(t2.behavior_logprobs[5:9] < 0)
+
+
+def _bad_cases():
+    t = make_trajectory()
+    T = t.num_tokens
+    ones = np.ones(T, np.uint8)
+    gen_with_2 = t.generated.copy()
+    gen_with_2[6] = 2
+    mask_outside = t.loss_mask.copy()
+    mask_outside[0] = 1
+    versions_wrong = t.versions.copy()
+    versions_wrong[0] = 0
+    versions_missing = t.versions.copy()
+    versions_missing[5] = -1
+    lp_prompt = t.behavior_logprobs.copy()
+    lp_prompt[0] = -0.5
+    lp_nan = t.behavior_logprobs.copy()
+    lp_nan[5] = np.nan
+    return [
+        ("tokens", {"tokens": t.tokens[:-1]}, "generated"),  # shorter tokens -> first mismatched field
+        ("generated", {"generated": ones[:-1]}, "generated"),
+        ("loss_mask", {"loss_mask": t.loss_mask[:-2]}, "loss_mask"),
+        ("behavior_logprobs", {"behavior_logprobs": t.behavior_logprobs[1:]}, "behavior_logprobs"),
+        ("versions", {"versions": t.versions[1:]}, "versions"),
+        ("mask values", {"generated": gen_with_2}, "generated"),
+        ("mask subset", {"loss_mask": mask_outside}, "loss_mask"),
+        ("version on prompt", {"versions": versions_wrong}, "versions"),
+        ("version missing", {"versions": versions_missing}, "versions"),
+        ("logprob outside generated", {"behavior_logprobs": lp_prompt}, "behavior_logprobs"),
+        ("logprob nan", {"behavior_logprobs": lp_nan}, "behavior_logprobs"),
+        ("2-D tokens", {"tokens": t.tokens.reshape(1, -1)}, "tokens"),
+        ("float tokens", {"tokens": t.tokens.astype(np.float64)}, "tokens"),
+        ("negative token", {"tokens": np.where(np.arange(T) == 2, -1, t.tokens)}, "tokens"),
+        ("token overflow", {"tokens": t.tokens.astype(np.int64) + 2**31}, "tokens"),
+        ("prompt_len too long", {"prompt_len": T + 1}, "prompt_len"),
+        ("prompt_len type", {"prompt_len": 5.0}, "prompt_len"),
+        ("generated prompt", {"prompt_len": 7}, "generated"),
+        ("turn out of range", {"turns": (Turn(5, T + 3),)}, "turns"),
+        ("turns overlap", {"turns": (Turn(5, 9), Turn(8, 14))}, "turns"),
+        ("turn in prompt", {"turns": (Turn(2, 9),)}, "turns"),
+        ("status", {"status": "exploded"}, "status"),
+        ("reward nan", {"reward": float("nan")}, "reward"),
+        ("reward type", {"reward": "high"}, "reward"),
+        ("empty id", {"id": ""}, "id"),
+        ("run_id type", {"run_id": 3}, "run_id"),
+        ("truncation", {"truncation": Truncation("stop_episode", T + 1)}, "truncation"),
+    ]
+
+
+@pytest.mark.parametrize("label,changes,field", _bad_cases(), ids=[c[0] for c in _bad_cases()])
+def test_rejected_records_name_the_field(label, changes, field):
+    t = make_trajectory()
+    with pytest.raises(TrajectoryError) as err:
+        _with(t, **changes)
+    assert err.value.field == field
+    assert f"Trajectory.{field}:" in str(err.value)
+
+
+def test_empty_trajectory_is_valid():
+    empty = np.zeros(0)
+    t = _with(make_trajectory(), tokens=empty, generated=empty, loss_mask=empty, behavior_logprobs=empty,
+              versions=empty, prompt_len=0, turns=(), truncation=None)
+    assert t.num_tokens == 0
+
+
+def test_failed_infra_status_round_trips_as_enum():
+    t = _with(make_trajectory(), status="failed_infra", reward=0)
+    assert t.status is Status.FAILED_INFRA and t.reward == 0.0

@@ -1,0 +1,308 @@
+"""Policy-loss functions for the GRPO trainer: clipped surrogate, decoupled PPO / TIS, KL, entropy.
+
+Pure functions of torch tensors; shapes are ``[B, T]`` (sequences x tokens) unless stated. The
+pieces follow DESIGN.md section 5:
+
+- ``clipped_surrogate``: PPO's clipped objective with asymmetric clip (DAPO clip-higher) and an
+  optional dual clip for negative advantages.
+- ``truncated_is_weights``: the one capped importance weight ``w = min(pi_prox / pi_behavior, C)``;
+  TIS when the sample is on-policy (engine/trainer mismatch), decoupled PPO when it is stale.
+- ``decoupled_ppo_loss``: ``w * max(-A*r, -A*clip(r))`` with ``r = pi_theta / pi_prox``.
+- ``kl_estimate``, ``entropy_from_logits``, ``aggregate_loss``, ``masked_mean``.
+
+Only ``logp`` (the policy being trained) carries gradient; old/proximal/behaviour/reference
+log-probs and all importance weights are detached here, whatever the caller passes.
+
+Deliberately left out: the value loss (no critic yet), entropy/KL coefficients and schedules,
+metric names (the trainer logs), and cross-rank reductions (pass ``normalizer`` instead).
+Advantage estimators live in ``trainer.advantages``.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, NamedTuple
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "AggregationMode",
+    "PolicyLossOutput",
+    "aggregate_loss",
+    "clipped_surrogate",
+    "decoupled_ppo_loss",
+    "entropy_from_logits",
+    "kl_estimate",
+    "masked_mean",
+    "truncated_is_weights",
+]
+
+AggregationMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+
+# exp(20) ~ 4.9e8: beyond this a ratio is meaningless, and exp() would overflow to inf, turning
+# 0 * inf into NaN on tokens with zero advantage or under the mask.
+_LOG_RATIO_CLAMP = 20.0
+
+
+class PolicyLossOutput(NamedTuple):
+    """Per-token policy loss and what the trainer logs about it (all ``[B, T]``).
+
+    Attributes:
+        loss: per-token loss, differentiable w.r.t. ``logp``; aggregate with ``aggregate_loss``.
+        ratio: detached ``exp(logp - logp_old)`` (``pi_theta / pi_prox`` for decoupled PPO).
+        clipped: bool, the PPO clip is active (the clipped term wins, its gradient is 0).
+        dual_clipped: bool, the dual-clip cap ``-c * A`` is active (only where A < 0).
+        is_weight: detached importance weight multiplying the loss (ones when there is none).
+    """
+
+    loss: Tensor
+    ratio: Tensor
+    clipped: Tensor
+    dual_clipped: Tensor
+    is_weight: Tensor
+
+
+def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
+    """Mean of ``x`` over positions where ``mask`` is nonzero; 0 (not NaN) if there are none."""
+    m = mask.bool()
+    total = torch.where(m, x, 0.0)
+    count = m.to(total.dtype)
+    if dim is None:
+        return total.sum() / count.sum().clamp(min=1)
+    return total.sum(dim) / count.sum(dim).clamp(min=1)
+
+
+def clipped_surrogate(
+    logp: Tensor,
+    logp_old: Tensor,
+    advantages: Tensor,
+    *,
+    eps_low: float = 0.2,
+    eps_high: float = 0.2,
+    dual_clip_c: float | None = None,
+) -> PolicyLossOutput:
+    """PPO clipped surrogate per token (Schulman et al., 2017), as a loss to minimise.
+
+    ``ratio = exp(logp - logp_old)``,
+    ``loss = max(-A * ratio, -A * clip(ratio, 1 - eps_low, 1 + eps_high))``; with a dual clip
+    ``c`` (Ye et al., 2020) the loss of tokens with ``A < 0`` is further capped at ``-c * A``,
+    so a huge ratio on a bad token cannot blow up the update. DAPO's clip-higher is
+    ``eps_low=0.2, eps_high=0.28``; a typical dual clip is ``c=3.0``.
+
+    Args:
+        logp: ``[B, T]`` log-probs of the sampled tokens under the policy being trained.
+        logp_old: ``[B, T]`` log-probs under the policy the ratio is taken against (detached).
+        advantages: ``[B, T]`` per-token advantages (see ``broadcast_to_tokens``); detached.
+        eps_low: lower clip range, ratio floor ``1 - eps_low``.
+        eps_high: upper clip range, ratio ceiling ``1 + eps_high``.
+        dual_clip_c: dual-clip constant (> 1), or None for no dual clip.
+
+    Returns:
+        ``PolicyLossOutput`` with ``is_weight`` all ones.
+    """
+    if advantages.dim() != logp.dim():
+        raise ValueError("advantages must be per token, shaped like logp; see broadcast_to_tokens")
+    if dual_clip_c is not None and dual_clip_c <= 1.0:
+        raise ValueError(f"dual_clip_c must be > 1, got {dual_clip_c}")
+    adv = advantages.detach()
+    logratio = (logp - logp_old.detach()).clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
+    ratio = torch.exp(logratio)
+    pg_loss1 = -adv * ratio
+    pg_loss2 = -adv * torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high)
+    pg_loss = torch.maximum(pg_loss1, pg_loss2)
+    clipped = pg_loss2 > pg_loss1
+    if dual_clip_c is None:
+        dual_clipped = torch.zeros_like(clipped)
+    else:
+        pg_loss3 = -adv * dual_clip_c
+        dual_clipped = (adv < 0) & (pg_loss3 < pg_loss)
+        pg_loss = torch.where(dual_clipped, pg_loss3, pg_loss)
+    return PolicyLossOutput(
+        loss=pg_loss,
+        ratio=ratio.detach(),
+        clipped=clipped,
+        dual_clipped=dual_clipped,
+        is_weight=torch.ones_like(ratio).detach(),
+    )
+
+
+@torch.no_grad()
+def truncated_is_weights(
+    logp_prox: Tensor,
+    logp_behavior: Tensor,
+    mask: Tensor,
+    *,
+    level: Literal["token", "sequence"] = "token",
+    cap: float | None = 2.0,
+    mode: Literal["truncate", "mask"] = "truncate",
+) -> Tensor:
+    """The single behaviour-correction weight ``w = min(pi_prox / pi_behavior, C)``, detached.
+
+    On-policy samples (prox = current trainer recompute) make this TIS against the engine's
+    numerics (Yao et al., 2025); stale samples make it the behaviour term of decoupled PPO
+    (Hilton et al., 2021; AReaL). The caller logs the two cases separately by token version.
+
+    Args:
+        logp_prox: ``[B, T]`` proximal-policy log-probs (recomputed by the trainer).
+        logp_behavior: ``[B, T]`` log-probs the engine reported when sampling.
+        mask: ``[B, T]`` 0/1; tokens that count. At ``level="sequence"`` the log-ratios of the
+            masked-in tokens are summed (pass the ``generated`` mask for a whole-sequence weight).
+        level: ``"token"``: one weight per token. ``"sequence"``: ``exp(sum_t log-ratio)``, one
+            weight per sequence, broadcast to its tokens.
+        cap: ``C``; None disables the cap (weights still stop at ``exp(20)``, see above).
+        mode: ``"truncate"`` clips weights above ``C`` to ``C`` (TIS); ``"mask"`` sets them to 0
+            (masked IS: the token or sequence is dropped instead of down-weighted).
+
+    Returns:
+        ``[B, T]`` weights, 0 where ``mask`` is 0.
+    """
+    m = mask.bool()
+    log_w = torch.where(m, logp_prox - logp_behavior, 0.0)
+    if level == "sequence":
+        log_w = log_w.sum(dim=-1, keepdim=True).expand_as(log_w)
+    elif level != "token":
+        raise ValueError(f"unknown level {level!r}")
+    if mode not in ("truncate", "mask"):
+        raise ValueError(f"unknown mode {mode!r}")
+    w = torch.exp(log_w.clamp(max=_LOG_RATIO_CLAMP))
+    if cap is not None:
+        w = w.clamp(max=cap) if mode == "truncate" else torch.where(w > cap, 0.0, w)
+    return torch.where(m, w, 0.0)
+
+
+def decoupled_ppo_loss(
+    logp: Tensor,
+    logp_prox: Tensor,
+    logp_behavior: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    eps_low: float = 0.2,
+    eps_high: float = 0.2,
+    dual_clip_c: float | None = None,
+    is_level: Literal["token", "sequence"] = "token",
+    is_cap: float | None = 2.0,
+    is_mode: Literal["truncate", "mask"] = "truncate",
+) -> PolicyLossOutput:
+    """One off-policy correction, not two: ``w * max(-A*r, -A*clip(r))``.
+
+    ``r = pi_theta / pi_prox`` is clipped as in PPO (the trust region around the proximal
+    policy), and ``w = min(pi_prox / pi_behavior, C)`` (``truncated_is_weights``) corrects for
+    the distribution the tokens were actually sampled from. ``w`` is detached: it reweights the
+    gradient, it is not optimised.
+
+    Args:
+        logp: ``[B, T]`` log-probs under the policy being trained (the only gradient path).
+        logp_prox: ``[B, T]`` proximal log-probs (trainer recompute or version interpolation).
+        logp_behavior: ``[B, T]`` engine log-probs from the rollout.
+        advantages: ``[B, T]`` per-token advantages.
+        mask: ``[B, T]`` 0/1 loss mask; also the span summed for sequence-level weights.
+        eps_low: lower clip range.
+        eps_high: upper clip range.
+        dual_clip_c: dual-clip constant (> 1) or None.
+        is_level: ``"token"`` or ``"sequence"`` importance weight.
+        is_cap: cap ``C`` on the weight (None: uncapped).
+        is_mode: ``"truncate"`` (clip to C) or ``"mask"`` (drop above C).
+
+    Returns:
+        ``PolicyLossOutput``; ``loss`` already includes ``is_weight``.
+    """
+    surrogate = clipped_surrogate(
+        logp, logp_prox, advantages, eps_low=eps_low, eps_high=eps_high, dual_clip_c=dual_clip_c
+    )
+    w = truncated_is_weights(logp_prox, logp_behavior, mask, level=is_level, cap=is_cap, mode=is_mode)
+    return surrogate._replace(loss=w * surrogate.loss, is_weight=w)
+
+
+def kl_estimate(logp: Tensor, logp_ref: Tensor, kind: Literal["k1", "k2", "k3"] = "k3") -> Tensor:
+    """Per-token estimators of ``KL(pi_theta || pi_ref)`` from sampled tokens (Schulman, 2020).
+
+    ``k1 = logp - logp_ref`` (unbiased, high variance, can be negative);
+    ``k2 = 0.5 * (logp - logp_ref)^2`` (biased, low variance);
+    ``k3 = exp(ref - logp) - (ref - logp) - 1`` (unbiased, low variance, always >= 0).
+
+    Args:
+        logp: ``[B, T]`` log-probs under the policy being trained (carries gradient).
+        logp_ref: ``[B, T]`` log-probs under the reference policy (detached).
+        kind: which estimator.
+
+    Returns:
+        ``[B, T]`` per-token KL estimates; aggregate with ``aggregate_loss``.
+    """
+    logratio = logp - logp_ref.detach()
+    if kind == "k1":
+        return logratio
+    if kind == "k2":
+        return 0.5 * logratio.square()
+    if kind == "k3":
+        ref_minus_logp = (-logratio).clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
+        return torch.exp(ref_minus_logp) - ref_minus_logp - 1.0
+    raise ValueError(f"unknown KL estimator {kind!r}")
+
+
+def entropy_from_logits(logits: Tensor) -> Tensor:
+    """Entropy ``-sum_v p_v log p_v`` of the softmax over the last dim, computed stably.
+
+    Divide the logits by the sampling temperature first so the entropy is that of the sampling
+    distribution. ``-inf`` logits (banned tokens) contribute 0 and give finite gradients.
+
+    Args:
+        logits: ``[..., V]``; half precision is upcast to float32.
+
+    Returns:
+        ``[...]`` entropies in nats.
+    """
+    if logits.dtype in (torch.float16, torch.bfloat16):
+        logits = logits.float()
+    logp = torch.log_softmax(logits, dim=-1)
+    # p * logp is 0 * -inf = NaN for banned tokens; zero logp there (p is 0 anyway) so that
+    # neither the value nor the gradient sees the NaN.
+    logp_finite = torch.where(torch.isfinite(logp), logp, 0.0)
+    return -(logp.exp() * logp_finite).sum(dim=-1)
+
+
+def aggregate_loss(
+    loss: Tensor,
+    mask: Tensor,
+    mode: AggregationMode = "token-mean",
+    *,
+    max_len: int | None = None,
+    normalizer: float | Tensor | None = None,
+) -> Tensor:
+    """Reduces a ``[B, T]`` per-token loss to a scalar over mask-1 tokens.
+
+    - ``"token-mean"`` (DAPO, default): sum over valid tokens / number of valid tokens, so every
+      token weighs the same and long responses are not down-weighted.
+    - ``"seq-mean-token-mean"`` (GRPO paper): mean over each sequence's valid tokens, then mean
+      over sequences with at least one valid token.
+    - ``"seq-mean-token-sum-norm"`` (Dr.GRPO): each sequence's token-sum / ``max_len`` (a
+      constant, removing the length bias), then mean over sequences with a valid token.
+
+    Args:
+        loss: ``[B, T]`` per-token loss (values under mask 0 are ignored, even NaN).
+        mask: ``[B, T]`` 0/1 or bool.
+        mode: aggregation mode, see above.
+        max_len: the constant for ``"seq-mean-token-sum-norm"``; defaults to ``T``. Pass the
+            configured max response length so the scale does not depend on batch padding.
+        normalizer: overrides the denominator (token count for ``"token-mean"``, sequence
+            count otherwise), e.g. the global count when a minibatch is split into micro-batches
+            or ranks. Clamped to >= 1 like the computed one.
+
+    Returns:
+        Scalar loss; 0 for an all-masked batch.
+    """
+    m = mask.bool()
+    masked = torch.where(m, loss, 0.0)
+    tokens_per_seq = m.sum(dim=-1).to(masked.dtype)
+    if mode == "token-mean":
+        denom = tokens_per_seq.sum() if normalizer is None else normalizer
+        return masked.sum() / torch.as_tensor(denom, dtype=masked.dtype).clamp(min=1)
+    if mode == "seq-mean-token-mean":
+        seq_loss = masked.sum(dim=-1) / tokens_per_seq.clamp(min=1)
+    elif mode == "seq-mean-token-sum-norm":
+        seq_loss = masked.sum(dim=-1) / float(max_len if max_len is not None else loss.shape[-1])
+    else:
+        raise ValueError(f"unknown aggregation mode {mode!r}")
+    # Fully masked sequences (dropped, failed_infra) neither add loss nor dilute the mean.
+    denom = (tokens_per_seq > 0).sum() if normalizer is None else normalizer
+    return seq_loss.sum() / torch.as_tensor(denom, dtype=masked.dtype).clamp(min=1)
