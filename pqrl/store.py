@@ -264,7 +264,7 @@ class TrajectoryStore:
                 raise TypeError(f"group member {i} is {type(t).__name__}, not Trajectory")
         group_id = trajectories[0].group_id
         fields: list[bytes | str | int] = ["n", len(trajectories)]
-        for t in trajectories:
+        for i, t in enumerate(trajectories):
             if t.run_id != self.run_id:
                 raise ValueError(f"trajectory {t.id} belongs to run {t.run_id!r}, not {self.run_id!r}")
             if t.group_id != group_id:
