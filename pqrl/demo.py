@@ -6,6 +6,8 @@ token), Trajectory records with exact-answer rewards, groups written to the traj
 trainer-side consumer group that reads, scores (GRPO group advantages) and acknowledges them,
 after which the stream is trimmed to empty. Multi-turn tool use, sandboxes and the optimizer step
 arrive with their issues; ``pqrl train`` replaces this demo as the main job then.
+
+Like the CLI, this module starts everything, so it may import above the floor (trainer.advantages).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from pqrl.model_cache import DEFAULT_MODEL, load_model, load_tokenizer
 from pqrl.redis_server import RedisServer
 from pqrl.store import TrajectoryStore
 from pqrl.trajectory import Trajectory, Turn
+from trainer.advantages import grpo_advantages
 
 __all__ = ["DemoConfig", "run_demo"]
 
@@ -34,7 +37,7 @@ class DemoConfig:
     tasks: int = 4
     group_size: int = 4
     max_new_tokens: int = 32
-    temperature: float = 1.0
+    temperature: float = 0.7
     seed: int = 0
     model: str = DEFAULT_MODEL
     redis_url: str | None = None
@@ -44,7 +47,7 @@ def make_tasks(n: int, seed: int) -> list[dict[str, Any]]:
     rng = random.Random(seed)
     tasks = []
     for i in range(n):
-        a, b = rng.randint(2, 30), rng.randint(2, 30)
+        a, b = rng.randint(1, 9), rng.randint(1, 9)  # small enough for a 135M model to get some right
         tasks.append({"id": f"add-{seed}-{i}", "question": f"What is {a} + {b}?", "answer": str(a + b)})
     return tasks
 
@@ -53,10 +56,6 @@ def exact_answer_reward(text: str, answer: str) -> float:
     """1 when the last number in the response is the answer."""
     numbers = re.findall(r"-?\d+", text)
     return float(bool(numbers) and numbers[-1] == answer)
-
-
-def grpo_advantages(rewards: np.ndarray, eps: float = 1e-6) -> np.ndarray:
-    return (rewards - rewards.mean()) / (rewards.std() + eps)
 
 
 def sample_group(model: Any, tokenizer: Any, task: dict[str, Any], cfg: DemoConfig, run_id: str) -> list[Trajectory]:
@@ -136,8 +135,9 @@ async def _run(cfg: DemoConfig, redis_url: str) -> dict[str, Any]:
             await store.put_group(group, timeout=30)
             await store.ack_tasks("rollout", [entry.entry_id])
             rewards = [t.reward for t in group]
+            sample = group[0].reward_info["response"].replace("\n", " ")[:60]
             print(
-                f"[rollout {k + 1}/{cfg.tasks}] {entry.task['question']} -> rewards {rewards} "
+                f"[rollout {k + 1}/{cfg.tasks}] {entry.task['question']} e.g. {sample!r} -> rewards {rewards} "
                 f"({sum(t.num_generated for t in group)} tokens, {time.perf_counter() - t1:.1f}s)",
                 flush=True,
             )
@@ -147,12 +147,12 @@ async def _run(cfg: DemoConfig, redis_url: str) -> dict[str, Any]:
         reward_sum = 0.0
         while entries := await store.read_groups("trainer", "demo-trainer", count=16):
             for e in entries:
-                r = np.array([t.reward for t in e.trajectories])
-                adv = grpo_advantages(r)
+                r = torch.tensor([[t.reward for t in e.trajectories]])
+                adv = grpo_advantages(r)[0].numpy()
                 tokens += sum(t.num_generated for t in e.trajectories)
                 reward_sum += float(r.sum())
-                used += len(r)
-                print(f"[trainer] group {e.entry_id}: advantages {np.round(adv, 2).tolist()}", flush=True)
+                used += r.shape[1]
+                print(f"[trainer] group {e.entry_id}: advantages {[round(float(a), 2) for a in adv]}", flush=True)
             await store.ack("trainer", [e.entry_id for e in entries])
         summary = {
             "run_id": run_id,

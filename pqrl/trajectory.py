@@ -188,34 +188,37 @@ def _as_float(name: str, value: Any) -> float:
 
 
 def _check_token_arrays(t: Trajectory) -> None:
+    # Every decoded blob passes through here: reductions and one-pass comparisons only (bench/store.py).
     n = t.tokens.shape[0]
     for name in ("generated", "loss_mask", "behavior_logprobs", "versions"):
         m = getattr(t, name).shape[0]
         if m != n:
             raise TrajectoryError(name, f"length {m} != len(tokens) {n}")
-    if n and t.tokens.min() < 0:
+    if n == 0:
+        return
+    gen, lp, ver = t.generated, t.behavior_logprobs, t.versions
+    if t.tokens.min() < 0:
         raise TrajectoryError("tokens", "token ids must be >= 0")
-    if n and t.generated.max() > 1:
+    if gen.max() > 1:
         raise TrajectoryError("generated", "must hold only 0 and 1")
-    if n and t.loss_mask.max() > 1:
+    if t.loss_mask.max() > 1:
         raise TrajectoryError("loss_mask", "must hold only 0 and 1")
-    if np.any(t.loss_mask > t.generated):
-        i = int(np.argmax(t.loss_mask > t.generated))
+    if (t.loss_mask > gen).any():
+        i = int(np.argmax(t.loss_mask > gen))
         raise TrajectoryError("loss_mask", f"is 1 at token {i} where generated is 0 (must be a subset)")
-    not_generated = t.generated == 0
-    bad = not_generated != (t.versions == -1)
-    if np.any(bad):
-        i = int(np.argmax(bad))
+    # Valid iff generated tokens carry a version >= 0 and all others exactly -1.
+    if ver.min() < -1 or not (gen ^ (ver < 0)).all():
+        i = int(np.argmax((ver < -1) | ((gen == 0) != (ver == -1))))
         raise TrajectoryError(
-            "versions", f"must be -1 exactly where generated is 0 (token {i}: generated="
-            f"{int(t.generated[i])}, version={int(t.versions[i])})"
+            "versions", f"must be -1 exactly where generated is 0 and >= 0 elsewhere (token {i}: "
+            f"generated={int(gen[i])}, version={int(ver[i])})"
         )
-    if np.any(t.behavior_logprobs[not_generated]):
-        raise TrajectoryError("behavior_logprobs", "must be 0 where generated is 0")
-    lp = t.behavior_logprobs
+    # max() is NaN when any entry is NaN, so the comparison fails for NaN too.
     # A small positive slack: engines round log_softmax in low precision.
-    if not np.all(np.isfinite(lp)) or np.any(lp > _LOGPROB_SLACK):
+    if not (lp.max() <= _LOGPROB_SLACK and lp.min() > -np.inf):
         raise TrajectoryError("behavior_logprobs", "must be finite log-probabilities (<= 0)")
+    if np.abs(lp).dot(gen == 0) != 0:
+        raise TrajectoryError("behavior_logprobs", "must be 0 where generated is 0")
 
 
 def _check_spans(t: Trajectory) -> None:

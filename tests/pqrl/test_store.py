@@ -208,3 +208,20 @@ async def test_bad_groups_are_rejected_before_anything_is_written(store):
     assert await store.backlog() == 0
     with pytest.raises(ValueError):
         TrajectoryStore("redis://127.0.0.1:1/0", "bad:run")
+
+
+async def test_backlog_bound_with_two_producers_overshoots_by_at_most_one(redis_server):
+    a = TrajectoryStore(redis_server.url, "run1", max_backlog=3)
+    b = TrajectoryStore(redis_server.url, "run1", max_backlog=3)
+    try:
+        for i in range(3):
+            assert await a.try_put_group(make_group(f"a{i}")) is not None
+        # b last saw an empty stream, so it adds without looking: one group over the bound ...
+        assert await b.try_put_group(make_group("b0")) is not None
+        # ... and from then on both refuse until consumers make room.
+        assert await b.try_put_group(make_group("b1")) is None
+        assert await a.try_put_group(make_group("a3")) is None
+        assert await a.backlog() == 4
+    finally:
+        await a.close()
+        await b.close()

@@ -1,0 +1,155 @@
+"""Trajectory store throughput: binary codec vs JSON lists vs raw Redis, in one run.
+
+Writes and reads back 2,000 trajectories of 4,096 tokens (groups of 8) through a consumer group,
+acknowledging each batch, on a private redis-server (appendfsync everysec for all three):
+
+  (a) the store with the binary codec (encode, Lua add with back-pressure check, XREADGROUP,
+      decode + validation, Lua ack + trim),
+  (b) the same store with the codec swapped for JSON lists,
+  (c) raw XADD / XREADGROUP / XACK of opaque blobs of the same byte size: the ceiling.
+
+(a) and (c) are measured ROUNDS times interleaved and the median taken (the machine is noisy).
+Prints one JSON line: traj_per_s, json_traj_per_s, raw_redis_per_s, ratio_vs_json, fraction_of_raw.
+Usage: python bench/store.py [--trajectories N] [--tokens T] [--rounds R]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from unittest import mock
+
+import numpy as np
+import redis.asyncio as aioredis
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import pqrl.store
+from pqrl.codec import encode
+from pqrl.redis_server import RedisServer
+from pqrl.store import TrajectoryStore
+from pqrl.trajectory import Trajectory, Turn
+
+GROUP = 8
+BATCH = 16  # groups per XREADGROUP
+
+
+def make_trajectories(n: int, T: int, seed: int = 0) -> list[list[Trajectory]]:
+    rng = np.random.default_rng(seed)
+    prompt = 512
+    groups = []
+    for g in range(n // GROUP):
+        group = []
+        for i in range(GROUP):
+            generated = np.zeros(T, np.uint8)
+            generated[prompt:] = 1
+            generated[prompt + 1000 : prompt + 1400] = 0  # a tool observation
+            group.append(
+                Trajectory(
+                    id=f"g{g}-{i}", run_id="bench", task_id=f"t{g}", group_id=f"g{g}", env="calc-v1",
+                    tokens=rng.integers(0, 49152, T, dtype=np.int32),
+                    generated=generated,
+                    loss_mask=generated.copy(),
+                    behavior_logprobs=np.where(generated == 1, -rng.random(T, dtype=np.float32), 0).astype(np.float32),
+                    versions=np.where(generated == 1, 5, -1).astype(np.int32),
+                    prompt_len=prompt,
+                    turns=(Turn(prompt, prompt + 1000), Turn(prompt + 1400, T)),
+                    reward=float(i % 2),
+                    reward_info={"exact": bool(i % 2)},
+                )
+            )
+        groups.append(group)
+    return groups
+
+
+_ARRAYS = ("tokens", "generated", "loss_mask", "behavior_logprobs", "versions")
+
+
+def json_encode(t: Trajectory) -> bytes:
+    d = {f.name: getattr(t, f.name) for f in dataclasses.fields(t)}
+    d.update({k: d[k].tolist() for k in _ARRAYS})
+    d["turns"] = [dataclasses.asdict(u) for u in t.turns]
+    d["truncation"] = None
+    return json.dumps(d).encode()
+
+
+def json_decode(blob: bytes) -> Trajectory:
+    d = json.loads(blob)
+    d["turns"] = tuple(Turn(**u) for u in d["turns"])
+    return Trajectory(**d)
+
+
+async def through_store(url: str, groups: list[list[Trajectory]], run: str) -> float:
+    async with TrajectoryStore(url, run, max_backlog=0) as store:
+        await store.create_consumer_group("trainer")
+        t0 = time.perf_counter()
+        for g in groups:
+            await store.put_group(g)
+        got = 0
+        while entries := await store.read_groups("trainer", "c", count=BATCH):
+            got += sum(len(e.trajectories) for e in entries)
+            await store.ack("trainer", [e.entry_id for e in entries])
+        dt = time.perf_counter() - t0
+        assert got == len(groups) * GROUP and await store.backlog() <= 1
+        await store.redis.flushall()
+    return got / dt
+
+
+async def raw_redis(url: str, blobs: list[list[bytes]], run: str) -> float:
+    r = aioredis.Redis.from_url(url)
+    key = f"raw:{run}"
+    await r.xgroup_create(key, "trainer", id="0", mkstream=True)
+    t0 = time.perf_counter()
+    for group in blobs:
+        fields = {"n": len(group), **{str(i): b for i, b in enumerate(group)}}
+        await r.xadd(key, fields)
+    got = 0
+    while reply := await r.xreadgroup("trainer", "c", {key: ">"}, count=BATCH):
+        entries = reply[0][1]
+        if not entries:
+            break
+        got += sum(int(f[b"n"]) for _, f in entries)
+        await r.xack(key, "trainer", *[i for i, _ in entries])
+    dt = time.perf_counter() - t0
+    assert got == len(blobs) * GROUP
+    await r.flushall()
+    await r.aclose()
+    return got / dt
+
+
+async def main(n: int, T: int, rounds: int) -> dict[str, float]:
+    groups = make_trajectories(n, T)
+    blobs = [[encode(t) for t in g] for g in groups]
+    print(f"{n} trajectories x {T} tokens, {len(blobs[0][0])} bytes each, groups of {GROUP}", file=sys.stderr)
+    with RedisServer(appendfsync="everysec") as server:
+        store_rates, raw_rates = [], []
+        for k in range(rounds):
+            raw_rates.append(await raw_redis(server.url, blobs, f"r{k}"))
+            store_rates.append(await through_store(server.url, groups, "bench"))
+            print(f"round {k}: store {store_rates[-1]:.0f}/s raw {raw_rates[-1]:.0f}/s", file=sys.stderr)
+        with mock.patch.object(pqrl.store, "encode", json_encode), mock.patch.object(pqrl.store, "decode", json_decode):
+            json_rate = await through_store(server.url, groups, "bench")
+        print(f"json {json_rate:.0f}/s", file=sys.stderr)
+    traj, raw = statistics.median(store_rates), statistics.median(raw_rates)
+    return {
+        "traj_per_s": round(traj, 1),
+        "json_traj_per_s": round(json_rate, 1),
+        "raw_redis_per_s": round(raw, 1),
+        "ratio_vs_json": round(traj / json_rate, 2),
+        "fraction_of_raw": round(traj / raw, 3),
+    }
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--trajectories", type=int, default=2000)
+    ap.add_argument("--tokens", type=int, default=4096)
+    ap.add_argument("--rounds", type=int, default=3)
+    a = ap.parse_args()
+    print(json.dumps(asyncio.run(main(a.trajectories, a.tokens, a.rounds))))
