@@ -98,13 +98,15 @@ def build_parser() -> argparse.ArgumentParser:
     for path, issue in PLANNED.items():
         parent = sub if len(path) == 1 else group(path[0], f"{path[0]} commands")
         p = parent.add_parser(path[-1], help=f"(not yet implemented: issue {issue})")
-        p.add_argument("rest", nargs=argparse.REMAINDER)
-        p.set_defaults(func=_planned(path))
+        p.set_defaults(func=_planned(path), planned=True)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and not getattr(args, "planned", False):  # planned commands accept their future options
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     return int(args.func(args) or 0)
 
 

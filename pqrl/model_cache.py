@@ -24,7 +24,7 @@ __all__ = ["DEFAULT_MODEL", "ModelNotAvailable", "load_model", "load_tokenizer",
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-_CONVERTER_VERSION = "1"  # bump when the conversion below changes what it writes
+_CONVERTER_VERSION = "2"  # bump when the conversion below changes what it writes
 
 
 class ModelNotAvailable(RuntimeError):
@@ -70,7 +70,11 @@ def prepare_model(name: str = DEFAULT_MODEL) -> Path:
     try:
         tokenizer = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
         model = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name)
-        model.hf_quantizer = None  # dequantized already; without this save/train treat it as quantized
+        # The tensors are dequantized already; without dropping the quantizer and its config, save
+        # and every later load would treat the model as GGUF-quantized (and untrainable).
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         try:
