@@ -52,11 +52,17 @@ def make_trajectories(n: int, T: int, seed: int = 0) -> list[list[Trajectory]]:
             generated[prompt + 1000 : prompt + 1400] = 0  # a tool observation
             group.append(
                 Trajectory(
-                    id=f"g{g}-{i}", run_id="bench", task_id=f"t{g}", group_id=f"g{g}", env="calc-v1",
+                    id=f"g{g}-{i}",
+                    run_id="bench",
+                    task_id=f"t{g}",
+                    group_id=f"g{g}",
+                    env="calc-v1",
                     tokens=rng.integers(0, 49152, T, dtype=np.int32),
                     generated=generated,
                     loss_mask=generated.copy(),
-                    behavior_logprobs=np.where(generated == 1, -rng.random(T, dtype=np.float32), 0).astype(np.float32),
+                    behavior_logprobs=np.where(generated == 1, -rng.random(T, dtype=np.float32), 0).astype(
+                        np.float32
+                    ),
                     versions=np.where(generated == 1, 5, -1).astype(np.int32),
                     prompt_len=prompt,
                     turns=(Turn(prompt, prompt + 1000), Turn(prompt + 1400, T)),
@@ -133,7 +139,10 @@ async def main(n: int, T: int, rounds: int) -> dict[str, float]:
             raw_rates.append(await raw_redis(server.url, blobs, f"r{k}"))
             store_rates.append(await through_store(server.url, groups, "bench"))
             print(f"round {k}: store {store_rates[-1]:.0f}/s raw {raw_rates[-1]:.0f}/s", file=sys.stderr)
-        with mock.patch.object(pqrl.store, "encode", json_encode), mock.patch.object(pqrl.store, "decode", json_decode):
+        with (
+            mock.patch.object(pqrl.store, "encode", json_encode),
+            mock.patch.object(pqrl.store, "decode", json_decode),
+        ):
             json_rate = await through_store(server.url, groups, "bench")
         print(f"json {json_rate:.0f}/s", file=sys.stderr)
     traj, raw = statistics.median(store_rates), statistics.median(raw_rates)

@@ -67,7 +67,9 @@ def _planned(path: tuple[str, ...]) -> Callable[[argparse.Namespace], int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="pqrl", description="Agentic RL: rollouts in sandboxes, GRPO training.")
+    parser = argparse.ArgumentParser(
+        prog="pqrl", description="Agentic RL: rollouts in sandboxes, GRPO training."
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     groups: dict[str, argparse._SubParsersAction] = {}
 

@@ -58,7 +58,9 @@ def exact_answer_reward(text: str, answer: str) -> float:
     return float(bool(numbers) and numbers[-1] == answer)
 
 
-def sample_group(model: Any, tokenizer: Any, task: dict[str, Any], cfg: DemoConfig, run_id: str) -> list[Trajectory]:
+def sample_group(
+    model: Any, tokenizer: Any, task: dict[str, Any], cfg: DemoConfig, run_id: str
+) -> list[Trajectory]:
     import torch
 
     messages = [{"role": "user", "content": task["question"] + " Answer with just the number."}]
@@ -122,7 +124,10 @@ async def _run(cfg: DemoConfig, redis_url: str) -> dict[str, Any]:
     t0 = time.perf_counter()
     tokenizer = load_tokenizer(cfg.model)
     model = load_model(cfg.model).eval()
-    print(f"model {cfg.model} loaded in {time.perf_counter() - t0:.1f}s; run {run_id} on {redis_url}", flush=True)
+    print(
+        f"model {cfg.model} loaded in {time.perf_counter() - t0:.1f}s; run {run_id} on {redis_url}",
+        flush=True,
+    )
 
     async with TrajectoryStore(redis_url, run_id, max_backlog=cfg.tasks) as store:
         await store.create_consumer_group("trainer")
@@ -137,7 +142,8 @@ async def _run(cfg: DemoConfig, redis_url: str) -> dict[str, Any]:
             rewards = [t.reward for t in group]
             sample = group[0].reward_info["response"].replace("\n", " ")[:60]
             print(
-                f"[rollout {k + 1}/{cfg.tasks}] {entry.task['question']} e.g. {sample!r} -> rewards {rewards} "
+                f"[rollout {k + 1}/{cfg.tasks}] {entry.task['question']} e.g. {sample!r} "
+                f"-> rewards {rewards} "
                 f"({sum(t.num_generated for t in group)} tokens, {time.perf_counter() - t1:.1f}s)",
                 flush=True,
             )
@@ -152,7 +158,10 @@ async def _run(cfg: DemoConfig, redis_url: str) -> dict[str, Any]:
                 tokens += sum(t.num_generated for t in e.trajectories)
                 reward_sum += float(r.sum())
                 used += r.shape[1]
-                print(f"[trainer] group {e.entry_id}: advantages {[round(float(a), 2) for a in adv]}", flush=True)
+                print(
+                    f"[trainer] group {e.entry_id}: advantages {[round(float(a), 2) for a in adv]}",
+                    flush=True,
+                )
             await store.ack("trainer", [e.entry_id for e in entries])
         summary = {
             "run_id": run_id,

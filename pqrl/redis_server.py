@@ -70,7 +70,8 @@ class RedisServer:
         exe = shutil.which(self.executable)
         if exe is None:
             raise RedisServerError(
-                f"{self.executable!r} not found on PATH: run scripts/setup.sh (installs Debian's redis-server)"
+                f"{self.executable!r} not found on PATH: run scripts/setup.sh "
+                "(it installs Debian's redis-server)"
             )
         self.data_dir.mkdir(parents=True, exist_ok=True)
         args = [

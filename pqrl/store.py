@@ -350,7 +350,9 @@ class TrajectoryStore:
         return out
 
     async def _dead_letter(self, group: str, entry_id: str, fields: dict[bytes, bytes], reason: str) -> None:
-        log.error("run %s: group entry %s is corrupt, moved to %s: %s", self.run_id, entry_id, self.dead_key, reason)
+        log.error(
+            "run %s: group entry %s is corrupt, moved to %s: %s", self.run_id, entry_id, self.dead_key, reason
+        )
         payload: dict[Any, Any] = {"source_id": entry_id, "group": group, "reason": reason}
         payload.update({b"field:" + k: v for k, v in fields.items()})
         async with self.redis.pipeline(transaction=True) as pipe:
@@ -360,7 +362,9 @@ class TrajectoryStore:
         await self._trim(keys=[self.groups_key])
 
     async def _delivery_counts(self, group: str, ids: list[str]) -> dict[str, int]:
-        rows = await self.redis.xpending_range(self.groups_key, group, min=ids[0], max=ids[-1], count=len(ids))
+        rows = await self.redis.xpending_range(
+            self.groups_key, group, min=ids[0], max=ids[-1], count=len(ids)
+        )
         return {_decode_str(r["message_id"]): int(r["times_delivered"]) for r in rows}
 
     # ---------------------------------------------------------------- policy version
@@ -405,7 +409,9 @@ class TrajectoryStore:
     ) -> list[TaskEntry]:
         """Delivers queued tasks to one rollout worker; ack them with ``ack_tasks`` when done."""
         await _create_group(self.redis, self.tasks_key, group, True)
-        reply = await self.redis.xreadgroup(group, consumer, {self.tasks_key: ">"}, count=count, block=block_ms)
+        reply = await self.redis.xreadgroup(
+            group, consumer, {self.tasks_key: ">"}, count=count, block=block_ms
+        )
         return [TaskEntry(_decode_str(i), json.loads(f[b"task"])) for i, f in (reply[0][1] if reply else [])]
 
     @_redis_errors
@@ -417,7 +423,9 @@ class TrajectoryStore:
         return int(acked)
 
     @_redis_errors
-    async def reclaim_tasks(self, group: str, consumer: str, *, min_idle_ms: int, count: int = 100) -> list[TaskEntry]:
+    async def reclaim_tasks(
+        self, group: str, consumer: str, *, min_idle_ms: int, count: int = 100
+    ) -> list[TaskEntry]:
         raw = await _autoclaim(self.redis, self.tasks_key, group, consumer, min_idle_ms, count)
         return [TaskEntry(_decode_str(i), json.loads(f[b"task"])) for i, f in raw]
 

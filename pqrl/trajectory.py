@@ -210,8 +210,9 @@ def _check_token_arrays(t: Trajectory) -> None:
     if ver.min() < -1 or not (gen ^ (ver < 0)).all():
         i = int(np.argmax((ver < -1) | ((gen == 0) != (ver == -1))))
         raise TrajectoryError(
-            "versions", f"must be -1 exactly where generated is 0 and >= 0 elsewhere (token {i}: "
-            f"generated={int(gen[i])}, version={int(ver[i])})"
+            "versions",
+            f"must be -1 exactly where generated is 0 and >= 0 elsewhere (token {i}: "
+            f"generated={int(gen[i])}, version={int(ver[i])})",
         )
     # max() is NaN when any entry is NaN, so the comparison fails for NaN too.
     # A small positive slack: engines round log_softmax in low precision.
@@ -237,8 +238,9 @@ def _check_spans(t: Trajectory) -> None:
             raise TrajectoryError("turns", f"turn {i} span bounds must be ints")
         if not prev_end <= turn.start <= turn.end <= n:
             raise TrajectoryError(
-                "turns", f"turn {i} span [{turn.start}, {turn.end}) must be ordered, after the "
-                f"prompt/previous turn (>= {prev_end}) and within {n} tokens"
+                "turns",
+                f"turn {i} span [{turn.start}, {turn.end}) must be ordered, after the "
+                f"prompt/previous turn (>= {prev_end}) and within {n} tokens",
             )
         prev_end = turn.end
     if t.truncation is not None and not 0 <= t.truncation.at_token <= n:

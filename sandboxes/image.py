@@ -89,13 +89,17 @@ def build_image(
     return recipe.tag
 
 
-def _bootstrap(recipe: ImageRecipe, tarball: Path, mirror: str | None, progress: Callable[[str], None]) -> None:
+def _bootstrap(
+    recipe: ImageRecipe, tarball: Path, mirror: str | None, progress: Callable[[str], None]
+) -> None:
     _require("debootstrap", "Debian package debootstrap")
     if os.geteuid() != 0:
         raise ImageBuildError("debootstrap needs root")
     with tempfile.TemporaryDirectory(prefix="pqrl-rootfs-", dir=tarball.parent) as tmp:
         rootfs = Path(tmp, "rootfs")
-        progress(f"debootstrap {recipe.suite} ({recipe.variant}, {', '.join(recipe.packages)}); about a minute")
+        progress(
+            f"debootstrap {recipe.suite} ({recipe.variant}, {', '.join(recipe.packages)}); about a minute"
+        )
         cmd = ["debootstrap", f"--variant={recipe.variant}", f"--include={','.join(recipe.packages)}"]
         cmd += [recipe.suite, str(rootfs)] + ([mirror] if mirror else [])
         _run(cmd)
@@ -129,4 +133,6 @@ def _require(tool: str, what: str) -> None:
 def _run(cmd: list[str]) -> None:
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
-        raise ImageBuildError(f"{' '.join(cmd[:3])} ... failed ({r.returncode}): {(r.stderr or r.stdout)[-2000:]}")
+        raise ImageBuildError(
+            f"{' '.join(cmd[:3])} ... failed ({r.returncode}): {(r.stderr or r.stdout)[-2000:]}"
+        )

@@ -72,4 +72,6 @@ def make_trajectory(
 
 
 def make_group(group_id: str = "g0", size: int = 4, run_id: str = "run1") -> list[Trajectory]:
-    return [make_trajectory(run_id=run_id, group_id=group_id, index=i, seed=i, reward=i % 2) for i in range(size)]
+    return [
+        make_trajectory(run_id=run_id, group_id=group_id, index=i, seed=i, reward=i % 2) for i in range(size)
+    ]

@@ -1,4 +1,4 @@
-"""The CLI surface and compose.yaml: every service calls a real `pqrl` subcommand, and compose accepts the file."""
+"""The CLI surface and compose.yaml: each service calls a real `pqrl` subcommand; compose accepts the file."""
 
 from __future__ import annotations
 
@@ -41,7 +41,9 @@ def test_unknown_subcommand_is_a_usage_error():
 
 
 def test_console_script_is_installed():
-    out = subprocess.run([str(Path(sys.executable).parent / "pqrl"), "--help"], capture_output=True, text=True)
+    out = subprocess.run(
+        [str(Path(sys.executable).parent / "pqrl"), "--help"], capture_output=True, text=True
+    )
     assert out.returncode == 0 and "demo" in out.stdout and "sandbox" in out.stdout
 
 

@@ -51,7 +51,9 @@ def test_golden_v1_blob_still_decodes():
     prompt_len=st.integers(0, 20),
     turns=st.lists(st.tuples(st.integers(0, 30), st.integers(0, 30)), max_size=4),
     reward=st.floats(-10, 10, allow_nan=False),
-    info=st.dictionaries(st.text(max_size=8), st.one_of(st.integers(-5, 5), st.text(max_size=8), st.booleans())),
+    info=st.dictionaries(
+        st.text(max_size=8), st.one_of(st.integers(-5, 5), st.text(max_size=8), st.booleans())
+    ),
     seed=st.integers(0, 2**16),
 )
 def test_round_trip_property(prompt_len, turns, reward, info, seed):

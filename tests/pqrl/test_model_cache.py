@@ -19,7 +19,9 @@ def test_prepare_is_cached_and_loads_a_trainable_model():
     model = load_model(dtype=torch.float32)
     assert getattr(model, "hf_quantizer", None) is None
     assert model.config.vocab_size == len(tok) == 49152
-    text = tok.apply_chat_template([{"role": "user", "content": "2+2?"}], tokenize=False, add_generation_prompt=True)
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": "2+2?"}], tokenize=False, add_generation_prompt=True
+    )
     assert text.endswith("<|im_start|>assistant\n")
     ids = torch.tensor([tok.encode(text)])
     out = model(ids, labels=ids)

@@ -125,7 +125,9 @@ async def test_restart_with_fsync_always_loses_no_acknowledged_write(redis_serve
         await store.publish_policy("/ckpt/step-7", version=7)
         await store.push_tasks([{"id": "task-1"}])
     redis_server.kill()  # SIGKILL: no shutdown save, only what was fsynced survives
-    restarted = RedisServer(port=redis_server.port, data_dir=redis_server.data_dir, appendfsync="always").start()
+    restarted = RedisServer(
+        port=redis_server.port, data_dir=redis_server.data_dir, appendfsync="always"
+    ).start()
     try:
         async with TrajectoryStore(url, "run1") as store:
             assert (await store.get_policy()).version == 7

@@ -95,8 +95,17 @@ def test_rejected_records_name_the_field(label, changes, field):
 
 def test_empty_trajectory_is_valid():
     empty = np.zeros(0)
-    t = _with(make_trajectory(), tokens=empty, generated=empty, loss_mask=empty, behavior_logprobs=empty,
-              versions=empty, prompt_len=0, turns=(), truncation=None)
+    t = _with(
+        make_trajectory(),
+        tokens=empty,
+        generated=empty,
+        loss_mask=empty,
+        behavior_logprobs=empty,
+        versions=empty,
+        prompt_len=0,
+        turns=(),
+        truncation=None,
+    )
     assert t.num_tokens == 0
 
 

@@ -19,7 +19,8 @@ def test_base_image_runs_python_git_pytest_unprivileged_and_offline():
     script = (
         "id -u; python3 -c 'import sys; print(sys.version_info[0])'; git --version | cut -d' ' -f1; "
         "python3 -m pytest --version >/dev/null && echo pytest; pwd; "
-        "python3 -c 'import socket; socket.create_connection((\"1.1.1.1\", 53), timeout=2)' 2>/dev/null || echo offline; "
+        "python3 -c 'import socket; socket.create_connection((\"1.1.1.1\", 53), timeout=2)' 2>/dev/null "
+        "|| echo offline; "
         "touch /etc/x 2>/dev/null || echo read-only"
     )
     out = subprocess.run(
