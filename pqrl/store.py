@@ -305,10 +305,13 @@ class TrajectoryStore:
     @_redis_errors
     async def ack(self, group: str, entry_ids: Iterable[str]) -> int:
         """Acknowledges entries for ``group`` and trims what every group has acknowledged."""
+        return await self._ack_and_trim(self.groups_key, group, entry_ids)
+
+    async def _ack_and_trim(self, key: str, group: str, entry_ids: Iterable[str]) -> int:
         ids = list(entry_ids)
         if not ids:
             return 0
-        acked, _ = await self._ack(keys=[self.groups_key], args=[group, *ids])
+        acked, _ = await self._ack(keys=[key], args=[group, *ids])
         return int(acked)
 
     @_redis_errors
@@ -416,11 +419,7 @@ class TrajectoryStore:
 
     @_redis_errors
     async def ack_tasks(self, group: str, entry_ids: Iterable[str]) -> int:
-        ids = list(entry_ids)
-        if not ids:
-            return 0
-        acked, _ = await self._ack(keys=[self.tasks_key], args=[group, *ids])
-        return int(acked)
+        return await self._ack_and_trim(self.tasks_key, group, entry_ids)
 
     @_redis_errors
     async def reclaim_tasks(
