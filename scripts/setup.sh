@@ -21,7 +21,7 @@ export PQRL_CACHE=${PQRL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/pqrl}
 PYTHON=${PYTHON:-python3}
 PQRL_TORCH=${PQRL_TORCH-torch==2.13.0}
 SKIP=" ${PQRL_SKIP:-} "
-VENV_RECIPE=1  # bump to force new venvs when this script's install steps change
+VENV_RECIPE=2  # bump to force new venvs when this script's install steps change
 mkdir -p "$PQRL_CACHE"
 
 # pip -q still prints a warning per missing local index folder on these machines; keep real output.
@@ -48,29 +48,40 @@ if ! skip apt; then
   fi
 fi
 
-# ---------------------------------------------------------------- 2. virtual environment
+# ---------------------------------------------------------------- 2. virtual environments
+# The dependencies live in a shared venv under the cache; each clone gets a tiny venv of its own
+# (.venv) that sees the shared packages through a .pth file and holds only this clone's editable
+# install, so clones never repoint each other's imports.
 pyver=$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 key=$( { cat "$ROOT/pyproject.toml"; echo "$pyver $VENV_RECIPE $PQRL_TORCH"; } | sha256sum | cut -c1-16)
-VENV="$PQRL_CACHE/venvs/py$pyver-$key"
-if [ ! -f "$VENV/.pqrl-complete" ]; then
-  log "creating virtual environment $VENV (a cold install takes a few minutes)"
-  rm -rf "$VENV"
+SHARED="$PQRL_CACHE/venvs/py$pyver-$key"
+VENV="$SHARED"
+if [ ! -f "$SHARED/.pqrl-complete" ]; then
+  log "creating the shared virtual environment $SHARED (a cold install takes a few minutes)"
+  rm -rf "$SHARED"
   mkdir -p "$PQRL_CACHE/venvs"
-  "$PYTHON" -m venv "$VENV"
+  "$PYTHON" -m venv "$SHARED"
   pip_q --upgrade "setuptools>=64" wheel
   # CPU torch first, so the range in pyproject.toml is already satisfied and no CUDA build comes.
   if [ -n "$PQRL_TORCH" ]; then pip_q "$PQRL_TORCH"; fi
-  pip_q -e "$ROOT[dev]"
-  touch "$VENV/.pqrl-complete"
-  # Keep the two most recently used venvs; older ones are dead weight (about 1.5 GB each).
+  pip_q -e "$ROOT[dev]"  # resolves the dependencies; the project itself goes into each clone's venv
+  "$SHARED/bin/pip" uninstall -q -y pqrl >/dev/null
+  touch "$SHARED/.pqrl-complete"
+  # Keep the two most recently used shared venvs; older ones are dead weight (about 1.5 GB each).
   ls -1dt "$PQRL_CACHE"/venvs/py* 2>/dev/null | tail -n +3 | xargs -r rm -rf
-else
-  # Point the shared venv's editable install at this clone (CI clones to a new folder each run).
-  pip_q --no-deps --no-build-isolation -e "$ROOT"
 fi
-touch "$VENV/.pqrl-complete"
-ln -sfn "$VENV" "$ROOT/.venv"
-log "venv ready: $ROOT/.venv -> $VENV"
+touch "$SHARED/.pqrl-complete"
+LOCAL="$ROOT/.venv"
+if [ "$(cat "$LOCAL/.pqrl-shared" 2>/dev/null)" != "$SHARED" ] || [ ! -x "$LOCAL/bin/pqrl" ]; then
+  rm -rf "$LOCAL"
+  "$PYTHON" -m venv --without-pip "$LOCAL"
+  purelib() { "$1/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'; }
+  purelib "$SHARED" > "$(purelib "$LOCAL")/_pqrl_shared.pth"
+  "$LOCAL/bin/python" -m pip install -q --no-deps --no-build-isolation -e "$ROOT" 2>&1 \
+    | { grep -v "^WARNING: Location '.*' is ignored" || true; } >&2
+  echo "$SHARED" > "$LOCAL/.pqrl-shared"
+fi
+log "venv ready: $LOCAL (packages from $SHARED)"
 
 # ---------------------------------------------------------------- 3. Docker engine
 if ! skip docker; then
