@@ -10,7 +10,7 @@ acknowledging each batch, on a private redis-server (appendfsync everysec for al
 
 (a) and (c) are measured ROUNDS times interleaved and the median taken (the machine is noisy).
 Prints one JSON line: traj_per_s, json_traj_per_s, raw_redis_per_s, ratio_vs_json, fraction_of_raw.
-Usage: python bench/store.py [--trajectories N] [--tokens T] [--rounds R]
+Usage: python bench/store.py [--trajectories N] [--tokens T] [--rounds R] [--group-size G] [--batch B]
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ from pqrl.redis_server import RedisServer
 from pqrl.store import TrajectoryStore
 from pqrl.trajectory import Trajectory, Turn
 
-GROUP = 8
-BATCH = 16  # groups per XREADGROUP
+GROUP = 8  # trajectories per stream entry (a GRPO group); --group-size
+BATCH = 16  # entries per XREADGROUP; --batch
 
 
 def make_trajectories(n: int, T: int, seed: int = 0) -> list[list[Trajectory]]:
@@ -160,5 +160,8 @@ if __name__ == "__main__":
     ap.add_argument("--trajectories", type=int, default=2000)
     ap.add_argument("--tokens", type=int, default=4096)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--group-size", type=int, default=GROUP, help="trajectories per stream entry")
+    ap.add_argument("--batch", type=int, default=BATCH, help="entries per XREADGROUP")
     a = ap.parse_args()
+    GROUP, BATCH = a.group_size, a.batch
     print(json.dumps(asyncio.run(main(a.trajectories, a.tokens, a.rounds))))

@@ -227,3 +227,19 @@ async def test_backlog_bound_with_two_producers_overshoots_by_at_most_one(redis_
     finally:
         await a.close()
         await b.close()
+
+
+async def test_store_recovers_when_redis_comes_back(redis_server):
+    async with TrajectoryStore(redis_server.url, "run1") as store:
+        await store.create_consumer_group("trainer")
+        first = await store.put_group(make_group("g0"))
+        redis_server.kill()
+        with pytest.raises(StoreUnavailable, match=f"127.0.0.1:{redis_server.port}"):
+            await store.put_group(make_group("g1"))
+        back = RedisServer(port=redis_server.port, data_dir=redis_server.data_dir, appendfsync="always").start()
+        try:
+            second = await store.put_group(make_group("g1"))  # the same client reconnects
+            entries = await store.read_groups("trainer", "t0", count=10)
+            assert [e.entry_id for e in entries] == [first, second]
+        finally:
+            back.stop()
