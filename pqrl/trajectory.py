@@ -96,7 +96,7 @@ class Trajectory:
       ``generated`` is 0.
 
     Arrays are converted to their dtypes on construction (no copy when they already match) and
-    must not be mutated afterwards; decoded records hold read-only views of the blob.
+    held as read-only views, so a validated record stays valid; decoded records view the blob.
     """
 
     id: str
@@ -123,7 +123,10 @@ class Trajectory:
             if not isinstance(value, str) or not value:
                 raise TrajectoryError(name, f"must be a non-empty string, got {value!r}")
         for name, dtype in _ARRAY_DTYPES.items():
-            object.__setattr__(self, name, _as_array(name, getattr(self, name), dtype))
+            # A read-only view: the caller's array stays writable, the validated record cannot drift.
+            arr = _as_array(name, getattr(self, name), dtype).view()
+            arr.flags.writeable = False
+            object.__setattr__(self, name, arr)
         try:
             object.__setattr__(self, "status", Status(self.status))
         except ValueError:

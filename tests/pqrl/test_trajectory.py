@@ -112,3 +112,12 @@ def test_empty_trajectory_is_valid():
 def test_failed_infra_status_round_trips_as_enum():
     t = _with(make_trajectory(), status="failed_infra", reward=0)
     assert t.status is Status.FAILED_INFRA and t.reward == 0.0
+
+
+def test_record_arrays_are_read_only_views():
+    t = make_trajectory()
+    with pytest.raises(ValueError):
+        t.loss_mask[0] = 1  # would break "loss_mask within generated" after validation
+    mine = np.zeros(t.num_tokens, np.uint8)
+    t2 = _with(t, loss_mask=mine)
+    assert mine.flags.writeable and not t2.loss_mask.flags.writeable
