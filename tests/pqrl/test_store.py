@@ -236,7 +236,9 @@ async def test_store_recovers_when_redis_comes_back(redis_server):
         redis_server.kill()
         with pytest.raises(StoreUnavailable, match=f"127.0.0.1:{redis_server.port}"):
             await store.put_group(make_group("g1"))
-        back = RedisServer(port=redis_server.port, data_dir=redis_server.data_dir, appendfsync="always").start()
+        back = RedisServer(
+            port=redis_server.port, data_dir=redis_server.data_dir, appendfsync="always"
+        ).start()
         try:
             second = await store.put_group(make_group("g1"))  # the same client reconnects
             entries = await store.read_groups("trainer", "t0", count=10)
