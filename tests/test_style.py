@@ -10,5 +10,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_ruff_check_passes():
-    out = subprocess.run([sys.executable, "-m", "ruff", "check", "."], cwd=ROOT, capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "ruff", "check", "."], cwd=ROOT, capture_output=True, text=True
+    )
     assert out.returncode == 0, out.stdout[-4000:]
