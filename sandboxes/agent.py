@@ -1,0 +1,249 @@
+"""The exec agent: runs inside every sandbox as its main process (under docker-init).
+
+Standard library only, Python >= 3.8, no network: the host talks to it over the container's
+attached stdin/stdout, one JSON object per line each way, so a tool call costs a pipe round trip
+instead of a ``docker exec`` (about 70 ms). Requests carry an ``id``; each runs in its own thread,
+so several may be in flight. The source of this file is passed to ``python3 -c`` when the
+container starts, so images need nothing but python3.
+
+Every command runs in its own process group (a new session); on timeout, and when the command
+returns, the whole group is killed, so no background process outlives its call. Output beyond the
+cap is read and dropped inside the sandbox: the host never receives more than the cap per stream.
+The agent exits, and the container with it, when the host closes stdin or the lifetime runs out.
+"""
+
+import base64
+import io
+import json
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import tarfile
+import threading
+import time
+
+_LOCK = threading.Lock()
+_OUT = sys.stdout.buffer
+_GRACE_S = 0.05  # after the command exits, how long to drain pipes held open by its children
+
+
+def _send(msg):
+    data = (json.dumps(msg, separators=(",", ":")) + "\n").encode()
+    with _LOCK:
+        _OUT.write(data)
+        _OUT.flush()
+
+
+def _b64(data):
+    return base64.b64encode(data).decode("ascii")
+
+
+def _oom_kills():
+    """The cgroup's OOM-kill counter (cgroup v2 memory.events or v1 memory.oom_control)."""
+    for path in ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control"):
+        try:
+            with open(path) as f:
+                for line in f:
+                    key, _, value = line.partition(" ")
+                    if key == "oom_kill":
+                        return int(value)
+        except (OSError, ValueError):
+            continue
+    return 0
+
+
+def _feed(pipe, data):
+    try:
+        pipe.write(data)
+    except OSError:
+        pass
+    finally:
+        try:
+            pipe.close()
+        except OSError:
+            pass
+
+
+def _kill_group(pid):
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def op_exec(req):
+    cmd = req["cmd"]
+    argv = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
+    cap = int(req.get("cap", 65536))
+    timeout = float(req.get("timeout", 30.0))
+    stdin = base64.b64decode(req["stdin"]) if req.get("stdin") else None
+    env = dict(os.environ)
+    env.update(req.get("env") or {})
+    oom_before = _oom_kills()
+    t0 = time.monotonic()
+    try:
+        p = subprocess.Popen(
+            argv,
+            cwd=req.get("cwd") or None,
+            env=env,
+            stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+    except (OSError, ValueError) as e:
+        return {
+            "stdout": "",
+            "stderr": _b64(str(e).encode()),
+            "exit_code": 127,
+            "timed_out": False,
+            "truncated": False,
+            "duration": time.monotonic() - t0,
+            "oom_killed": False,
+        }
+    if stdin is not None:
+        threading.Thread(target=_feed, args=(p.stdin, stdin), daemon=True).start()
+    out_fd, err_fd = p.stdout.fileno(), p.stderr.fileno()
+    bufs = {out_fd: bytearray(), err_fd: bytearray()}
+    sel = selectors.DefaultSelector()
+    for fd in bufs:
+        os.set_blocking(fd, False)
+        sel.register(fd, selectors.EVENT_READ)
+    truncated = timed_out = False
+    deadline = t0 + timeout
+    exited_at = None
+    while sel.get_map():
+        now = time.monotonic()
+        if not timed_out and now >= deadline:
+            _kill_group(p.pid)
+            timed_out = True
+            deadline = now + 1.0  # pipes of escaped children: stop waiting for them soon
+        elif timed_out and now >= deadline:
+            break
+        if exited_at is None and p.poll() is not None:
+            exited_at = now
+        if exited_at is not None and now - exited_at > _GRACE_S:
+            break
+        wait = deadline - now if exited_at is None else _GRACE_S
+        for key, _ in sel.select(timeout=max(0.0, min(wait, 0.5))):
+            try:
+                chunk = os.read(key.fd, 1 << 16)
+            except BlockingIOError:
+                continue
+            if not chunk:
+                sel.unregister(key.fd)
+                continue
+            buf = bufs[key.fd]
+            room = cap - len(buf)
+            if room > 0:
+                buf += chunk[:room]
+            if len(chunk) > room:
+                truncated = True
+    sel.close()
+    _kill_group(p.pid)  # background children die with their command
+    exit_code = p.wait()
+    for f in (p.stdout, p.stderr):
+        f.close()
+    return {
+        "stdout": _b64(bytes(bufs[out_fd])),
+        "stderr": _b64(bytes(bufs[err_fd])),
+        "exit_code": exit_code,
+        "timed_out": timed_out,
+        "truncated": truncated,
+        "duration": time.monotonic() - t0,
+        "oom_killed": _oom_kills() > oom_before,
+    }
+
+
+def op_write_file(req):
+    path = req["path"]
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(base64.b64decode(req["data"]))
+    os.chmod(path, int(req.get("mode", 0o644)) & 0o777)
+    return {}
+
+
+def op_read_file(req):
+    limit = int(req.get("max_bytes", 16 << 20))
+    with open(req["path"], "rb") as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise ValueError(f"{req['path']} is larger than {limit} bytes")
+    return {"data": _b64(data)}
+
+
+def _safe_members(tar, dest):
+    root = os.path.realpath(dest)
+    for m in tar.getmembers():
+        target = os.path.realpath(os.path.join(root, m.name))
+        if not (target == root or target.startswith(root + os.sep)):
+            raise ValueError(f"archive member {m.name!r} would land outside {dest}")
+        if m.isdev():
+            raise ValueError(f"archive member {m.name!r} is a device file")
+        if m.issym() or m.islnk():
+            link = os.path.realpath(os.path.join(os.path.dirname(target), m.linkname))
+            if not (link == root or link.startswith(root + os.sep)):
+                raise ValueError(f"archive link {m.name!r} points outside {dest}")
+        m.mode &= 0o777  # no setuid/setgid bits
+        m.uid = m.gid = os.getuid()
+        yield m
+
+
+def op_upload(req):
+    dest = req["dest"]
+    os.makedirs(dest, exist_ok=True)
+    with tarfile.open(fileobj=io.BytesIO(base64.b64decode(req["tar"]))) as tar:
+        tar.extractall(dest, members=list(_safe_members(tar, dest)))
+    return {}
+
+
+def op_download(req):
+    path = req["path"]
+    if not os.path.exists(path):
+        raise FileNotFoundError(path)
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        tar.add(path, arcname=os.path.basename(path.rstrip("/")) or ".")
+    return {"tar": _b64(buf.getvalue())}
+
+
+OPS = {
+    "exec": op_exec,
+    "write_file": op_write_file,
+    "read_file": op_read_file,
+    "upload": op_upload,
+    "download": op_download,
+}
+
+
+def handle(req):
+    rid = req.get("id")
+    try:
+        result = OPS[req["op"]](req)
+        _send({"id": rid, "ok": True, **result})
+    except Exception as e:  # every failure goes back to the host, typed by name
+        _send({"id": rid, "ok": False, "error": type(e).__name__, "message": str(e)})
+
+
+def main():
+    lifetime = float(os.environ.get("PQRL_LIFETIME", "0") or 0)
+    if lifetime > 0:
+        timer = threading.Timer(lifetime, lambda: os._exit(3))
+        timer.daemon = True
+        timer.start()
+    _send({"ready": True, "pid": os.getpid()})
+    for line in sys.stdin.buffer:
+        try:
+            req = json.loads(line)
+        except ValueError:
+            _send({"id": None, "ok": False, "error": "BadRequest", "message": "not JSON"})
+            continue
+        threading.Thread(target=handle, args=(req,), daemon=True).start()
+    os._exit(0)  # stdin closed: the host is gone or closed the sandbox
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,261 @@
+"""DockerSandbox: one hardened container per rollout, driven through the in-container exec agent."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import io
+import itertools
+import json
+import logging
+import os
+import socket
+import tarfile
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from sandboxes import agent
+from sandboxes.docker_api import AttachStream, DockerAPI
+from sandboxes.protocol import ExecResult, SandboxDied, SandboxError
+from sandboxes.settings import SandboxSettings
+
+__all__ = ["AGENT_SOURCE", "DockerSandbox", "owner_id"]
+
+log = logging.getLogger(__name__)
+
+AGENT_SOURCE = Path(agent.__file__).read_text()
+_REPLY_SLACK_S = 10.0  # how much longer than a command's timeout the host waits for the agent
+_ERRORS: dict[str, type[Exception]] = {
+    "FileNotFoundError": FileNotFoundError,
+    "IsADirectoryError": IsADirectoryError,
+    "NotADirectoryError": NotADirectoryError,
+    "PermissionError": PermissionError,
+    "FileExistsError": FileExistsError,
+    "ValueError": ValueError,
+}
+
+
+def _process_start_ticks(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]  # field 22: start time in clock ticks
+    except (OSError, IndexError):
+        return "0"
+
+
+def owner_id(pid: int | None = None) -> str:
+    """host:pid:start-ticks of a process, so a reused pid is not mistaken for the owner."""
+    pid = os.getpid() if pid is None else pid
+    return f"{socket.gethostname()}:{pid}:{_process_start_ticks(pid)}"
+
+
+class DockerSandbox:
+    """A running container with the exec agent attached. Create with ``DockerSandbox.create``."""
+
+    def __init__(self, api: DockerAPI, cid: str, stream: AttachStream, settings: SandboxSettings) -> None:
+        self.api = api
+        self.id = cid
+        self.settings = settings
+        self._stream = stream
+        self._ids = itertools.count(1)
+        self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._ready = asyncio.get_running_loop().create_future()
+        self._died: SandboxDied | None = None
+        self._closed = False
+        self._stderr_tail = b""
+        self._reader = asyncio.create_task(self._read_loop(), name=f"sandbox-{cid[:12]}")
+
+    @classmethod
+    async def create(
+        cls,
+        api: DockerAPI,
+        settings: SandboxSettings | None = None,
+        *,
+        run: str = "default",
+        session: str | None = None,
+        ready_timeout: float = 30.0,
+    ) -> DockerSandbox:
+        """Creates, starts and attaches a container; removed again if any step fails."""
+        settings = settings or SandboxSettings()
+        labels = {
+            "pqrl.run": run,
+            "pqrl.session": session or uuid.uuid4().hex,
+            "pqrl.owner": owner_id(),
+            "pqrl.expires": str(int(time.time() + settings.lifetime_s)),
+        }
+        config = settings.container_config(cmd=["python3", "-u", "-c", AGENT_SOURCE], labels=labels)
+        cid = await api.create(f"pqrl-{uuid.uuid4().hex[:16]}", config)
+        try:
+            stream = await api.attach(cid)
+            sandbox = cls(api, cid, stream, settings)
+            await api.start(cid)
+            await asyncio.wait_for(asyncio.shield(sandbox._ready), ready_timeout)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await api.remove(cid)
+            raise
+        return sandbox
+
+    async def __aenter__(self) -> DockerSandbox:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    @property
+    def alive(self) -> bool:
+        return self._died is None and not self._closed
+
+    # ---------------------------------------------------------------- the protocol
+
+    async def exec(
+        self,
+        cmd: str | Sequence[str],
+        *,
+        timeout: float = 30.0,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: bytes | None = None,
+    ) -> ExecResult:
+        if not isinstance(cmd, str) and (not cmd or not all(isinstance(a, str) for a in cmd)):
+            raise ValueError(f"cmd must be a string or a non-empty list of strings, got {cmd!r}")
+        if timeout <= 0:
+            raise ValueError(f"timeout must be > 0, got {timeout}")
+        reply = await self._call(
+            "exec",
+            timeout + _REPLY_SLACK_S,
+            cmd=cmd if isinstance(cmd, str) else list(cmd),
+            timeout=timeout,
+            cwd=cwd,
+            env=dict(env or {}),
+            stdin=base64.b64encode(stdin).decode() if stdin else None,
+            cap=self.settings.output_cap,
+        )
+        return ExecResult(
+            stdout=base64.b64decode(reply["stdout"]),
+            stderr=base64.b64decode(reply["stderr"]),
+            exit_code=reply["exit_code"],
+            timed_out=reply["timed_out"],
+            truncated=reply["truncated"],
+            duration=reply["duration"],
+            oom_killed=reply["oom_killed"],
+        )
+
+    async def write_file(self, path: str, data: bytes, *, mode: int = 0o644) -> None:
+        await self._call("write_file", 60.0, path=path, data=base64.b64encode(data).decode(), mode=mode)
+
+    async def read_file(self, path: str, *, max_bytes: int = 16 << 20) -> bytes:
+        reply = await self._call("read_file", 60.0, path=path, max_bytes=max_bytes)
+        return base64.b64decode(reply["data"])
+
+    async def upload(self, src: str | Path | bytes, dest: str) -> None:
+        if isinstance(src, bytes):
+            archive = src
+        else:
+            buf = io.BytesIO()
+            src = Path(src)
+            with tarfile.open(fileobj=buf, mode="w") as tar:
+                tar.add(src, arcname="." if src.is_dir() else src.name)
+            archive = buf.getvalue()
+        await self._call("upload", 120.0, dest=dest, tar=base64.b64encode(archive).decode())
+
+    async def download(self, path: str) -> bytes:
+        reply = await self._call("download", 120.0, path=path)
+        return base64.b64decode(reply["tar"])
+
+    async def close(self) -> None:
+        """Removes the container (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stream.close()
+        self._reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await self._reader
+        self._fail_pending(SandboxError("sandbox closed"))
+        await self.api.remove(self.id)
+
+    # ---------------------------------------------------------------- agent protocol
+
+    async def _call(self, op: str, wait: float, **fields: Any) -> dict[str, Any]:
+        if self._died is not None:
+            raise self._died
+        if self._closed:
+            raise SandboxError(f"sandbox {self.id[:12]} is closed")
+        rid = next(self._ids)
+        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._pending[rid] = fut
+        try:
+            await self._stream.write(json.dumps({"id": rid, "op": op, **fields}).encode() + b"\n")
+            reply = await asyncio.wait_for(fut, wait)
+        except TimeoutError:
+            raise SandboxError(
+                f"sandbox {self.id[:12]}: the agent did not answer {op} within {wait:.0f}s"
+            ) from None
+        except (ConnectionError, OSError) as e:
+            raise self._died or SandboxError(f"sandbox {self.id[:12]}: stdio lost: {e}") from e
+        finally:
+            self._pending.pop(rid, None)
+        if not reply.get("ok"):
+            kind = _ERRORS.get(reply.get("error", ""), SandboxError)
+            raise kind(f"{op} in sandbox: {reply.get('message', reply.get('error'))}")
+        return reply
+
+    async def _read_loop(self) -> None:
+        buf = b""
+        try:
+            while True:
+                kind, payload = await self._stream.read_frame()
+                if kind == 2:
+                    self._stderr_tail = (self._stderr_tail + payload)[-4096:]
+                    continue
+                buf += payload
+                *lines, buf = buf.split(b"\n")
+                for line in lines:
+                    self._dispatch(json.loads(line))
+        except EOFError:
+            pass
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # a garbled stream is as fatal as a dead container
+            log.error("sandbox %s: reader failed: %r", self.id[:12], e)
+        if not self._closed:
+            self._died = await self._why_dead()
+            if not self._ready.done():
+                self._ready.set_exception(self._died)
+            self._fail_pending(self._died)
+
+    def _dispatch(self, msg: dict[str, Any]) -> None:
+        if msg.get("ready"):
+            if not self._ready.done():
+                self._ready.set_result(None)
+            return
+        fut = self._pending.get(msg.get("id", -1))
+        if fut is not None and not fut.done():
+            fut.set_result(msg)
+
+    def _fail_pending(self, exc: Exception) -> None:
+        for fut in self._pending.values():
+            if not fut.done():
+                fut.set_exception(exc)
+
+    async def _why_dead(self) -> SandboxDied:
+        tail = self._stderr_tail.decode(errors="replace").strip()[-500:]
+        try:
+            state = (await self.api.inspect(self.id))["State"]
+        except Exception as e:
+            return SandboxDied(f"sandbox {self.id[:12]} vanished ({e}); agent stderr: {tail!r}")
+        oom, code = bool(state.get("OOMKilled")), state.get("ExitCode")
+        if oom:
+            reason = "its exec agent was OOM-killed (memory limit reached)"
+        elif code == 3:
+            reason = f"its lifetime of {self.settings.lifetime_s:.0f}s expired"
+        else:
+            reason = f"the container stopped (status {state.get('Status')}, exit code {code})"
+        return SandboxDied(
+            f"sandbox {self.id[:12]} died: {reason}; agent stderr: {tail!r}", oom_killed=oom, exit_code=code
+        )

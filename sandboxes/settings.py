@@ -1,0 +1,102 @@
+"""Sandbox settings: hardened defaults (DESIGN.md section 7) that loosen only when asked by name."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["SECURITY_FIELDS", "SandboxSettings"]
+
+# Fields whose non-default value weakens isolation; each must be named in ``loosen`` to change.
+SECURITY_FIELDS = ("network", "read_only_root", "user", "cap_add", "no_new_privileges", "pids_limit")
+
+
+@dataclass(frozen=True)
+class SandboxSettings:
+    """How a rollout's container is run. Equal settings share one warm pool.
+
+    Resource limits may be tightened freely. Anything in ``SECURITY_FIELDS`` may differ from its
+    default only when its name is in ``loosen`` (e.g. ``SandboxSettings(network=True,
+    loosen=frozenset({"network"}))``), so no environment opens the network by accident.
+    """
+
+    image: str = "pqrl-sandbox-base:latest"
+    memory_mb: int = 1024  # memory + swap; tmpfs contents count toward it
+    cpus: float = 1.0
+    pids_limit: int = 256
+    nofile: int = 1024
+    tmp_mb: int = 256  # size cap of the /tmp tmpfs
+    workspace_mb: int = 512  # size cap of the /workspace tmpfs
+    lifetime_s: float = 3600.0  # hard limit: the container exits and the reaper removes it
+    output_cap: int = 64 << 10  # bytes kept per stream per command
+    network: bool = False
+    read_only_root: bool = True
+    user: str = "1000:1000"
+    cap_add: tuple[str, ...] = ()
+    no_new_privileges: bool = True
+    env: tuple[tuple[str, str], ...] = (("HOME", "/tmp"),)
+    loosen: frozenset[str] = field(default=frozenset())
+
+    def __post_init__(self) -> None:
+        defaults = SandboxSettings.__dataclass_fields__
+        unknown = set(self.loosen) - set(SECURITY_FIELDS)
+        if unknown:
+            raise ValueError(
+                f"loosen names unknown security fields {sorted(unknown)}; known: {SECURITY_FIELDS}"
+            )
+        for name in SECURITY_FIELDS:
+            default = defaults[name].default
+            value = getattr(self, name)
+            weaker = value > default if name == "pids_limit" else value != default
+            if weaker and name not in self.loosen:
+                raise ValueError(
+                    f"SandboxSettings.{name}={value!r} weakens isolation (default {default!r}); "
+                    f"add {name!r} to loosen to allow it"
+                )
+        for name in ("memory_mb", "pids_limit", "nofile", "tmp_mb", "workspace_mb", "output_cap"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"SandboxSettings.{name} must be > 0")
+        if self.cpus <= 0 or self.lifetime_s <= 0:
+            raise ValueError("SandboxSettings.cpus and lifetime_s must be > 0")
+
+    def replace(self, **changes: Any) -> SandboxSettings:
+        return dataclasses.replace(self, **changes)
+
+    def container_config(self, *, cmd: list[str], labels: dict[str, str]) -> dict[str, Any]:
+        """The Docker Engine API body that creates a container with these settings."""
+        mem = self.memory_mb << 20
+        host: dict[str, Any] = {
+            "NetworkMode": "bridge" if self.network else "none",
+            "CapDrop": ["ALL"],
+            "CapAdd": list(self.cap_add),
+            "SecurityOpt": ["no-new-privileges"] if self.no_new_privileges else [],
+            "PidsLimit": self.pids_limit,
+            "Memory": mem,
+            "MemorySwap": mem,  # equal: no swap beyond the memory limit
+            "NanoCpus": int(self.cpus * 1e9),
+            "Ulimits": [{"Name": "nofile", "Soft": self.nofile, "Hard": self.nofile}],
+            "ReadonlyRootfs": self.read_only_root,
+            "Tmpfs": {
+                "/tmp": f"rw,nosuid,nodev,size={self.tmp_mb}m,mode=1777",
+                "/workspace": f"rw,nosuid,nodev,size={self.workspace_mb}m,uid=1000,gid=1000,mode=0755",
+            },
+            "Init": True,  # docker-init reaps orphans, so killed process groups leave no zombies
+            "IpcMode": "private",
+        }
+        return {
+            "Image": self.image,
+            "Cmd": cmd,
+            "User": self.user,
+            "WorkingDir": "/workspace",
+            "Env": [f"{k}={v}" for k, v in self.env] + [f"PQRL_LIFETIME={self.lifetime_s}"],
+            "Labels": labels,
+            "AttachStdin": True,
+            "AttachStdout": True,
+            "AttachStderr": True,
+            "OpenStdin": True,
+            "StdinOnce": True,  # the agent sees EOF, and exits, when the host's attach closes
+            "Tty": False,
+            "NetworkDisabled": not self.network,
+            "HostConfig": host,
+        }
