@@ -13,6 +13,7 @@ The agent exits, and the container with it, when the host closes stdin or the li
 """
 
 import base64
+import contextlib
 import io
 import json
 import os
@@ -55,22 +56,15 @@ def _oom_kills():
 
 
 def _feed(pipe, data):
-    try:
+    with contextlib.suppress(OSError):  # the command may exit without reading its stdin
         pipe.write(data)
-    except OSError:
-        pass
-    finally:
-        try:
-            pipe.close()
-        except OSError:
-            pass
+    with contextlib.suppress(OSError):
+        pipe.close()
 
 
 def _kill_group(pid):
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def op_exec(req):
