@@ -58,6 +58,24 @@ def _cmd_build_image(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_reap(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from sandboxes.docker_api import DockerAPI
+    from sandboxes.reaper import reap
+
+    async def once() -> list[str]:
+        api = DockerAPI()
+        try:
+            return await reap(api)
+        finally:
+            await api.close()
+
+    removed = asyncio.run(once())
+    print(f"removed {len(removed)} sandbox container(s)")
+    return 0
+
+
 def _planned(path: tuple[str, ...]) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
         print(f"pqrl {' '.join(path)}: not yet implemented (issue {PLANNED[path]})", file=sys.stderr)
@@ -96,6 +114,10 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("--force", action="store_true", help="rebuild even if the image exists")
     build.add_argument("--mirror", default=None, help="Debian mirror URL for debootstrap")
     build.set_defaults(func=_cmd_build_image)
+    reap_cmd = group("sandbox", "sandbox images").add_parser(
+        "reap", help="remove sandbox containers whose owner is gone or whose lifetime expired"
+    )
+    reap_cmd.set_defaults(func=_cmd_reap)
 
     for path, issue in PLANNED.items():
         parent = sub if len(path) == 1 else group(path[0], f"{path[0]} commands")
