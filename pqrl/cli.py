@@ -52,9 +52,16 @@ def _cmd_model_prepare(args: argparse.Namespace) -> int:
 
 
 def _cmd_build_image(args: argparse.Namespace) -> int:
-    from sandboxes.image import build_image
+    from sandboxes.image import build_image, build_image_from_dockerfile
 
-    print(build_image(force=args.force, mirror=args.mirror, progress=lambda m: print(m, file=sys.stderr)))
+    def progress(m: str) -> None:
+        print(m, file=sys.stderr)
+
+    if args.dockerfile:
+        name = args.name or "pqrl-sandbox"
+        print(build_image_from_dockerfile(args.dockerfile, name=name, force=args.force, progress=progress))
+    else:
+        print(build_image(force=args.force, mirror=args.mirror, progress=progress))
     return 0
 
 
@@ -113,6 +120,10 @@ def build_parser() -> argparse.ArgumentParser:
     build = group("sandbox", "sandbox images").add_parser("build-image", help="build the base image offline")
     build.add_argument("--force", action="store_true", help="rebuild even if the image exists")
     build.add_argument("--mirror", default=None, help="Debian mirror URL for debootstrap")
+    build.add_argument(
+        "--dockerfile", default=None, help="build from this Dockerfile instead (needs its base)"
+    )
+    build.add_argument("--name", default=None, help="image name for --dockerfile builds")
     build.set_defaults(func=_cmd_build_image)
     reap_cmd = group("sandbox", "sandbox images").add_parser(
         "reap", help="remove sandbox containers whose owner is gone or whose lifetime expired"

@@ -20,7 +20,15 @@ from pathlib import Path
 
 from pqrl.cache import cache_dir
 
-__all__ = ["BASE_RECIPE", "ImageBuildError", "ImageRecipe", "build_image", "image_exists"]
+__all__ = [
+    "BASE_RECIPE",
+    "ImageBuildError",
+    "ImageRecipe",
+    "build_image",
+    "build_image_from_dockerfile",
+    "context_digest",
+    "image_exists",
+]
 
 SANDBOX_USER = "agent"
 SANDBOX_UID = 1000
@@ -87,6 +95,39 @@ def build_image(
     _run(cmd)
     _run(["docker", "tag", recipe.tag, f"{recipe.name}:latest"])
     return recipe.tag
+
+
+def context_digest(dockerfile: Path, context: Path) -> str:
+    """Hash of the Dockerfile and every file of its build context (paths and contents)."""
+    h = hashlib.sha256(dockerfile.read_bytes())
+    for path in sorted(p for p in context.rglob("*") if p.is_file()):
+        h.update(str(path.relative_to(context)).encode() + b"\0")
+        h.update(path.read_bytes())
+    return h.hexdigest()[:12]
+
+
+def build_image_from_dockerfile(
+    dockerfile: str | Path,
+    *,
+    name: str,
+    context: str | Path | None = None,
+    force: bool = False,
+    progress: Callable[[str], None] = print,
+) -> str:
+    """``docker build`` where a registry (or a local base image) is reachable; tagged by content."""
+    _require("docker", "the Docker CLI (Debian package docker.io)")
+    dockerfile = Path(dockerfile)
+    if not dockerfile.is_file():
+        raise ImageBuildError(f"no Dockerfile at {dockerfile}")
+    ctx = Path(context) if context else dockerfile.parent
+    tag = f"{name}:{context_digest(dockerfile, ctx)}"
+    if image_exists(tag) and not force:
+        progress(f"sandbox image {tag} is present")
+        return tag
+    progress(f"docker build {dockerfile} -> {tag}")
+    _run(["docker", "build", "-q", "-t", tag, "-f", str(dockerfile), str(ctx)])
+    _run(["docker", "tag", tag, f"{name}:latest"])
+    return tag
 
 
 def _bootstrap(

@@ -31,3 +31,29 @@ def test_base_image_runs_python_git_pytest_unprivileged_and_offline():
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["1000", "3", "git", "pytest", "/workspace", "offline", "read-only"]
+
+
+def test_dockerfile_build_is_tagged_by_content_and_rebuilt_only_on_change(tmp_path):
+    from sandboxes.image import build_image_from_dockerfile, context_digest
+
+    (tmp_path / "Dockerfile").write_text(f"FROM {BASE_RECIPE.tag}\nCOPY hello.txt /opt/hello.txt\n")
+    (tmp_path / "hello.txt").write_text("v1\n")
+    tag1 = build_image_from_dockerfile(
+        tmp_path / "Dockerfile", name="pqrl-test-derived", progress=lambda m: None
+    )
+    try:
+        messages: list[str] = []
+        assert (
+            build_image_from_dockerfile(
+                tmp_path / "Dockerfile", name="pqrl-test-derived", progress=messages.append
+            )
+            == tag1
+        )
+        assert "is present" in messages[0], "an unchanged recipe must not rebuild"
+        out = subprocess.run(["docker", "run", "--rm", "--network", "none", tag1, "cat", "/opt/hello.txt"],
+                             capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert out.stdout == "v1\n"
+        (tmp_path / "hello.txt").write_text("v2\n")
+        assert context_digest(tmp_path / "Dockerfile", tmp_path) != tag1.split(":")[1]
+    finally:
+        subprocess.run(["docker", "rmi", "-f", tag1, "pqrl-test-derived:latest"], capture_output=True)
