@@ -206,7 +206,8 @@ class DockerSandbox:
         return reply
 
     async def _read_loop(self) -> None:
-        buf = b""
+        buf = bytearray()
+        scanned = 0  # bytes of buf known to hold no newline: big replies arrive in many frames
         try:
             while True:
                 kind, payload = await self._stream.read_frame()
@@ -214,9 +215,11 @@ class DockerSandbox:
                     self._stderr_tail = (self._stderr_tail + payload)[-4096:]
                     continue
                 buf += payload
-                *lines, buf = buf.split(b"\n")
-                for line in lines:
-                    self._dispatch(json.loads(line))
+                while (end := buf.find(b"\n", scanned)) >= 0:
+                    self._dispatch(json.loads(buf[:end]))
+                    del buf[: end + 1]
+                    scanned = 0
+                scanned = len(buf)
         except EOFError:
             pass
         except asyncio.CancelledError:
