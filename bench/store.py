@@ -3,10 +3,11 @@
 Writes and reads back 2,000 trajectories of 4,096 tokens (groups of 8) through a consumer group,
 acknowledging each batch, on a private redis-server (appendfsync everysec for all three):
 
-  (a) the store with the binary codec (encode, Lua add with back-pressure check, XREADGROUP,
+  (a) the store with the binary codec (encode, XADD + XLEN for back-pressure, XREADGROUP,
       decode + validation, Lua ack + trim),
   (b) the same store with the codec swapped for JSON lists,
-  (c) raw XADD / XREADGROUP / XACK of opaque blobs of the same byte size: the ceiling.
+  (c) raw XADD / XREADGROUP / XACK of opaque blobs of the same byte size (one per entry, as the
+      store writes one blob per group): the ceiling.
 
 (a) and (c) are measured ROUNDS times interleaved and the median taken (the machine is noisy).
 Prints one JSON line: traj_per_s, json_traj_per_s, raw_redis_per_s, ratio_vs_json, fraction_of_raw.
@@ -31,7 +32,7 @@ import redis.asyncio as aioredis
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import pqrl.store
-from pqrl.codec import encode
+from pqrl.codec import encode_many
 from pqrl.redis_server import RedisServer
 from pqrl.store import TrajectoryStore
 from pqrl.trajectory import Trajectory, Turn
@@ -77,18 +78,23 @@ def make_trajectories(n: int, T: int, seed: int = 0) -> list[list[Trajectory]]:
 _ARRAYS = ("tokens", "generated", "loss_mask", "behavior_logprobs", "versions")
 
 
-def json_encode(t: Trajectory) -> bytes:
-    d = {f.name: getattr(t, f.name) for f in dataclasses.fields(t)}
-    d.update({k: d[k].tolist() for k in _ARRAYS})
-    d["turns"] = [dataclasses.asdict(u) for u in t.turns]
-    d["truncation"] = None
-    return json.dumps(d).encode()
+def json_encode_many(ts: list[Trajectory]) -> bytes:
+    out = []
+    for t in ts:
+        d = {f.name: getattr(t, f.name) for f in dataclasses.fields(t)}
+        d.update({k: d[k].tolist() for k in _ARRAYS})
+        d["turns"] = [dataclasses.asdict(u) for u in t.turns]
+        d["truncation"] = None
+        out.append(d)
+    return json.dumps(out).encode()
 
 
-def json_decode(blob: bytes) -> Trajectory:
-    d = json.loads(blob)
-    d["turns"] = tuple(Turn(**u) for u in d["turns"])
-    return Trajectory(**d)
+def json_decode_many(blob: bytes) -> list[Trajectory]:
+    out = []
+    for d in json.loads(blob):
+        d["turns"] = tuple(Turn(**u) for u in d["turns"])
+        out.append(Trajectory(**d))
+    return out
 
 
 async def through_store(url: str, groups: list[list[Trajectory]], run: str) -> float:
@@ -107,20 +113,19 @@ async def through_store(url: str, groups: list[list[Trajectory]], run: str) -> f
     return got / dt
 
 
-async def raw_redis(url: str, blobs: list[list[bytes]], run: str) -> float:
+async def raw_redis(url: str, blobs: list[bytes], run: str) -> float:
     r = aioredis.Redis.from_url(url)
     key = f"raw:{run}"
     await r.xgroup_create(key, "trainer", id="0", mkstream=True)
     t0 = time.perf_counter()
-    for group in blobs:
-        fields = {"n": len(group), **{str(i): b for i, b in enumerate(group)}}
-        await r.xadd(key, fields)
+    for blob in blobs:
+        await r.xadd(key, {"group": blob})
     got = 0
     while reply := await r.xreadgroup("trainer", "c", {key: ">"}, count=BATCH):
         entries = reply[0][1]
         if not entries:
             break
-        got += sum(int(f[b"n"]) for _, f in entries)
+        got += len(entries) * GROUP
         await r.xack(key, "trainer", *[i for i, _ in entries])
     dt = time.perf_counter() - t0
     assert got == len(blobs) * GROUP
@@ -131,8 +136,8 @@ async def raw_redis(url: str, blobs: list[list[bytes]], run: str) -> float:
 
 async def main(n: int, T: int, rounds: int) -> dict[str, float]:
     groups = make_trajectories(n, T)
-    blobs = [[encode(t) for t in g] for g in groups]
-    print(f"{n} trajectories x {T} tokens, {len(blobs[0][0])} bytes each, groups of {GROUP}", file=sys.stderr)
+    blobs = [encode_many(g) for g in groups]
+    print(f"{n} trajectories x {T} tokens, groups of {GROUP} in {len(blobs[0])}-byte blobs", file=sys.stderr)
     with RedisServer(appendfsync="everysec") as server:
         store_rates, raw_rates = [], []
         for k in range(rounds):
@@ -140,8 +145,8 @@ async def main(n: int, T: int, rounds: int) -> dict[str, float]:
             store_rates.append(await through_store(server.url, groups, "bench"))
             print(f"round {k}: store {store_rates[-1]:.0f}/s raw {raw_rates[-1]:.0f}/s", file=sys.stderr)
         with (
-            mock.patch.object(pqrl.store, "encode", json_encode),
-            mock.patch.object(pqrl.store, "decode", json_decode),
+            mock.patch.object(pqrl.store, "encode_many", json_encode_many),
+            mock.patch.object(pqrl.store, "decode_many", json_decode_many),
         ):
             json_rate = await through_store(server.url, groups, "bench")
         print(f"json {json_rate:.0f}/s", file=sys.stderr)

@@ -1,33 +1,45 @@
 """Binary codec for Trajectory records: a msgpack header followed by raw numpy buffers.
 
-Layout (version 1), little-endian::
+Layout (version 2), little-endian; one blob holds one or several records (a finished group)::
 
     b"PQT" | version:u8 | header_len:u32 | header (msgpack) | zero pad to 8 bytes
-    | tokens:i4[T] | behavior_logprobs:f4[T] | versions:i4[T] | generated:u1[T] | loss_mask:u1[T]
+    | tokens:i4[N] | behavior_logprobs:f4[N] | versions:i4[N] | generated:u1[N] | loss_mask:u1[N]
 
-The arrays are decoded as zero-copy read-only views of the blob. JSON lists cost ~40x more to
-encode and decode (bench/store.py). The version byte selects the decoder, so a blob written by an
-older release stays readable after the layout changes: add ``_decode_v2`` beside ``_decode_v1``.
+where the header holds ``lens`` (tokens per record, summing to N) and one map of scalar fields per
+record, and each array is the concatenation of the records' arrays. Decoding makes zero-copy
+read-only views and checks the token invariants once over the concatenation, so a group of 8
+costs little more than one record (bench/store.py); JSON lists cost ~20x more.
+
+The version byte selects the decoder, so blobs written by older releases stay readable: version 1
+held exactly one record with ``T`` in its header. Add ``_decode_v3`` beside these when the layout
+changes again.
 """
 
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgpack
 import numpy as np
 
-from pqrl.trajectory import ToolCall, Trajectory, TrajectoryError, Truncation, Turn
+from pqrl.trajectory import ToolCall, Trajectory, TrajectoryError, Truncation, Turn, check_token_arrays
 
-__all__ = ["CURRENT_VERSION", "CodecError", "decode", "encode"]
+__all__ = ["CURRENT_VERSION", "CodecError", "decode", "decode_many", "encode", "encode_many"]
 
 MAGIC = b"PQT"
-CURRENT_VERSION = 1
+CURRENT_VERSION = 2
 _PREFIX = struct.Struct("<3sBI")  # magic, version, header length
-_I4, _F4, _U1 = np.dtype("<i4"), np.dtype("<f4"), np.dtype("u1")
-_BYTES_PER_TOKEN = 4 + 4 + 4 + 1 + 1
+# The arrays in blob order; 4-byte ones first so they stay aligned after the padded header.
+_ARRAYS = (
+    ("tokens", np.dtype("<i4")),
+    ("behavior_logprobs", np.dtype("<f4")),
+    ("versions", np.dtype("<i4")),
+    ("generated", np.dtype("u1")),
+    ("loss_mask", np.dtype("u1")),
+)
+_BYTES_PER_TOKEN = sum(dt.itemsize for _, dt in _ARRAYS)
 
 
 class CodecError(ValueError):
@@ -35,47 +47,32 @@ class CodecError(ValueError):
 
 
 def encode(t: Trajectory) -> bytes:
-    """Encodes a (validated) Trajectory into one blob."""
-    header = msgpack.packb(
-        {
-            "T": t.num_tokens,
-            "id": t.id,
-            "run_id": t.run_id,
-            "task_id": t.task_id,
-            "group_id": t.group_id,
-            "env": t.env,
-            "prompt_len": int(t.prompt_len),
-            "turns": [
-                [u.start, u.end, u.finish_reason, [[c.name, c.arguments, c.status] for c in u.tool_calls]]
-                for u in t.turns
-            ],
-            "reward": t.reward,
-            "reward_info": t.reward_info,
-            "status": t.status.value,
-            "truncation": None
-            if t.truncation is None
-            else [t.truncation.kind, t.truncation.at_token, t.truncation.detail],
-            "timings": t.timings,
-        },
-        use_bin_type=True,
-    )
-    pad = -(_PREFIX.size + len(header)) % 8
-    return b"".join(
-        (
-            _PREFIX.pack(MAGIC, CURRENT_VERSION, len(header)),
-            header,
-            b"\0" * pad,
-            memoryview(np.ascontiguousarray(t.tokens, dtype=_I4)),
-            memoryview(np.ascontiguousarray(t.behavior_logprobs, dtype=_F4)),
-            memoryview(np.ascontiguousarray(t.versions, dtype=_I4)),
-            memoryview(np.ascontiguousarray(t.generated, dtype=_U1)),
-            memoryview(np.ascontiguousarray(t.loss_mask, dtype=_U1)),
-        )
-    )
+    """Encodes one (validated) Trajectory."""
+    return encode_many([t])
 
 
 def decode(blob: bytes | bytearray | memoryview) -> Trajectory:
-    """Decodes a blob written by any released codec version.
+    """Decodes a blob holding exactly one record (any released version)."""
+    records = decode_many(blob)
+    if len(records) != 1:
+        raise CodecError(f"blob holds {len(records)} records, expected one: use decode_many")
+    return records[0]
+
+
+def encode_many(ts: Sequence[Trajectory]) -> bytes:
+    """Encodes several (validated) Trajectories, e.g. one group, into one blob."""
+    header = msgpack.packb(
+        {"lens": [t.num_tokens for t in ts], "records": [_record_header(t) for t in ts]}, use_bin_type=True
+    )
+    pad = -(_PREFIX.size + len(header)) % 8
+    parts: list[Any] = [_PREFIX.pack(MAGIC, CURRENT_VERSION, len(header)), header, b"\0" * pad]
+    for name, dtype in _ARRAYS:
+        parts += [memoryview(np.ascontiguousarray(getattr(t, name), dtype=dtype)) for t in ts]
+    return b"".join(parts)
+
+
+def decode_many(blob: bytes | bytearray | memoryview) -> list[Trajectory]:
+    """Decodes a blob written by any released codec version into its records.
 
     Raises:
         CodecError: the blob is truncated, corrupt, of an unknown version, or decodes to a record
@@ -90,38 +87,77 @@ def decode(blob: bytes | bytearray | memoryview) -> Trajectory:
     decoder = _DECODERS.get(version)
     if decoder is None:
         raise CodecError(f"unknown codec version {version} (this release reads {sorted(_DECODERS)})")
-    try:
-        return decoder(buf, header_len)
-    except TrajectoryError as e:
-        raise CodecError(f"blob decodes to an invalid record: {e}") from e
-
-
-def _decode_v1(buf: memoryview, header_len: int) -> Trajectory:
     start = _PREFIX.size
     if start + header_len > buf.nbytes:
         raise CodecError(f"header of {header_len} bytes runs past the {buf.nbytes}-byte blob")
     try:
-        h = msgpack.unpackb(buf[start : start + header_len], raw=False, strict_map_key=False)
+        header = msgpack.unpackb(buf[start : start + header_len], raw=False, strict_map_key=False)
     except (msgpack.UnpackException, ValueError) as e:
         raise CodecError(f"corrupt msgpack header: {e}") from None
-    if not isinstance(h, dict):
-        raise CodecError(f"header is a {type(h).__name__}, not a map")
+    if not isinstance(header, dict):
+        raise CodecError(f"header is a {type(header).__name__}, not a map")
+    body = start + header_len + (-(start + header_len) % 8)
+    try:
+        return decoder(buf, header, body)
+    except TrajectoryError as e:
+        raise CodecError(f"blob decodes to an invalid record: {e}") from e
+
+
+def _decode_v1(buf: memoryview, h: dict[str, Any], body: int) -> list[Trajectory]:
     n = _field(h, "T", int)
-    off = start + header_len + (-(start + header_len) % 8)
-    if n < 0 or off + n * _BYTES_PER_TOKEN != buf.nbytes:
+    return _records(buf, [n], [h], body)
+
+
+def _decode_v2(buf: memoryview, h: dict[str, Any], body: int) -> list[Trajectory]:
+    lens, headers = _field(h, "lens", list), _field(h, "records", list)
+    if len(lens) != len(headers) or not all(isinstance(n, int) and n >= 0 for n in lens):
+        raise CodecError(f"header lens {lens!r} do not match its {len(headers)} records")
+    return _records(buf, lens, headers, body)
+
+
+def _records(buf: memoryview, lens: list[int], headers: list[Any], off: int) -> list[Trajectory]:
+    total = sum(lens)
+    if total < 0 or off + total * _BYTES_PER_TOKEN != buf.nbytes:
         raise CodecError(
-            f"blob is {buf.nbytes} bytes but a {n}-token record needs {off + max(n, 0) * _BYTES_PER_TOKEN}"
+            f"blob is {buf.nbytes} bytes but {total} tokens need {off + max(total, 0) * _BYTES_PER_TOKEN}"
         )
     arrays = {}
-    for name, dtype in (
-        ("tokens", _I4),
-        ("behavior_logprobs", _F4),
-        ("versions", _I4),
-        ("generated", _U1),
-        ("loss_mask", _U1),
-    ):
-        arrays[name] = np.frombuffer(buf, dtype=dtype, count=n, offset=off)
-        off += n * dtype.itemsize
+    for name, dtype in _ARRAYS:
+        arrays[name] = np.frombuffer(buf, dtype=dtype, count=total, offset=off)
+        off += total * dtype.itemsize
+    check_token_arrays(**arrays)  # once over the concatenation
+    out, at = [], 0
+    for n, h in zip(lens, headers, strict=True):
+        if not isinstance(h, dict):
+            raise CodecError(f"record header is a {type(h).__name__}, not a map")
+        out.append(_record_from_header(h, {k: v[at : at + n] for k, v in arrays.items()}))
+        at += n
+    return out
+
+
+def _record_header(t: Trajectory) -> dict[str, Any]:
+    return {
+        "id": t.id,
+        "run_id": t.run_id,
+        "task_id": t.task_id,
+        "group_id": t.group_id,
+        "env": t.env,
+        "prompt_len": int(t.prompt_len),
+        "turns": [
+            [u.start, u.end, u.finish_reason, [[c.name, c.arguments, c.status] for c in u.tool_calls]]
+            for u in t.turns
+        ],
+        "reward": t.reward,
+        "reward_info": t.reward_info,
+        "status": t.status.value,
+        "truncation": None
+        if t.truncation is None
+        else [t.truncation.kind, t.truncation.at_token, t.truncation.detail],
+        "timings": t.timings,
+    }
+
+
+def _record_from_header(h: dict[str, Any], arrays: dict[str, np.ndarray]) -> Trajectory:
     try:
         turns = tuple(
             Turn(start=s, end=e, finish_reason=fr, tool_calls=tuple(ToolCall(*c) for c in calls))
@@ -131,7 +167,7 @@ def _decode_v1(buf: memoryview, header_len: int) -> Trajectory:
         truncation = None if trunc is None else Truncation(*trunc)
     except (TypeError, ValueError) as e:
         raise CodecError(f"malformed turns/truncation in header: {e}") from None
-    return Trajectory(
+    return Trajectory._from_checked_arrays(
         id=_field(h, "id", str),
         run_id=_field(h, "run_id", str),
         task_id=_field(h, "task_id", str),
@@ -157,4 +193,7 @@ def _field(h: dict[str, Any], key: str, kind: type | tuple[type, ...]) -> Any:
     return value
 
 
-_DECODERS: dict[int, Callable[[memoryview, int], Trajectory]] = {1: _decode_v1}
+_DECODERS: dict[int, Callable[[memoryview, dict[str, Any], int], list[Trajectory]]] = {
+    1: _decode_v1,
+    2: _decode_v2,
+}

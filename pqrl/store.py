@@ -2,7 +2,7 @@
 
 Keys of run ``R`` (the braces keep a run's keys in one Redis Cluster slot):
 
-- ``pqrl:{R}:groups``  stream, one entry per finished group (binary Trajectory blobs, pqrl.codec)
+- ``pqrl:{R}:groups``  stream, one entry per finished group (one binary blob, pqrl.codec)
 - ``pqrl:{R}:dead``    stream of entries that failed to decode, kept with the reason, never dropped
 - ``pqrl:{R}:tasks``   stream, the run's task queue (JSON task specs)
 - ``pqrl:{R}:policy``  hash: ``version`` (int, starts at 0), ``weights`` (where they are), ``updated``
@@ -36,7 +36,7 @@ from urllib.parse import urlsplit, urlunsplit
 import redis.asyncio as aioredis
 import redis.exceptions
 
-from pqrl.codec import CodecError, decode, encode
+from pqrl.codec import CodecError, decode_many, encode_many
 from pqrl.trajectory import Trajectory
 
 __all__ = [
@@ -259,21 +259,19 @@ class TrajectoryStore:
         self._backlog_hint = int(backlog)
         return _decode_str(entry_id), self._backlog_hint
 
-    def _group_fields(self, trajectories: Sequence[Trajectory]) -> dict[str, bytes | int]:
+    def _group_fields(self, trajectories: Sequence[Trajectory]) -> dict[str, bytes]:
         if not trajectories:
             raise ValueError("a group needs at least one trajectory")
         for i, t in enumerate(trajectories):
             if not isinstance(t, Trajectory):
                 raise TypeError(f"group member {i} is {type(t).__name__}, not Trajectory")
         group_id = trajectories[0].group_id
-        fields: dict[str, bytes | int] = {"n": len(trajectories)}
-        for i, t in enumerate(trajectories):
+        for t in trajectories:
             if t.run_id != self.run_id:
                 raise ValueError(f"trajectory {t.id} belongs to run {t.run_id!r}, not {self.run_id!r}")
             if t.group_id != group_id:
                 raise ValueError(f"trajectory {t.id} has group_id {t.group_id!r}, expected {group_id!r}")
-            fields[str(i)] = encode(t)
-        return fields
+        return {"group": encode_many(trajectories)}
 
     @_redis_errors
     async def backlog(self) -> int:
@@ -430,14 +428,12 @@ class TrajectoryStore:
 
 
 def _decode_group(fields: dict[bytes, bytes]) -> list[Trajectory]:
-    try:
-        n = int(fields[b"n"])
-        blobs = [fields[str(i).encode()] for i in range(n)]
-    except (KeyError, ValueError) as e:
-        raise CodecError(f"group entry lacks its count or a member: {e!r}") from None
-    if n < 1 or len(fields) != n + 1:
-        raise CodecError(f"group entry has {len(fields)} fields for n={n}")
-    return [decode(b) for b in blobs]
+    if list(fields) != [b"group"]:
+        raise CodecError(f"group entry has fields {sorted(fields)}, expected only b'group'")
+    group = decode_many(fields[b"group"])
+    if not group:
+        raise CodecError("group entry holds no trajectories")
+    return group
 
 
 async def _create_group(r: aioredis.Redis, key: str, group: str, from_start: bool) -> None:

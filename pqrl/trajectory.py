@@ -11,12 +11,13 @@ Imports numpy and the standard library only, so the trainer's compute path can l
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-__all__ = ["Status", "ToolCall", "Trajectory", "TrajectoryError", "Truncation", "Turn"]
+__all__ = ["Status", "ToolCall", "Trajectory", "TrajectoryError", "Truncation", "Turn", "check_token_arrays"]
 
 
 class TrajectoryError(ValueError):
@@ -118,15 +119,37 @@ class Trajectory:
     timings: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        for name in ("id", "run_id", "task_id", "group_id", "env"):
-            value = getattr(self, name)
-            if not isinstance(value, str) or not value:
-                raise TrajectoryError(name, f"must be a non-empty string, got {value!r}")
         for name, dtype in _ARRAY_DTYPES.items():
             # A read-only view: the caller's array stays writable, the validated record cannot drift.
             arr = _as_array(name, getattr(self, name), dtype).view()
             arr.flags.writeable = False
             object.__setattr__(self, name, arr)
+        check_token_arrays(self.tokens, self.generated, self.loss_mask, self.behavior_logprobs, self.versions)
+        self._check_rest()
+
+    @classmethod
+    def _from_checked_arrays(cls, **fields: Any) -> Trajectory:
+        """Builds a record whose arrays already passed ``check_token_arrays`` (e.g. over a whole
+        decoded batch, where one pass over the concatenation replaces one pass per record).
+
+        The arrays must have their final dtypes; everything else is checked as usual.
+        """
+        if fields.keys() != cls.__dataclass_fields__.keys():
+            raise TypeError(f"_from_checked_arrays needs exactly the fields {list(cls.__dataclass_fields__)}")
+        obj = object.__new__(cls)
+        for name, value in fields.items():
+            if name in _ARRAY_DTYPES and value.flags.writeable:  # views of bytes are read-only already
+                value = value.view()
+                value.flags.writeable = False
+            object.__setattr__(obj, name, value)
+        obj._check_rest()
+        return obj
+
+    def _check_rest(self) -> None:
+        for name in ("id", "run_id", "task_id", "group_id", "env"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value:
+                raise TrajectoryError(name, f"must be a non-empty string, got {value!r}")
         try:
             object.__setattr__(self, "status", Status(self.status))
         except ValueError:
@@ -135,7 +158,6 @@ class Trajectory:
             ) from None
         object.__setattr__(self, "turns", tuple(self.turns))
         object.__setattr__(self, "reward", _as_float("reward", self.reward))
-        _check_token_arrays(self)
         _check_spans(self)
 
     @property
@@ -185,29 +207,42 @@ def _as_float(name: str, value: Any) -> float:
         out = float(value)
     except (TypeError, ValueError):
         raise TrajectoryError(name, f"must be a number, got {value!r}") from None
-    if not np.isfinite(out):
+    if not math.isfinite(out):
         raise TrajectoryError(name, f"must be finite, got {out}")
     return out
 
 
-def _check_token_arrays(t: Trajectory) -> None:
-    # Every decoded blob passes through here: reductions and one-pass comparisons only (bench/store.py).
-    n = t.tokens.shape[0]
-    for name in ("generated", "loss_mask", "behavior_logprobs", "versions"):
-        m = getattr(t, name).shape[0]
-        if m != n:
-            raise TrajectoryError(name, f"length {m} != len(tokens) {n}")
+def check_token_arrays(
+    tokens: np.ndarray,
+    generated: np.ndarray,
+    loss_mask: np.ndarray,
+    behavior_logprobs: np.ndarray,
+    versions: np.ndarray,
+) -> None:
+    """The elementwise invariants of the token arrays, for one record or several concatenated.
+
+    Every decoded blob passes through here: reductions and one-pass comparisons only.
+    """
+    n = tokens.shape[0]
+    for name, arr in (
+        ("generated", generated),
+        ("loss_mask", loss_mask),
+        ("behavior_logprobs", behavior_logprobs),
+        ("versions", versions),
+    ):
+        if arr.shape[0] != n:
+            raise TrajectoryError(name, f"length {arr.shape[0]} != len(tokens) {n}")
     if n == 0:
         return
-    gen, lp, ver = t.generated, t.behavior_logprobs, t.versions
-    if t.tokens.min() < 0:
+    gen, lp, ver = generated, behavior_logprobs, versions
+    if tokens.min() < 0:
         raise TrajectoryError("tokens", "token ids must be >= 0")
     if gen.max() > 1:
         raise TrajectoryError("generated", "must hold only 0 and 1")
-    if t.loss_mask.max() > 1:
+    if loss_mask.max() > 1:
         raise TrajectoryError("loss_mask", "must hold only 0 and 1")
-    if (t.loss_mask > gen).any():
-        i = int(np.argmax(t.loss_mask > gen))
+    if (loss_mask > gen).any():
+        i = int(np.argmax(loss_mask > gen))
         raise TrajectoryError("loss_mask", f"is 1 at token {i} where generated is 0 (must be a subset)")
     # Valid iff generated tokens carry a version >= 0 and all others exactly -1.
     if ver.min() < -1 or not (gen ^ (ver < 0)).all():
@@ -231,7 +266,7 @@ def _check_spans(t: Trajectory) -> None:
         raise TrajectoryError("prompt_len", f"must be an int, got {t.prompt_len!r}")
     if not 0 <= t.prompt_len <= n:
         raise TrajectoryError("prompt_len", f"{t.prompt_len} outside 0..{n}")
-    if np.any(t.generated[: t.prompt_len]):
+    if t.generated[: t.prompt_len].any():
         raise TrajectoryError("generated", "prompt tokens cannot be generated")
     prev_end = t.prompt_len
     for i, turn in enumerate(t.turns):

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pqrl.codec import CURRENT_VERSION, MAGIC, CodecError, decode, encode
+from pqrl.codec import CURRENT_VERSION, MAGIC, CodecError, decode, decode_many, encode, encode_many
 from pqrl.trajectory import ToolCall, Trajectory, Turn
 from tests.conftest import make_trajectory
 
@@ -69,7 +69,7 @@ def _header_and_body(blob: bytes) -> tuple[dict, bytes]:
     return header, body
 
 
-def _rebuild(header: dict, body: bytes, version: int = 1) -> bytes:
+def _rebuild(header: dict, body: bytes, version: int = CURRENT_VERSION) -> bytes:
     h = msgpack.packb(header, use_bin_type=True)
     return struct.pack("<3sBI", MAGIC, version, len(h)) + h + b"\0" * (-(8 + len(h)) % 8) + body
 
@@ -77,22 +77,31 @@ def _rebuild(header: dict, body: bytes, version: int = 1) -> bytes:
 def _corrupt_cases():
     blob = encode(make_trajectory())
     header, body = _header_and_body(blob)
-    T = header["T"]
+    (T,) = header["lens"]
+    (record,) = header["records"]
     gen_off = 12 * T  # generated array starts after tokens, logprobs, versions
     bad_mask = bytearray(body)
     bad_mask[gen_off] = 7
+
+    def with_record(**changes):
+        return _rebuild({**header, "records": [{**record, **changes}]}, body)
+
+    without_run_id = {k: v for k, v in record.items() if k != "run_id"}
     return [
         ("empty", b"", "shorter than"),
         ("bad magic", b"XYZ" + blob[3:], "bad magic"),
         ("unknown version", blob[:3] + bytes([99]) + blob[4:], "unknown codec version 99"),
-        ("truncated body", blob[:-5], "needs"),
-        ("extra bytes", blob + b"\0\0\0\0", "needs"),
+        ("truncated body", blob[:-5], "tokens need"),
+        ("extra bytes", blob + b"\0\0\0\0", "tokens need"),
         ("header past end", blob[:4] + struct.pack("<I", 10**6) + blob[8:], "runs past"),
         ("garbage header", blob[:8] + b"\xc1" * 40 + blob[48:], "corrupt msgpack header"),
         ("header not a map", _rebuild([1, 2], body), "not a map"),
-        ("missing field", _rebuild({k: v for k, v in header.items() if k != "run_id"}, body), "'run_id'"),
-        ("wrong field type", _rebuild({**header, "prompt_len": "5"}, body), "'prompt_len'"),
-        ("bad turns", _rebuild({**header, "turns": [[1]]}, body), "turns"),
+        ("missing field", _rebuild({**header, "records": [without_run_id]}, body), "'run_id'"),
+        ("wrong field type", with_record(prompt_len="5"), "'prompt_len'"),
+        ("bad turns", with_record(turns=[[1]]), "turns"),
+        ("lens mismatch", _rebuild({**header, "lens": [T, 3]}, body), "do not match"),
+        ("record not a map", _rebuild({**header, "records": [[1, 2]]}, body), "not a map"),
+        ("missing lens", _rebuild({"records": [record]}, body), "'lens'"),
         ("invalid record", _rebuild(header, bytes(bad_mask)), "Trajectory.generated"),
     ]
 
@@ -102,6 +111,30 @@ def test_corrupt_blob_is_rejected_with_a_clear_error(label, blob, message):
     with pytest.raises(CodecError, match=None) as err:
         decode(blob)
     assert message in str(err.value)
+
+
+def test_a_group_round_trips_in_one_blob():
+    group = [make_trajectory(index=i, seed=i, turn_lens=((i + 1, 2), (3, 0))) for i in range(5)]
+    blob = encode_many(group)
+    back = decode_many(blob)
+    assert back == group
+    assert [t.num_tokens for t in back] == [t.num_tokens for t in group]
+    with pytest.raises(CodecError, match="holds 5 records"):
+        decode(blob)
+    assert decode_many(encode_many([])) == []
+
+
+def test_an_invalid_member_fails_the_whole_group():
+    group = [make_trajectory(index=i, seed=i) for i in range(3)]
+    blob = bytearray(encode_many(group))
+    header, body = _header_and_body(bytes(blob))
+    total = sum(header["lens"])
+    body_off = len(blob) - len(body)
+    generated = np.frombuffer(body, dtype="u1", count=total, offset=12 * total)
+    i = int(np.flatnonzero(generated)[-1])  # a generated token of the last record
+    struct.pack_into("<i", blob, body_off + 8 * total + 4 * i, -1)  # its version, now missing
+    with pytest.raises(CodecError, match="Trajectory.versions"):
+        decode_many(bytes(blob))
 
 
 def test_decode_accepts_bytearray_and_memoryview():

@@ -147,17 +147,17 @@ async def test_restart_with_fsync_always_loses_no_acknowledged_write(redis_serve
 async def test_corrupt_entry_goes_to_dead_letters_and_the_rest_is_delivered(store):
     await store.create_consumer_group("trainer")
     good1 = await store.put_group(make_group("g1"))
-    bad_id = (await store.redis.xadd(store.groups_key, {"n": 1, "0": b"PQT\x01garbage"})).decode()
+    bad_id = (await store.redis.xadd(store.groups_key, {"group": b"PQT\x02garbage"})).decode()
     bad_n = (await store.redis.xadd(store.groups_key, {"n": 2, "0": b"x"})).decode()
     good2 = await store.put_group(make_group("g2"))
     entries = await store.read_groups("trainer", "t0", count=10)
     assert [e.entry_id for e in entries] == [good1, good2]
     dead = dict(await store.dead_letters())
     assert set(dead) == {bad_id, bad_n}
-    assert "runs past" in dead[bad_id] or "needs" in dead[bad_id]
-    assert "lacks its count or a member" in dead[bad_n]
+    assert "runs past" in dead[bad_id] or "tokens need" in dead[bad_id]
+    assert "expected only b'group'" in dead[bad_n]
     raw = await store.redis.xrange(store.dead_key)
-    assert raw[0][1][b"field:0"] == b"PQT\x01garbage"  # the original bytes are kept for inspection
+    assert raw[0][1][b"field:group"] == b"PQT\x02garbage"  # the original bytes are kept for inspection
     await store.ack("trainer", [good1, good2])
     assert await store.backlog() == 0
 
