@@ -7,7 +7,8 @@ so several may be in flight. The source of this file is passed to ``python3 -c``
 container starts, so images need nothing but python3.
 
 Every command runs in its own process group (a new session); on timeout, and when the command
-returns, the whole group is killed, so no background process outlives its call. Output beyond the
+returns, the whole group is killed, and so is any process that left the group (setsid), so no
+background process outlives its call. Output beyond the
 cap is read and dropped inside the sandbox: the host never receives more than the cap per stream.
 The agent exits, and the container with it, when the host closes stdin or the lifetime runs out.
 """
@@ -27,6 +28,8 @@ import time
 
 _LOCK = threading.Lock()
 _OUT = sys.stdout.buffer
+_ACTIVE = set()  # process groups of the commands running now
+_ACTIVE_LOCK = threading.Lock()
 _GRACE_S = 0.05  # after the command exits, how long to drain pipes held open by its children
 
 
@@ -67,6 +70,23 @@ def _kill_group(pid):
         os.killpg(pid, signal.SIGKILL)
 
 
+def _sweep():
+    """Kills every process but init, the agent and the running commands' groups: a process that
+    left its command's group (setsid, a daemon) does not outlive the command. Hold _ACTIVE_LOCK."""
+    me = os.getpid()
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) in (1, me):
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                pgrp = int(f.read().rsplit(")", 1)[1].split()[2])
+        except (OSError, IndexError, ValueError):
+            continue  # already gone
+        if pgrp not in _ACTIVE:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(int(name), signal.SIGKILL)
+
+
 def op_exec(req):
     cmd = req["cmd"]
     argv = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
@@ -77,26 +97,28 @@ def op_exec(req):
     env.update(req.get("env") or {})
     oom_before = _oom_kills()
     t0 = time.monotonic()
-    try:
-        p = subprocess.Popen(
-            argv,
-            cwd=req.get("cwd") or None,
-            env=env,
-            stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-        )
-    except (OSError, ValueError) as e:
-        return {
-            "stdout": "",
-            "stderr": _b64(str(e).encode()),
-            "exit_code": 127,
-            "timed_out": False,
-            "truncated": False,
-            "duration": time.monotonic() - t0,
-            "oom_killed": False,
-        }
+    with _ACTIVE_LOCK:  # a sweep must not see the child before its group is registered
+        try:
+            p = subprocess.Popen(
+                argv,
+                cwd=req.get("cwd") or None,
+                env=env,
+                stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+            )
+        except (OSError, ValueError) as e:
+            return {
+                "stdout": "",
+                "stderr": _b64(str(e).encode()),
+                "exit_code": 127,
+                "timed_out": False,
+                "truncated": False,
+                "duration": time.monotonic() - t0,
+                "oom_killed": False,
+            }
+        _ACTIVE.add(p.pid)
     if stdin is not None:
         threading.Thread(target=_feed, args=(p.stdin, stdin), daemon=True).start()
     out_fd, err_fd = p.stdout.fileno(), p.stderr.fileno()
@@ -138,6 +160,9 @@ def op_exec(req):
     sel.close()
     _kill_group(p.pid)  # background children die with their command
     exit_code = p.wait()
+    with _ACTIVE_LOCK:
+        _ACTIVE.discard(p.pid)
+        _sweep()
     for f in (p.stdout, p.stderr):
         f.close()
     return {
@@ -169,28 +194,40 @@ def op_read_file(req):
     return {"data": _b64(data)}
 
 
-def _safe_members(tar, dest):
-    root = os.path.realpath(dest)
-    for m in tar.getmembers():
-        target = os.path.realpath(os.path.join(root, m.name))
-        if not (target == root or target.startswith(root + os.sep)):
-            raise ValueError(f"archive member {m.name!r} would land outside {dest}")
-        if m.isdev():
-            raise ValueError(f"archive member {m.name!r} is a device file")
-        if m.issym() or m.islnk():
-            link = os.path.realpath(os.path.join(os.path.dirname(target), m.linkname))
-            if not (link == root or link.startswith(root + os.sep)):
-                raise ValueError(f"archive link {m.name!r} points outside {dest}")
-        m.mode &= 0o777  # no setuid/setgid bits
-        m.uid = m.gid = os.getuid()
-        yield m
+def _inside(path, root):
+    return path == root or path.startswith(root + os.sep)
+
+
+def _check_member(m, root, dest):
+    target = os.path.realpath(os.path.join(root, m.name))
+    if not _inside(target, root):
+        raise ValueError(f"archive member {m.name!r} would land outside {dest}")
+    if m.isdev():
+        raise ValueError(f"archive member {m.name!r} is a device file")
+    if m.issym() or m.islnk():
+        base = os.path.dirname(target) if m.issym() else root
+        if not _inside(os.path.realpath(os.path.join(base, m.linkname)), root):
+            raise ValueError(f"archive link {m.name!r} points outside {dest}")
 
 
 def op_upload(req):
+    """Extracts a tar into ``dest``. Every member is checked before anything is written, and again
+    just before it is written, against the tree as it is then, so a chain of symlinks planted by
+    earlier members cannot lead outside (the image's Python may predate tarfile's filters)."""
     dest = req["dest"]
     os.makedirs(dest, exist_ok=True)
+    root = os.path.realpath(dest)
     with tarfile.open(fileobj=io.BytesIO(base64.b64decode(req["tar"]))) as tar:
-        tar.extractall(dest, members=list(_safe_members(tar, dest)))
+        members = tar.getmembers()
+        for m in members:
+            _check_member(m, root, dest)
+        for m in members:
+            _check_member(m, root, dest)
+            m.mode &= 0o777  # no setuid/setgid bits
+            if m.isdir():
+                m.mode |= 0o700  # stay writable for the members that follow
+            m.uid = m.gid = os.getuid()
+            tar.extract(m, root, set_attrs=not m.issym())
     return {}
 
 

@@ -36,6 +36,7 @@ _ERRORS: dict[str, type[Exception]] = {
     "PermissionError": PermissionError,
     "FileExistsError": FileExistsError,
     "ValueError": ValueError,
+    "OSError": OSError,  # read-only filesystem, disk full: the model's doing, not infrastructure
 }
 
 
@@ -67,6 +68,7 @@ class DockerSandbox:
         self._died: SandboxDied | None = None
         self._closed = False
         self._stderr_tail = b""
+        self._oom_kills_seen = 0  # commands the OOM killer hit while the agent survived
         self._reader = asyncio.create_task(self._read_loop(), name=f"sandbox-{cid[:12]}")
 
     @classmethod
@@ -89,6 +91,7 @@ class DockerSandbox:
         }
         config = settings.container_config(cmd=["python3", "-u", "-c", AGENT_SOURCE], labels=labels)
         cid = await api.create(f"pqrl-{uuid.uuid4().hex[:16]}", config)
+        sandbox = None
         try:
             stream = await api.attach(cid)
             sandbox = cls(api, cid, stream, settings)
@@ -96,7 +99,10 @@ class DockerSandbox:
             await asyncio.wait_for(asyncio.shield(sandbox._ready), ready_timeout)
         except BaseException:
             with contextlib.suppress(Exception):
-                await api.remove(cid)
+                if sandbox is not None:
+                    await sandbox.close()  # stream, reader task and container
+                else:
+                    await api.remove(cid)
             raise
         return sandbox
 
@@ -135,6 +141,7 @@ class DockerSandbox:
             stdin=base64.b64encode(stdin).decode() if stdin else None,
             cap=self.settings.output_cap,
         )
+        self._oom_kills_seen += bool(reply["oom_killed"])
         return ExecResult(
             stdout=base64.b64decode(reply["stdout"]),
             stderr=base64.b64decode(reply["stderr"]),
@@ -252,11 +259,14 @@ class DockerSandbox:
             state = (await self.api.inspect(self.id))["State"]
         except Exception as e:
             return SandboxDied(f"sandbox {self.id[:12]} vanished ({e}); agent stderr: {tail!r}")
-        oom, code = bool(state.get("OOMKilled")), state.get("ExitCode")
-        if oom:
-            reason = "its exec agent was OOM-killed (memory limit reached)"
-        elif code == 3:
+        # Docker's OOMKilled stays set after any OOM kill in the container, also one the agent
+        # survived (and reported), so it names the cause only when no such kill was seen.
+        code = state.get("ExitCode")
+        oom = bool(state.get("OOMKilled")) and not self._oom_kills_seen and code != 3
+        if code == 3:
             reason = f"its lifetime of {self.settings.lifetime_s:.0f}s expired"
+        elif oom:
+            reason = "its exec agent was OOM-killed (memory limit reached)"
         else:
             reason = f"the container stopped (status {state.get('Status')}, exit code {code})"
         return SandboxDied(

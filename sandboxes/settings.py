@@ -28,6 +28,7 @@ class SandboxSettings:
     nofile: int = 1024
     tmp_mb: int = 256  # size cap of the /tmp tmpfs
     workspace_mb: int = 512  # size cap of the /workspace tmpfs
+    shm_mb: int = 16  # size cap of /dev/shm (also counts toward memory)
     lifetime_s: float = 3600.0  # hard limit: the container exits and the reaper removes it
     output_cap: int = 64 << 10  # bytes kept per stream per command
     network: bool = False
@@ -54,7 +55,7 @@ class SandboxSettings:
                     f"SandboxSettings.{name}={value!r} weakens isolation (default {default!r}); "
                     f"add {name!r} to loosen to allow it"
                 )
-        for name in ("memory_mb", "pids_limit", "nofile", "tmp_mb", "workspace_mb", "output_cap"):
+        for name in ("memory_mb", "pids_limit", "nofile", "tmp_mb", "workspace_mb", "shm_mb", "output_cap"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"SandboxSettings.{name} must be > 0")
         if self.cpus <= 0 or self.lifetime_s <= 0:
@@ -78,9 +79,14 @@ class SandboxSettings:
             "Ulimits": [{"Name": "nofile", "Soft": self.nofile, "Hard": self.nofile}],
             "ReadonlyRootfs": self.read_only_root,
             "Tmpfs": {
-                "/tmp": f"rw,nosuid,nodev,size={self.tmp_mb}m,mode=1777",
-                "/workspace": f"rw,nosuid,nodev,size={self.workspace_mb}m,uid=1000,gid=1000,mode=0755",
+                # exec: coding tasks run ./scripts and venv console scripts from here
+                "/tmp": f"rw,exec,nosuid,nodev,size={self.tmp_mb}m,mode=1777",
+                "/workspace": f"rw,exec,nosuid,nodev,size={self.workspace_mb}m,uid=1000,gid=1000,mode=0755",
             },
+            "ShmSize": self.shm_mb << 20,
+            # No log driver: the agent's stdout carries every command's output, which must not
+            # accumulate on the host's disk (json-file would keep it until removal, unbounded).
+            "LogConfig": {"Type": "none", "Config": {}},
             "Init": True,  # docker-init reaps orphans, so killed process groups leave no zombies
             "IpcMode": "private",
         }

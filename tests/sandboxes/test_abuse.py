@@ -181,11 +181,6 @@ async def test_background_process_dies_when_command_returns(sandbox):
     await assert_only_init_and_agent(sandbox)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known weakness: agent.py kills only the command's process group (os.killpg); a child "
-    "that calls setsid() leaves the group and outlives its call",
-)
 async def test_setsid_background_process_dies_when_command_returns(sandbox):
     """A background process in a new session must not outlive its command either."""
     r = await sandbox.exec("setsid sleep 1000 & echo started", timeout=5)
@@ -402,12 +397,6 @@ async def test_sandboxes_cannot_see_each_others_files_or_processes(make_sandbox)
 # ---------------------------------------------------------------- host disk via the engine
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known weakness: the containers use the json-file log driver without max-size, so every "
-    "agent reply (exec output, read_file, download) is also written to the host's disk under "
-    "/var/lib/docker/containers until the sandbox is removed",
-)
 async def test_agent_traffic_is_not_logged_to_host_disk(sandbox, docker_api):
     """The agent's stdout is the reply channel; it must not accumulate in an unbounded host log."""
     for _ in range(10):

@@ -205,12 +205,6 @@ async def test_upload_rejects_members_outside_dest(sandbox, archive):
     assert b"No such file" in r.stderr, r.stderr
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known weakness: agent._safe_members checks every member against the tree as it is "
-    "before extraction, so a chain of in-bounds symlinks (x -> ., x/y -> .., x/y/w -> ..) lets a "
-    "later member land outside dest (tarfile.extractall without filter='data')",
-)
 async def test_upload_rejects_symlink_chain_escape(sandbox):
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
@@ -392,12 +386,6 @@ async def test_lifetime_expiry_kills_the_sandbox(make_sandbox):
         await sb.exec("echo again")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known bug: DockerSandbox._why_dead tests State.OOMKilled first, and Docker sets it once any "
-    "process in the container was OOM-killed; after a command's OOM kill that the agent survived, a "
-    "later death of any cause (external kill, lifetime) is reported as the agent's OOM kill",
-)
 async def test_death_after_a_survived_oom_kill_names_the_real_cause(make_sandbox, docker_api):
     sb = await make_sandbox(memory_mb=128)
     bomb = await sb.exec(["python3", "-c", "a = []\nwhile True:\n    a.append(b'x' * (8 << 20))\n"])
@@ -408,11 +396,6 @@ async def test_death_after_a_survived_oom_kill_names_the_real_cause(make_sandbox
     assert not err.value.oom_killed
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known weakness: settings.container_config gives the tmpfs options without 'exec', and "
-    "Docker then mounts /tmp and /workspace noexec, so a script written there cannot be run as ./script",
-)
 async def test_scripts_in_workspace_and_tmp_are_executable(sandbox):
     for path in ("/workspace/run.sh", "/tmp/run.sh"):
         await sandbox.write_file(path, b"#!/bin/sh\necho ran\n", mode=0o755)
