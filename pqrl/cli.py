@@ -19,8 +19,6 @@ PLANNED: dict[tuple[str, ...], str] = {
     ("sft",): "#7 (trainer)",
     ("rollout",): "#6 (rollouts)",
     ("engine", "serve"): "#6 (rollouts)",
-    ("env-server",): "#4 (env server)",
-    ("env", "list"): "#4 (env server)",
     ("tasks", "validate"): "#5 (task suites)",
     ("tasks", "submit"): "#5 (task suites)",
     ("tasks", "list"): "#5 (task suites)",
@@ -83,6 +81,37 @@ def _cmd_reap(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_env_server(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from env_server.app import ServerSettings, create_app
+
+    settings = ServerSettings(**({"insecure_local": True} if args.insecure_local else {}))
+    try:
+        app = create_app(settings)
+    except ValueError as e:
+        print(f"pqrl env-server: {e}", file=sys.stderr)
+        return 2
+    if settings.token is None and args.host not in ("127.0.0.1", "localhost", "::1"):
+        print("pqrl env-server: --insecure-local only binds to loopback", file=sys.stderr)
+        return 2
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    return 0
+
+
+def _cmd_env_list(args: argparse.Namespace) -> int:
+    from env_server.sessions import SessionManager
+
+    for env in SessionManager().environments():
+        if "error" in env:
+            print(f"{env['id']}: BROKEN: {env['error']}")
+            continue
+        tools = ", ".join(t["function"]["name"] for t in env["tools"])
+        sandbox = " [sandbox]" if env["needs_sandbox"] else ""
+        print(f"{env['id']}{sandbox}: {tools}")
+    return 0
+
+
 def _planned(path: tuple[str, ...]) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
         print(f"pqrl {' '.join(path)}: not yet implemented (issue {PLANNED[path]})", file=sys.stderr)
@@ -129,6 +158,16 @@ def build_parser() -> argparse.ArgumentParser:
         "reap", help="remove sandbox containers whose owner is gone or whose lifetime expired"
     )
     reap_cmd.set_defaults(func=_cmd_reap)
+
+    server = sub.add_parser("env-server", help="serve registered tool environments over HTTP")
+    server.add_argument("--host", default="127.0.0.1")
+    server.add_argument("--port", type=int, default=8100)
+    server.add_argument("--insecure-local", action="store_true", help="no token (loopback only)")
+    server.add_argument("--log-level", default="warning")
+    server.set_defaults(func=_cmd_env_server)
+    group("env", "tool environments").add_parser(
+        "list", help="registered environments and tools"
+    ).set_defaults(func=_cmd_env_list)
 
     for path, issue in PLANNED.items():
         parent = sub if len(path) == 1 else group(path[0], f"{path[0]} commands")

@@ -1,0 +1,209 @@
+"""The env server: registered tool environments as sessions over HTTP (``pqrl env-server``).
+
+Routes (all but ``/healthz`` need ``Authorization: Bearer <token>``):
+
+    GET    /healthz                          liveness, no auth
+    GET    /metrics                          Prometheus text
+    GET    /environments                     registered environments and their tools
+    POST   /sessions                         {env_id, task, seed} -> session id + first observation
+    POST   /sessions/{id}/step               {tool_calls, request_id} -> tool messages, done
+    POST   /sessions/{id}/evaluate           -> reward
+    DELETE /sessions/{id}                    close (releases the sandbox)
+
+Errors carry ``{"error": code, "detail": message}``: 401 no/bad token, 403 wrong token, 404
+unknown session or environment, 409 step after done, 413 body too large, 422 invalid input,
+429 session limit (with ``Retry-After``), 502 the session's sandbox failed (``failed_infra``).
+A step's ``request_id`` makes retries safe: the same id is applied once and answered again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from prometheus_client import generate_latest
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from env_server.sessions import EnvServerError, SessionManager, TooManySessions
+from env_server.types import RewardResult, SessionInfo, StepResult, ToolCall
+
+__all__ = ["ServerSettings", "create_app"]
+
+
+class ServerSettings(BaseSettings):
+    """Read from ``PQRL_ENV_*`` environment variables. The token is required unless insecure."""
+
+    model_config = SettingsConfigDict(env_prefix="PQRL_ENV_")
+
+    token: str | None = Field(default=None, description="bearer token clients must send")
+    insecure_local: bool = Field(default=False, description="allow running without a token")
+    max_sessions: int = Field(default=1024, ge=1)
+    session_ttl_s: float = Field(default=3600.0, gt=0)
+    reap_interval_s: float = Field(default=30.0, gt=0)
+    max_body_bytes: int = Field(default=1 << 20, ge=1024)
+    sandbox_pool_size: int = Field(default=2, ge=0)
+
+    def check(self) -> None:
+        if not self.token and not self.insecure_local:
+            raise ValueError("the env server needs a token (PQRL_ENV_TOKEN) or --insecure-local")
+
+
+class _In(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class CreateSession(_In):
+    env_id: str = Field(min_length=1, max_length=128)
+    task: dict[str, Any] = Field(default_factory=dict)
+    seed: int | None = None
+
+
+class StepRequest(_In):
+    tool_calls: list[ToolCall] = Field(max_length=64)
+    request_id: str | None = Field(default=None, max_length=128, description="retry-safe id of this step")
+
+
+class _BodyLimit:
+    """413 for bodies over the limit, declared or streamed, before anything parses them: the
+    body (at most ``limit`` bytes) is read here and replayed to the app."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.limit:
+            return await _too_large(self.limit)(scope, receive, send)
+        messages, size = [], 0
+        while True:
+            message = await receive()
+            messages.append(message)
+            size += len(message.get("body", b""))
+            if size > self.limit:
+                return await _too_large(self.limit)(scope, receive, send)
+            if message["type"] != "http.request" or not message.get("more_body"):
+                break
+        replay = iter(messages)
+
+        async def replayed() -> dict[str, Any]:
+            return next(replay, None) or await receive()
+
+        await self.app(scope, replayed, send)
+
+
+def _too_large(limit: int) -> JSONResponse:
+    return JSONResponse(
+        {"error": "body_too_large", "detail": f"request body exceeds {limit} bytes"}, status_code=413
+    )
+
+
+def create_app(settings: ServerSettings | None = None, manager: SessionManager | None = None) -> FastAPI:
+    """The ASGI app. Raises ValueError when neither a token nor insecure mode is configured."""
+    settings = settings or ServerSettings()
+    settings.check()
+    sessions = manager or SessionManager(
+        max_sessions=settings.max_sessions, ttl_s=settings.session_ttl_s, pool_size=settings.sandbox_pool_size
+    )
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async def reap_forever() -> None:
+            while True:
+                await asyncio.sleep(settings.reap_interval_s)
+                await sessions.reap_expired()
+
+        reaper = asyncio.create_task(reap_forever())
+        yield
+        reaper.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await reaper
+        await sessions.shutdown()
+
+    # No /docs or /openapi.json: every route but /healthz needs the token (app.openapi() still works).
+    app = FastAPI(
+        title="pqrl env server",
+        version="1",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
+    app.add_middleware(_BodyLimit, limit=settings.max_body_bytes)
+    app.state.sessions = sessions
+    bearer = HTTPBearer(auto_error=False)
+
+    async def authorized(
+        credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+    ) -> None:
+        if settings.token is None:
+            return  # --insecure-local
+        if credentials is None:
+            raise _AuthError(401, "missing bearer token")
+        if not hmac.compare_digest(credentials.credentials.encode(), settings.token.encode()):
+            raise _AuthError(403, "invalid token")
+
+    Auth = Annotated[None, Depends(authorized)]
+
+    @app.exception_handler(EnvServerError)
+    async def env_error(request: Request, exc: EnvServerError) -> JSONResponse:
+        headers = {"Retry-After": f"{exc.retry_after:g}"} if isinstance(exc, TooManySessions) else None
+        return JSONResponse({"error": exc.code, "detail": str(exc)}, status_code=exc.status, headers=headers)
+
+    @app.exception_handler(_AuthError)
+    async def auth_error(request: Request, exc: _AuthError) -> JSONResponse:
+        headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+        return JSONResponse(
+            {"error": "unauthorized", "detail": exc.detail}, status_code=exc.status, headers=headers
+        )
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
+        return JSONResponse({"error": "invalid_request", "detail": problems}, status_code=422)
+
+    @app.get("/healthz", operation_id="health")
+    async def health() -> dict[str, Any]:
+        return {"ok": True, "sessions": sessions.live}
+
+    @app.get("/metrics", operation_id="metrics", response_class=PlainTextResponse)
+    async def metrics(_: Auth) -> PlainTextResponse:
+        return PlainTextResponse(generate_latest(sessions.metrics).decode())
+
+    @app.get("/environments", operation_id="list_environments")
+    async def environments(_: Auth) -> list[dict[str, Any]]:
+        return sessions.environments()
+
+    @app.post("/sessions", operation_id="create_session", status_code=201)
+    async def create(body: CreateSession, _: Auth) -> SessionInfo:
+        return await sessions.create(body.env_id, body.task, body.seed)
+
+    @app.post("/sessions/{session_id}/step", operation_id="step")
+    async def step(session_id: str, body: StepRequest, _: Auth) -> StepResult:
+        return await sessions.step(session_id, body.tool_calls, body.request_id)
+
+    @app.post("/sessions/{session_id}/evaluate", operation_id="evaluate")
+    async def evaluate(session_id: str, _: Auth) -> RewardResult:
+        return await sessions.evaluate(session_id)
+
+    @app.delete("/sessions/{session_id}", operation_id="close_session", status_code=204)
+    async def close(session_id: str, _: Auth) -> None:
+        await sessions.close(session_id)
+
+    return app
+
+
+class _AuthError(Exception):
+    def __init__(self, status: int, detail: str) -> None:
+        self.status, self.detail = status, detail

@@ -1,0 +1,206 @@
+"""Clients with one interface, so rollout code does not care where environments live.
+
+``LocalEnvClient`` runs sessions in this process (no HTTP); ``HttpEnvClient`` talks to one or more
+env servers. Both raise the same typed errors (env_server.sessions). With several servers, a new
+session goes to the server with the fewest sessions this client opened there, and every later call
+of that session goes to the server that created it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from typing import Any, Protocol
+
+import httpx
+
+from env_server.sessions import (
+    EnvServerError,
+    InfraFailure,
+    InvalidRequest,
+    NotFound,
+    SessionDone,
+    SessionManager,
+    TooManySessions,
+)
+from env_server.types import RewardResult, SessionInfo, StepResult, ToolCall
+
+__all__ = ["AuthError", "EnvClient", "EnvUnavailable", "HttpEnvClient", "LocalEnvClient"]
+
+log = logging.getLogger(__name__)
+
+
+class AuthError(EnvServerError):
+    status, code = 401, "unauthorized"
+
+
+class EnvUnavailable(EnvServerError):
+    """No env server answered (after retries)."""
+
+    status, code = 503, "unavailable"
+
+
+class EnvClient(Protocol):
+    async def environments(self) -> list[dict[str, Any]]: ...
+
+    async def create_session(
+        self, env_id: str, task: dict[str, Any], seed: int | None = None
+    ) -> SessionInfo: ...
+
+    async def step(
+        self, session_id: str, tool_calls: list[ToolCall], request_id: str | None = None
+    ) -> StepResult: ...
+
+    async def evaluate(self, session_id: str) -> RewardResult: ...
+
+    async def close_session(self, session_id: str) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+
+class LocalEnvClient:
+    """Sessions in this process, through the same SessionManager the server uses."""
+
+    def __init__(self, manager: SessionManager | None = None) -> None:
+        self.manager = manager or SessionManager()
+
+    async def environments(self) -> list[dict[str, Any]]:
+        return self.manager.environments()
+
+    async def create_session(self, env_id: str, task: dict[str, Any], seed: int | None = None) -> SessionInfo:
+        return await self.manager.create(env_id, task, seed)
+
+    async def step(
+        self, session_id: str, tool_calls: list[ToolCall], request_id: str | None = None
+    ) -> StepResult:
+        return await self.manager.step(
+            session_id, [ToolCall.model_validate(c) for c in tool_calls], request_id
+        )
+
+    async def evaluate(self, session_id: str) -> RewardResult:
+        return await self.manager.evaluate(session_id)
+
+    async def close_session(self, session_id: str) -> None:
+        await self.manager.close(session_id)
+
+    async def aclose(self) -> None:
+        await self.manager.shutdown()
+
+
+_ERRORS: dict[str, type[EnvServerError]] = {
+    cls.code: cls for cls in (NotFound, SessionDone, InvalidRequest, TooManySessions, InfraFailure, AuthError)
+}
+
+
+class HttpEnvClient:
+    """Async HTTP client for one or more env servers, with pooling, retries and stickiness.
+
+    Args:
+        urls: base URLs of env servers (``http://host:port``).
+        token: the servers' bearer token.
+        retries: extra attempts on connection errors and 5xx (not on 502, a dead sandbox).
+        backoff_s: first retry delay; doubles each time.
+    """
+
+    def __init__(
+        self,
+        urls: str | list[str],
+        *,
+        token: str | None = None,
+        retries: int = 3,
+        backoff_s: float = 0.2,
+        timeout_s: float = 300.0,
+        max_connections: int = 256,
+    ) -> None:
+        self.urls = [urls] if isinstance(urls, str) else list(urls)
+        if not self.urls:
+            raise ValueError("at least one env server URL is needed")
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+        self._http = httpx.AsyncClient(headers=headers, timeout=timeout_s, limits=limits)
+        self.retries, self.backoff_s = retries, backoff_s
+        self._home: dict[str, str] = {}  # session id -> server url
+        self._open = dict.fromkeys(self.urls, 0)
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def environments(self) -> list[dict[str, Any]]:
+        return await self._call("GET", self.urls[0], "/environments")
+
+    async def create_session(self, env_id: str, task: dict[str, Any], seed: int | None = None) -> SessionInfo:
+        url = min(self.urls, key=lambda u: self._open[u])
+        # Not retried on a lost reply: a second create would open a second session.
+        data = await self._call("POST", url, "/sessions", json={"env_id": env_id, "task": task, "seed": seed},
+                                retry=False)  # fmt: skip
+        info = SessionInfo.model_validate(data)
+        self._home[info.session_id] = url
+        self._open[url] += 1
+        return info
+
+    async def step(
+        self, session_id: str, tool_calls: list[ToolCall], request_id: str | None = None
+    ) -> StepResult:
+        body = {
+            "tool_calls": [ToolCall.model_validate(c).model_dump() for c in tool_calls],
+            "request_id": request_id or uuid.uuid4().hex,  # the same id on every retry: applied once
+        }
+        data = await self._call("POST", self._url(session_id), f"/sessions/{session_id}/step", json=body)
+        return StepResult.model_validate(data)
+
+    async def evaluate(self, session_id: str) -> RewardResult:
+        data = await self._call("POST", self._url(session_id), f"/sessions/{session_id}/evaluate")
+        return RewardResult.model_validate(data)
+
+    async def close_session(self, session_id: str) -> None:
+        url = self._url(session_id)
+        try:
+            await self._call("DELETE", url, f"/sessions/{session_id}")
+        finally:
+            if self._home.pop(session_id, None) is not None:
+                self._open[url] -= 1
+
+    def _url(self, session_id: str) -> str:
+        try:
+            return self._home[session_id]
+        except KeyError:
+            raise NotFound(f"session {session_id} was not created by this client") from None
+
+    async def _call(self, method: str, url: str, path: str, *, json: Any = None, retry: bool = True) -> Any:
+        delay = self.backoff_s
+        attempts = 1 + (self.retries if retry else 0)
+        for attempt in range(attempts):
+            last = attempt == attempts - 1
+            try:
+                r = await self._http.request(method, url + path, json=json)
+            except httpx.TransportError as e:
+                if last:
+                    raise EnvUnavailable(f"env server {url} unreachable: {e!r}") from e
+            else:
+                if r.status_code < 400:
+                    return r.json() if r.content else None
+                if r.status_code < 500 or r.status_code == 502 or last:
+                    raise _error(url, r)
+            log.info("env server %s %s %s failed; retrying in %.2fs", url, method, path, delay)
+            await asyncio.sleep(delay)
+            delay *= 2
+        raise AssertionError("unreachable")
+
+
+def _error(url: str, r: httpx.Response) -> EnvServerError:
+    try:
+        body = r.json()
+        code, detail = body.get("error", ""), body.get("detail", r.text)
+    except ValueError:
+        code, detail = "", r.text
+    if r.status_code == 429:
+        return TooManySessions(f"{url}: {detail}", float(r.headers.get("Retry-After", "1")))
+    if r.status_code in (401, 403):
+        return AuthError(f"{url}: {r.status_code} {detail}")
+    cls = _ERRORS.get(code)
+    if cls is None:
+        err = EnvServerError(f"{url}: HTTP {r.status_code}: {detail}")
+        err.status = r.status_code
+        return err
+    return cls(f"{url}: {detail}")

@@ -1,0 +1,121 @@
+"""``ToolEnvironment``: the base class users subclass to register a new tool environment.
+
+Gymnasium-style and async::
+
+    class Calc(ToolEnvironment):
+        async def reset(self, *, task, seed=None):
+            self.answer = task["answer"]
+            return self.observation([Message(role="user", content=task["question"])])
+
+        @tool
+        async def calculator(self, expression: str) -> str:
+            \"\"\"Evaluates an arithmetic expression.
+
+            Args:
+                expression: e.g. "3 * (4 + 5)".
+            \"\"\"
+            ...
+
+        @tool(final=True)
+        async def answer(self, value: str) -> str:
+            \"\"\"Submits the final answer.\"\"\"
+            self.submitted = value
+            return "submitted"
+
+        async def evaluate(self):
+            return RewardResult(reward=float(self.submitted == self.answer))
+
+``step`` is provided: it validates each call's arguments against the tool's signature and turns a
+bad call (unknown tool, invalid arguments, an exception in the tool) into an error message the
+model sees, never an exception in the server. Sandbox failures are the exception: they propagate
+as ``SandboxError`` so the rollout records ``failed_infra``. Environments that set
+``needs_sandbox = True`` get ``self.sandbox`` from the server's warm pool before ``reset``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, ClassVar
+
+from env_server.tools import ToolSpec, collect_tools
+from env_server.types import Message, Observation, RewardResult, StepResult, ToolCall
+from sandboxes.protocol import Sandbox, SandboxError
+from sandboxes.settings import SandboxSettings
+
+__all__ = ["ToolEnvironment"]
+
+
+class ToolEnvironment:
+    """Base class of tool environments. Subclasses implement ``reset``, tools and ``evaluate``.
+
+    Class attributes:
+        needs_sandbox: the server attaches a sandbox (``self.sandbox``) before ``reset``.
+        sandbox_settings: settings of that sandbox (default: the hardened defaults).
+        deterministic: ``reset`` with the same task and seed gives the same observation (checked
+            by the conformance checker).
+    """
+
+    needs_sandbox: ClassVar[bool] = False
+    sandbox_settings: ClassVar[SandboxSettings | None] = None
+    deterministic: ClassVar[bool] = True
+    tools: ClassVar[dict[str, ToolSpec]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.tools = collect_tools(cls)
+
+    def __init__(self, **config: Any) -> None:
+        self.config = config
+        self.sandbox: Sandbox | None = None
+        self.done = False
+
+    # ---------------------------------------------------------------- to implement
+
+    async def reset(self, *, task: dict[str, Any], seed: int | None = None) -> Observation:
+        """Starts an episode for ``task``; returns the initial messages and the tools."""
+        raise NotImplementedError
+
+    async def evaluate(self) -> RewardResult:
+        """Scores the episode (may be called before ``done``: it scores what exists)."""
+        raise NotImplementedError
+
+    async def close(self) -> None:
+        """Releases what the environment holds (the server releases the sandbox itself)."""
+
+    # ---------------------------------------------------------------- provided
+
+    def observation(self, messages: list[Message]) -> Observation:
+        """The initial observation with this environment's tool schemas."""
+        return Observation(messages=messages, tools=self.tool_schemas())
+
+    @classmethod
+    def tool_schemas(cls) -> list[dict[str, Any]]:
+        return [spec.schema() for spec in cls.tools.values()]
+
+    async def step(self, tool_calls: list[ToolCall]) -> StepResult:
+        """Runs each call in order; one tool message per call. Ends the episode on a final tool."""
+        messages = []
+        for call in tool_calls:
+            content, ok = await self.call_tool(call)
+            messages.append(Message(role="tool", name=call.name, tool_call_id=call.id, content=content))
+            spec = self.tools.get(call.name)
+            if ok and spec is not None and spec.final:
+                self.done = True
+        return StepResult(messages=messages, done=self.done, info={})
+
+    async def call_tool(self, call: ToolCall) -> tuple[str, bool]:
+        """(tool message content, whether the call succeeded). Only sandbox failures raise."""
+        spec = self.tools.get(call.name)
+        if spec is None:
+            return f"Error: unknown tool {call.name!r}; available tools: {', '.join(self.tools)}", False
+        try:
+            kwargs = spec.validate(call.arguments)
+        except ValueError as e:
+            return f"Error: {e}", False
+        try:
+            result = await getattr(self, spec.method_name)(**kwargs)
+        except (SandboxError, asyncio.CancelledError):
+            raise
+        except Exception as e:  # the model's call failed, not the server
+            return f"Error: {call.name} failed: {type(e).__name__}: {e}", False
+        return ("" if result is None else str(result)), True

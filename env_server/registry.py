@@ -1,0 +1,157 @@
+"""The environment registry: ids to lazy ``"module:Class"`` entry points, plus pip plug-ins.
+
+    register_environment("calc-v1", entry_point="tasks.calc:CalcEnv", max_turns=8)
+    env = make("calc-v1")            # imported on first use, wrapped with the spec's limits
+
+Installed packages add environments through the entry-point group ``pqrl.environments``: each
+entry point names a callable that calls ``register_environment`` (see examples/custom_env).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import re
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from typing import Any
+
+from env_server.environment import ToolEnvironment
+from env_server.wrappers import ObservationCap, ToolTimeout, TurnLimit, Wrapper
+
+__all__ = [
+    "EnvSpec",
+    "UnknownEnvironment",
+    "load_plugins",
+    "make",
+    "register_environment",
+    "registry",
+    "spec",
+]
+
+log = logging.getLogger(__name__)
+
+ENTRY_POINT_GROUP = "pqrl.environments"
+_ID = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]*-v\d+$")
+_REGISTRY: dict[str, EnvSpec] = {}
+_plugins_loaded = False
+
+
+class UnknownEnvironment(KeyError):
+    def __init__(self, env_id: str) -> None:
+        super().__init__(env_id)
+        self.env_id = env_id
+
+    def __str__(self) -> str:
+        known = ", ".join(sorted(_REGISTRY)) or "none"
+        return f"unknown environment {self.env_id!r}; registered: {known}"
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """How to build one registered environment.
+
+    Attributes:
+        id: ``name-vN``; a new version is a new id, so results stay comparable.
+        entry_point: ``"package.module:ClassName"``, imported on first use.
+        kwargs: passed to the class (its ``config``); ``make`` may override them.
+        max_turns: steps before the episode is cut (``TurnLimit``); None for no limit.
+        tool_timeout_s: per tool call (``ToolTimeout``); None for no limit.
+        max_observation_chars: per message (``ObservationCap``); None for no cap.
+        sample_task: a task the conformance checker can run (see env_server.conformance).
+    """
+
+    id: str
+    entry_point: str
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    max_turns: int | None = 16
+    tool_timeout_s: float | None = 60.0
+    max_observation_chars: int | None = 16_384
+    sample_task: dict[str, Any] = field(default_factory=dict)
+
+    def load(self) -> type[ToolEnvironment]:
+        module_name, _, attr = self.entry_point.partition(":")
+        try:
+            cls = getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError) as e:
+            raise ImportError(f"environment {self.id!r}: cannot load {self.entry_point!r}: {e}") from e
+        if not (isinstance(cls, type) and issubclass(cls, ToolEnvironment)):
+            raise TypeError(
+                f"environment {self.id!r}: {self.entry_point!r} is not a ToolEnvironment subclass"
+            )
+        return cls
+
+
+def register_environment(
+    env_id: str,
+    entry_point: str,
+    *,
+    max_turns: int | None = 16,
+    tool_timeout_s: float | None = 60.0,
+    max_observation_chars: int | None = 16_384,
+    sample_task: dict[str, Any] | None = None,
+    **kwargs: Any,
+) -> EnvSpec:
+    """Registers ``env_id``; re-registering the same spec is a no-op, a different one an error."""
+    if not _ID.match(env_id):
+        raise ValueError(f"environment id {env_id!r} must look like 'name-v1'")
+    if ":" not in entry_point:
+        raise ValueError(f"entry_point {entry_point!r} must look like 'package.module:ClassName'")
+    new = EnvSpec(
+        env_id,
+        entry_point,
+        dict(kwargs),
+        max_turns,
+        tool_timeout_s,
+        max_observation_chars,
+        dict(sample_task or {}),
+    )
+    old = _REGISTRY.get(env_id)
+    if old is not None and old != new:
+        raise ValueError(f"environment {env_id!r} is already registered with a different spec: {old}")
+    _REGISTRY[env_id] = new
+    return new
+
+
+def load_plugins() -> None:
+    """Runs every installed ``pqrl.environments`` entry point once."""
+    global _plugins_loaded
+    if _plugins_loaded:
+        return
+    _plugins_loaded = True
+    from env_server import builtin  # also when pqrl itself is not pip-installed
+
+    builtin.register()
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            target = ep.load()
+            if callable(target):
+                target()
+        except Exception as e:  # one broken plug-in must not hide the others
+            log.error("environment plug-in %s (%s) failed to load: %s", ep.name, ep.value, e)
+
+
+def registry() -> dict[str, EnvSpec]:
+    load_plugins()
+    return dict(_REGISTRY)
+
+
+def spec(env_id: str) -> EnvSpec:
+    load_plugins()
+    try:
+        return _REGISTRY[env_id]
+    except KeyError:
+        raise UnknownEnvironment(env_id) from None
+
+
+def make(env_id: str, **overrides: Any) -> ToolEnvironment | Wrapper:
+    """A new instance of ``env_id`` with its spec's limits applied as wrappers."""
+    s = spec(env_id)
+    env: ToolEnvironment | Wrapper = s.load()(**{**s.kwargs, **overrides})
+    if s.tool_timeout_s is not None:
+        env = ToolTimeout(env, s.tool_timeout_s)
+    if s.max_turns is not None:
+        env = TurnLimit(env, s.max_turns)  # outside ToolTimeout: one step is one turn
+    if s.max_observation_chars is not None:
+        env = ObservationCap(env, s.max_observation_chars)
+    return env

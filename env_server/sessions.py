@@ -1,0 +1,268 @@
+"""Sessions: live environment instances with their sandboxes, shared by the HTTP service and the
+in-process client, so both behave the same and raise the same typed errors."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from env_server.environment import ToolEnvironment
+from env_server.registry import UnknownEnvironment, make, registry, spec
+from env_server.types import RewardResult, SessionInfo, StepResult, ToolCall
+from env_server.wrappers import Wrapper
+from sandboxes.docker import DockerSandbox
+from sandboxes.docker_api import DockerAPI
+from sandboxes.pool import SandboxPool
+from sandboxes.protocol import SandboxError
+from sandboxes.settings import SandboxSettings
+
+__all__ = [
+    "EnvServerError",
+    "InfraFailure",
+    "InvalidRequest",
+    "NotFound",
+    "SessionDone",
+    "SessionManager",
+    "TooManySessions",
+]
+
+log = logging.getLogger(__name__)
+
+
+class EnvServerError(Exception):
+    """Base of the errors both clients raise; ``status`` is the HTTP status that carries it."""
+
+    status = 500
+    code = "internal"
+
+
+class NotFound(EnvServerError):
+    status, code = 404, "not_found"
+
+
+class SessionDone(EnvServerError):
+    status, code = 409, "session_done"
+
+
+class InvalidRequest(EnvServerError):
+    status, code = 422, "invalid_request"
+
+
+class TooManySessions(EnvServerError):
+    status, code = 429, "too_many_sessions"
+
+    def __init__(self, message: str, retry_after: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class InfraFailure(EnvServerError):
+    """The environment's infrastructure (its sandbox) failed: the rollout is ``failed_infra``."""
+
+    status, code = 502, "infra_failure"
+
+
+_DONE_RESULTS_KEPT = 64  # replies remembered per session for retried step requests
+
+
+@dataclass
+class _Session:
+    id: str
+    env_id: str
+    env: ToolEnvironment | Wrapper
+    sandbox: DockerSandbox | None
+    pool: SandboxPool | None
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    last_used: float = field(default_factory=time.monotonic)
+    replies: OrderedDict[str, StepResult] = field(default_factory=OrderedDict)
+    done: bool = False
+
+
+class SessionManager:
+    """Creates, steps and reaps sessions. One per server process (or per LocalEnvClient)."""
+
+    def __init__(
+        self,
+        *,
+        max_sessions: int = 1024,
+        ttl_s: float = 3600.0,
+        pool_size: int = 2,
+        docker_api: DockerAPI | None = None,
+        run: str = "env-server",
+    ) -> None:
+        self.max_sessions = max_sessions
+        self.ttl_s = ttl_s
+        self.pool_size = pool_size
+        self.run = run
+        self._docker_api = docker_api
+        self._pools: dict[SandboxSettings, SandboxPool] = {}
+        self._pools_lock = asyncio.Lock()
+        self._sessions: dict[str, _Session] = {}
+        self._creating = 0
+        self.metrics = CollectorRegistry()
+        self._live = Gauge("pqrl_env_sessions_live", "Sessions open now", registry=self.metrics)
+        self._step_seconds = Histogram(
+            "pqrl_env_step_seconds", "Step latency inside the server", ["env"], registry=self.metrics,
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+        )  # fmt: skip
+        self._errors = Counter("pqrl_env_errors", "Errors by kind", ["kind"], registry=self.metrics)
+
+    # ---------------------------------------------------------------- API
+
+    def environments(self) -> list[dict[str, Any]]:
+        """Registered environments with their tools (loading each class)."""
+        out = []
+        for env_id, s in sorted(registry().items()):
+            try:
+                cls = s.load()
+                out.append({"id": env_id, "needs_sandbox": cls.needs_sandbox, "tools": cls.tool_schemas(),
+                            "max_turns": s.max_turns})  # fmt: skip
+            except (ImportError, TypeError) as e:
+                out.append({"id": env_id, "error": str(e), "tools": []})
+        return out
+
+    async def create(self, env_id: str, task: dict[str, Any], seed: int | None = None) -> SessionInfo:
+        if len(self._sessions) + self._creating >= self.max_sessions:
+            self._error("too_many_sessions")
+            raise TooManySessions(f"{self.max_sessions} sessions are open; close some or retry later", 1.0)
+        self._creating += 1
+        try:
+            return await self._create(env_id, task, seed)
+        finally:
+            self._creating -= 1
+
+    async def step(
+        self, session_id: str, tool_calls: list[ToolCall], request_id: str | None = None
+    ) -> StepResult:
+        s = self._get(session_id)
+        async with s.lock:
+            if request_id is not None and request_id in s.replies:
+                return s.replies[request_id]  # a retried request: applied once, answered again
+            if s.done:
+                self._error("step_after_done")
+                raise SessionDone(f"session {session_id} is done; evaluate or close it")
+            t0 = time.perf_counter()
+            try:
+                result = await s.env.step(tool_calls)
+            except SandboxError as e:
+                s.done = True
+                self._error("infra")
+                raise InfraFailure(f"session {session_id}: sandbox failed: {e}") from e
+            finally:
+                s.last_used = time.monotonic()
+            self._step_seconds.labels(s.env_id).observe(time.perf_counter() - t0)
+            s.done = result.done
+            if request_id is not None:
+                s.replies[request_id] = result
+                while len(s.replies) > _DONE_RESULTS_KEPT:
+                    s.replies.popitem(last=False)
+            return result
+
+    async def evaluate(self, session_id: str) -> RewardResult:
+        s = self._get(session_id)
+        async with s.lock:
+            try:
+                return await s.env.evaluate()
+            except SandboxError as e:
+                self._error("infra")
+                raise InfraFailure(f"session {session_id}: sandbox failed during evaluation: {e}") from e
+            finally:
+                s.last_used = time.monotonic()
+
+    async def close(self, session_id: str) -> None:
+        s = self._sessions.pop(session_id, None)
+        if s is None:
+            raise NotFound(f"no session {session_id}")
+        self._live.set(len(self._sessions))
+        await self._dispose(s)
+
+    async def reap_expired(self) -> int:
+        """Closes sessions idle for longer than the TTL; returns how many."""
+        cutoff = time.monotonic() - self.ttl_s
+        stale = [sid for sid, s in self._sessions.items() if s.last_used < cutoff and not s.lock.locked()]
+        for sid in stale:
+            with contextlib.suppress(NotFound):
+                await self.close(sid)
+        return len(stale)
+
+    async def shutdown(self) -> None:
+        for sid in list(self._sessions):
+            with contextlib.suppress(NotFound):
+                await self.close(sid)
+        for pool in self._pools.values():
+            await pool.close()
+        self._pools.clear()
+        if self._docker_api is not None:
+            await self._docker_api.close()
+
+    @property
+    def live(self) -> int:
+        return len(self._sessions)
+
+    # ---------------------------------------------------------------- internals
+
+    def _get(self, session_id: str) -> _Session:
+        s = self._sessions.get(session_id)
+        if s is None:
+            self._error("not_found")
+            raise NotFound(f"no session {session_id} (closed, expired, or on another server)")
+        s.last_used = time.monotonic()
+        return s
+
+    def _error(self, kind: str) -> None:
+        self._errors.labels(kind).inc()
+
+    async def _create(self, env_id: str, task: dict[str, Any], seed: int | None) -> SessionInfo:
+        try:
+            spec(env_id)
+            env = make(env_id)
+        except UnknownEnvironment as e:
+            self._error("not_found")
+            raise NotFound(str(e)) from None
+        inner = env.unwrapped if isinstance(env, Wrapper) else env
+        sandbox = pool = None
+        try:
+            if inner.needs_sandbox:
+                pool = await self._pool(inner.sandbox_settings or SandboxSettings())
+                sandbox = await pool.acquire()
+                inner.sandbox = sandbox
+            observation = await env.reset(task=task, seed=seed)
+        except SandboxError as e:
+            self._error("infra")
+            await self._dispose(_Session("", env_id, env, sandbox, pool))
+            raise InfraFailure(f"{env_id}: sandbox unavailable: {e}") from e
+        except (KeyError, ValueError, TypeError) as e:
+            self._error("bad_task")
+            await self._dispose(_Session("", env_id, env, sandbox, pool))
+            raise InvalidRequest(f"{env_id} rejected the task: {type(e).__name__}: {e}") from e
+        sid = uuid.uuid4().hex
+        self._sessions[sid] = _Session(sid, env_id, env, sandbox, pool)
+        self._live.set(len(self._sessions))
+        return SessionInfo(session_id=sid, env_id=env_id, observation=observation)
+
+    async def _pool(self, settings: SandboxSettings) -> SandboxPool:
+        async with self._pools_lock:
+            pool = self._pools.get(settings)
+            if pool is None:
+                if self._docker_api is None:
+                    self._docker_api = DockerAPI()
+                pool = SandboxPool(self._docker_api, settings, size=self.pool_size, run=self.run)
+                await pool.start()
+                self._pools[settings] = pool
+            return pool
+
+    async def _dispose(self, s: _Session) -> None:
+        try:
+            await s.env.close()
+        except Exception as e:
+            log.warning("closing environment %s failed: %s", s.env_id, e)
+        if s.sandbox is not None and s.pool is not None:
+            s.pool.release(s.sandbox)
