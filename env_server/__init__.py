@@ -1,1 +1,22 @@
-"""FastAPI service hosting registered tool environments, with HTTP and in-process clients (issue #4)."""
+"""Tool environments: the base class and ``@tool``, the registry, the FastAPI service and clients.
+
+The public surface for environment authors::
+
+    from env_server import Message, RewardResult, ToolEnvironment, register_environment, tool
+"""
+
+from env_server.environment import ToolEnvironment
+from env_server.registry import register_environment
+from env_server.tools import tool
+from env_server.types import Message, Observation, RewardResult, StepResult, ToolCall
+
+__all__ = [
+    "Message",
+    "Observation",
+    "RewardResult",
+    "StepResult",
+    "ToolCall",
+    "ToolEnvironment",
+    "register_environment",
+    "tool",
+]

@@ -25,7 +25,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -56,6 +56,11 @@ class ServerSettings(BaseSettings):
     def check(self) -> None:
         if not self.token and not self.insecure_local:
             raise ValueError("the env server needs a token (PQRL_ENV_TOKEN) or --insecure-local")
+
+
+# Module level: FastAPI resolves these (string) annotations in the module's namespace.
+_bearer = HTTPBearer(auto_error=False)
+Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 
 
 class _In(BaseModel):
@@ -142,11 +147,7 @@ def create_app(settings: ServerSettings | None = None, manager: SessionManager |
     )
     app.add_middleware(_BodyLimit, limit=settings.max_body_bytes)
     app.state.sessions = sessions
-    bearer = HTTPBearer(auto_error=False)
-
-    async def authorized(
-        credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
-    ) -> None:
+    async def authorized(credentials: Credentials) -> None:
         if settings.token is None:
             return  # --insecure-local
         if credentials is None:
@@ -154,7 +155,8 @@ def create_app(settings: ServerSettings | None = None, manager: SessionManager |
         if not hmac.compare_digest(credentials.credentials.encode(), settings.token.encode()):
             raise _AuthError(403, "invalid token")
 
-    Auth = Annotated[None, Depends(authorized)]
+    # Every route on this router needs the token; /healthz sits on the app itself.
+    api = APIRouter(dependencies=[Depends(authorized)])
 
     @app.exception_handler(EnvServerError)
     async def env_error(request: Request, exc: EnvServerError) -> JSONResponse:
@@ -177,30 +179,31 @@ def create_app(settings: ServerSettings | None = None, manager: SessionManager |
     async def health() -> dict[str, Any]:
         return {"ok": True, "sessions": sessions.live}
 
-    @app.get("/metrics", operation_id="metrics", response_class=PlainTextResponse)
-    async def metrics(_: Auth) -> PlainTextResponse:
+    @api.get("/metrics", operation_id="metrics", response_class=PlainTextResponse)
+    async def metrics() -> PlainTextResponse:
         return PlainTextResponse(generate_latest(sessions.metrics).decode())
 
-    @app.get("/environments", operation_id="list_environments")
-    async def environments(_: Auth) -> list[dict[str, Any]]:
+    @api.get("/environments", operation_id="list_environments")
+    async def environments() -> list[dict[str, Any]]:
         return sessions.environments()
 
-    @app.post("/sessions", operation_id="create_session", status_code=201)
-    async def create(body: CreateSession, _: Auth) -> SessionInfo:
+    @api.post("/sessions", operation_id="create_session", status_code=201)
+    async def create(body: CreateSession) -> SessionInfo:
         return await sessions.create(body.env_id, body.task, body.seed)
 
-    @app.post("/sessions/{session_id}/step", operation_id="step")
-    async def step(session_id: str, body: StepRequest, _: Auth) -> StepResult:
+    @api.post("/sessions/{session_id}/step", operation_id="step")
+    async def step(session_id: str, body: StepRequest) -> StepResult:
         return await sessions.step(session_id, body.tool_calls, body.request_id)
 
-    @app.post("/sessions/{session_id}/evaluate", operation_id="evaluate")
-    async def evaluate(session_id: str, _: Auth) -> RewardResult:
+    @api.post("/sessions/{session_id}/evaluate", operation_id="evaluate")
+    async def evaluate(session_id: str) -> RewardResult:
         return await sessions.evaluate(session_id)
 
-    @app.delete("/sessions/{session_id}", operation_id="close_session", status_code=204)
-    async def close(session_id: str, _: Auth) -> None:
+    @api.delete("/sessions/{session_id}", operation_id="close_session", status_code=204)
+    async def close(session_id: str) -> None:
         await sessions.close(session_id)
 
+    app.include_router(api)
     return app
 
 
