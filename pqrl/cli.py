@@ -19,10 +19,7 @@ PLANNED: dict[tuple[str, ...], str] = {
     ("sft",): "#7 (trainer)",
     ("rollout",): "#6 (rollouts)",
     ("engine", "serve"): "#6 (rollouts)",
-    ("tasks", "validate"): "#5 (task suites)",
-    ("tasks", "submit"): "#5 (task suites)",
-    ("tasks", "list"): "#5 (task suites)",
-    ("tasks", "show"): "#5 (task suites)",
+    ("tasks", "filter"): "#5/#6 (difficulty filter: needs the rollout path)",
 }
 
 
@@ -112,6 +109,75 @@ def _cmd_env_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _redis_url(args: argparse.Namespace) -> str:
+    import os
+
+    url = args.redis_url or os.environ.get("REDIS_URL")
+    if not url:
+        raise SystemExit("pqrl tasks: give --redis-url or set REDIS_URL")
+    return url
+
+
+def _cmd_tasks(args: argparse.Namespace) -> int:
+    import asyncio
+    import json
+
+    from tasks.suite import SuiteInvalid, load_suite
+
+    if args.tasks_command == "generate":
+        from tasks.calc import calc_suite
+
+        suite = calc_suite(args.n, args.seed, name=args.name, shots=args.shots)
+        with open(args.output, "w") as f:
+            f.write(suite.to_jsonl())
+        print(f"wrote {suite.id} ({len(suite.tasks)} tasks) to {args.output}")
+        return 0
+    if args.tasks_command in ("validate", "submit"):
+        try:
+            suite = load_suite(args.file)
+        except SuiteInvalid as e:
+            print(e, file=sys.stderr)
+            return 1
+        if args.tasks_command == "validate":
+            print(
+                f"{suite.id}: {len(suite.tasks)} valid {suite.manifest.kind} tasks "
+                f"for {suite.manifest.env_id}"
+            )
+            return 0
+    from tasks.storage import SuiteStore
+
+    async def run() -> int:
+        store = SuiteStore(_redis_url(args))
+        try:
+            if args.tasks_command == "submit":
+                queued = await store.submit(suite, args.run)
+                state = (
+                    f"queued {queued} tasks" if queued is not None else "already submitted: nothing queued"
+                )
+                print(f"{suite.id} -> run {args.run}: {state}")
+            elif args.tasks_command == "list":
+                for m in await store.list():
+                    print(f"{m['id']}  v{m['version']}  {m['kind']}  {m['env_id']}  {m['tasks']} tasks")
+            else:
+                ref, _, task_id = args.id.partition("/")
+                shown = await store.get(ref)
+                if task_id:
+                    print(json.dumps(shown.task(task_id).model_dump(), indent=2))
+                else:
+                    print(json.dumps(shown.manifest.model_dump(), indent=2))
+                    for t in shown.tasks[:5]:
+                        print(f"  {t.id}: {getattr(t, 'question', getattr(t, 'issue', ''))[:100]}")
+                    print(f"  ... {len(shown.tasks)} tasks")
+            return 0
+        except KeyError as e:
+            print(f"pqrl tasks: {e.args[0]}", file=sys.stderr)
+            return 1
+        finally:
+            await store.aclose()
+
+    return asyncio.run(run())
+
+
 def _planned(path: tuple[str, ...]) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
         print(f"pqrl {' '.join(path)}: not yet implemented (issue {PLANNED[path]})", file=sys.stderr)
@@ -168,6 +234,27 @@ def build_parser() -> argparse.ArgumentParser:
     group("env", "tool environments").add_parser(
         "list", help="registered environments and tools"
     ).set_defaults(func=_cmd_env_list)
+
+    tasks = group("tasks", "task suites")
+    p = tasks.add_parser("validate", help="check a suite file and list every problem")
+    p.add_argument("file")
+    p = tasks.add_parser("submit", help="store a suite and queue its tasks for a run (idempotent)")
+    p.add_argument("file")
+    p.add_argument("--run", required=True)
+    tasks.add_parser("list", help="suites stored in Redis")
+    p = tasks.add_parser("show", help="a stored suite (NAME, NAME@DIGEST or DIGEST) or one task (SUITE/TASK)")
+    p.add_argument("id")
+    p = tasks.add_parser("generate", help="write a built-in generated suite (calc) as JSONL")
+    p.add_argument("kind", choices=["calc"])
+    p.add_argument("--n", type=int, default=256)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--shots", type=int, default=1, help="worked examples rendered into each prompt")
+    p.add_argument("--name", default="calc")
+    p.add_argument("-o", "--output", required=True)
+    for name, task_parser in tasks.choices.items():
+        if name in ("submit", "list", "show"):
+            task_parser.add_argument("--redis-url", default=None, help="default: $REDIS_URL")
+        task_parser.set_defaults(func=_cmd_tasks)
 
     for path, issue in PLANNED.items():
         parent = sub if len(path) == 1 else group(path[0], f"{path[0]} commands")

@@ -134,6 +134,13 @@ return {acked, trim_acked(KEYS[1])}
 
 _LUA_TRIM_ONLY = _LUA_TRIM + "\nreturn trim_acked(KEYS[1])\n"
 
+# A batch of tasks is queued at most once per run: resubmitting the same suite is a no-op.
+_LUA_PUSH_ONCE = """
+if redis.call('SADD', KEYS[2], ARGV[1]) == 0 then return -1 end
+for i = 2, #ARGV do redis.call('XADD', KEYS[1], '*', 'task', ARGV[i]) end
+return #ARGV - 1
+"""
+
 # Versions only grow: a resumed trainer must publish above everything engines have seen.
 _LUA_PUBLISH = """
 local cur = tonumber(redis.call('HGET', KEYS[1], 'version') or '0')
@@ -203,6 +210,8 @@ class TrajectoryStore:
         self._ack = self.redis.register_script(_LUA_ACK)
         self._trim = self.redis.register_script(_LUA_TRIM_ONLY)
         self._publish = self.redis.register_script(_LUA_PUBLISH)
+        self._push_once = self.redis.register_script(_LUA_PUSH_ONCE)
+        self.batches_key = f"{prefix}:task-batches"
 
     async def __aenter__(self) -> TrajectoryStore:
         await self.ping()
@@ -403,6 +412,16 @@ class TrajectoryStore:
                 pipe.xadd(self.tasks_key, {"task": json.dumps(task, separators=(",", ":"))})
             ids = await pipe.execute()
         return [_decode_str(i) for i in ids]
+
+    @_redis_errors
+    async def push_tasks_once(self, batch_id: str, tasks: Iterable[dict[str, Any]]) -> int | None:
+        """Queues ``tasks`` unless a batch with this id was queued before in this run (atomic).
+
+        Returns the number queued, or None when the batch was already there.
+        """
+        payload = [json.dumps(t, separators=(",", ":")) for t in tasks]
+        n = int(await self._push_once(keys=[self.tasks_key, self.batches_key], args=[batch_id, *payload]))
+        return None if n < 0 else n
 
     @_redis_errors
     async def take_tasks(

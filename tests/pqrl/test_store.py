@@ -245,3 +245,12 @@ async def test_store_recovers_when_redis_comes_back(redis_server):
             assert [e.entry_id for e in entries] == [first, second]
         finally:
             back.stop()
+
+
+async def test_a_task_batch_is_queued_once_per_run(store):
+    tasks = [{"id": f"t{i}"} for i in range(3)]
+    assert await store.push_tasks_once("suite@abc", tasks) == 3
+    assert await store.push_tasks_once("suite@abc", tasks) is None
+    assert await store.push_tasks_once("suite@def", tasks[:1]) == 1
+    got = await store.take_tasks("rollout", "w", count=10)
+    assert [t.task["id"] for t in got] == ["t0", "t1", "t2", "t0"]

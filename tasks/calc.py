@@ -1,0 +1,156 @@
+"""The calc suite: multi-step arithmetic word problems, a ``calculator`` tool and an ``answer`` tool.
+
+A 135M model cannot multiply two-digit numbers in its head reliably, so the reward (the exact
+answer) is reachable only through the tool. Measured with SmolLM2-135M-Instruct (issue #5): with
+the tool described only in the system prompt it never emits a call; with one worked example of the
+call-and-answer exchange, most samples attempt one. So the environment renders ``shots`` worked
+examples (default 1) into the prompt as earlier turns of the conversation.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import operator
+import random
+from typing import Any
+
+from env_server import Message, RewardResult, ToolEnvironment, tool
+from env_server.types import Observation
+from tasks.graders import exact_number_match
+from tasks.suite import CalcTask, Suite, SuiteManifest
+
+__all__ = ["CalcEnv", "calc_suite", "make_calc_task", "safe_eval"]
+
+SYSTEM = (
+    "You solve arithmetic word problems with tools. To call a tool, write exactly\n"
+    '<tool_call>{"name": TOOL, "arguments": {...}}</tool_call>\n'
+    "Tools:\n"
+    '- calculator: evaluates an arithmetic expression. Arguments: {"expression": "12 * (3 + 4)"}\n'
+    '- answer: submits the final number and ends the task. Arguments: {"value": "84"}\n'
+    "Compute every step with the calculator, then call answer."
+)
+
+# (story, expression) templates; {names} are filled with numbers chosen so every answer is an int.
+_TEMPLATES = [
+    ("A shop has {a} boxes with {b} pencils in each box. It receives {c} more pencils and then sells {d}. "
+     "How many pencils does it have now?", "{a} * {b} + {c} - {d}"),
+    ("A train travels at {a} km per hour for {b} hours, then at {c} km per hour for {d} hours. "
+     "How many kilometres does it travel in total?", "{a} * {b} + {c} * {d}"),
+    ("A farmer plants {a} rows of {b} trees. {c} trees die, and then he plants {d} more rows of {e} trees. "
+     "How many trees are there now?", "{a} * {b} - {c} + {d} * {e}"),
+    ("A library has {a} shelves holding {b} books each. It gives away {c} books and shares the rest equally "
+     "among {d} schools. How many books does each school get?", "({a} * {b} - {c}) / {d}"),
+    ("A baker makes {a} trays of {b} cookies every day for {c} days and eats {d} cookies. "
+     "How many cookies are left?", "{a} * {b} * {c} - {d}"),
+]  # fmt: skip
+
+_DEMO_QUESTION = (
+    "A school has 23 classes with 27 students each. 58 students leave. How many students are left?"
+)
+
+
+def safe_eval(expression: str) -> int | float:
+    """Evaluates + - * / // % ** and parentheses on numbers; nothing else is allowed."""
+    ops = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+           ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}  # fmt: skip
+
+    def ev(node: ast.AST) -> int | float:
+        if isinstance(node, ast.Expression):
+            return ev(node.body)
+        if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+            return node.value
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.UAdd):
+            v = ev(node.operand)
+            return -v if isinstance(node.op, ast.USub) else v
+        if isinstance(node, ast.BinOp) and type(node.op) in ops:
+            left, right = ev(node.left), ev(node.right)
+            if isinstance(node.op, ast.Pow) and abs(right) > 64:
+                raise ValueError("exponent too large")
+            return ops[type(node.op)](left, right)
+        raise ValueError(f"unsupported syntax: {ast.dump(node)[:60]}")
+
+    if len(expression) > 500:
+        raise ValueError("expression too long")
+    try:
+        tree = ast.parse(expression.strip(), mode="eval")
+    except SyntaxError as e:
+        raise ValueError(f"not an arithmetic expression: {e.msg}") from None
+    return ev(tree)
+
+
+def _fmt(value: int | float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:.6g}"
+
+
+def make_calc_task(rng: random.Random, task_id: str) -> CalcTask:
+    story, expr = rng.choice(_TEMPLATES)
+    while True:
+        v = {k: rng.randint(12, 99) for k in "abcde"}
+        v["c"] = rng.randint(20, 400)
+        expression = expr.format(**v)
+        value = safe_eval(expression)
+        if float(value).is_integer() and value > 0:
+            return CalcTask(id=task_id, question=story.format(**v), answer=_fmt(value), expression=expression)
+
+
+def calc_suite(n: int = 256, seed: int = 0, *, name: str = "calc", shots: int = 1) -> Suite:
+    """``n`` tasks generated from ``seed``; disjoint seeds give disjoint task ids."""
+    rng = random.Random(seed)
+    manifest = SuiteManifest(
+        name=name, version="1", env_id="calc-v1", kind="calc", reward="exact_match",
+        description=f"{n} multi-step arithmetic word problems (seed {seed})", defaults={"shots": shots},
+    )  # fmt: skip
+    return Suite(manifest, tuple(make_calc_task(rng, f"calc-{seed}-{i}") for i in range(n)))
+
+
+def _call(name: str, **arguments: Any) -> str:
+    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
+
+
+def demonstration() -> list[Message]:
+    """One worked example of the call-and-answer exchange."""
+    return [
+        Message(role="user", content=_DEMO_QUESTION),
+        Message(role="assistant", content=_call("calculator", expression="23 * 27 - 58")),
+        Message(role="tool", name="calculator", content="563"),
+        Message(role="assistant", content=_call("answer", value="563")),
+        Message(role="tool", name="answer", content="submitted"),
+    ]
+
+
+class CalcEnv(ToolEnvironment):
+    """Task: a CalcTask dict. Config: ``shots`` worked examples in the prompt (0 to 1)."""
+
+    async def reset(self, *, task: dict[str, Any], seed: int | None = None) -> Observation:
+        t = CalcTask.model_validate(task)
+        self.expected, self.submitted = t.answer, None
+        shots = int(self.config.get("shots", 1))
+        messages = [Message(role="system", content=SYSTEM)]
+        if shots > 0:
+            messages += demonstration()
+        messages.append(Message(role="user", content=t.question))
+        return self.observation(messages)
+
+    @tool
+    async def calculator(self, expression: str) -> str:
+        """Evaluates an arithmetic expression with + - * / // % ** and parentheses.
+
+        Args:
+            expression: for example "12 * (3 + 4)".
+        """
+        return _fmt(safe_eval(expression))
+
+    @tool(final=True)
+    async def answer(self, value: str) -> str:
+        """Submits the final answer (a number) and ends the task.
+
+        Args:
+            value: the final number.
+        """
+        self.submitted = str(value)
+        return "submitted"
+
+    async def evaluate(self) -> RewardResult:
+        reward = exact_number_match(self.submitted, self.expected)
+        return RewardResult(reward=reward, info={"submitted": self.submitted, "expected": self.expected})

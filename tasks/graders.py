@@ -1,0 +1,62 @@
+"""Graders for answer-style tasks: exact numeric answers and SQuAD-normalised QA."""
+
+from __future__ import annotations
+
+import collections
+import re
+import string
+from decimal import Decimal, InvalidOperation
+
+__all__ = ["exact_number_match", "normalize_answer", "qa_exact_match", "qa_f1", "qa_score"]
+
+_ARTICLES = re.compile(r"\b(a|an|the)\b", re.UNICODE)
+_PUNCT = set(string.punctuation)
+
+
+def normalize_answer(text: str) -> str:
+    """SQuAD's normalisation: lower case, no punctuation, no articles, single spaces."""
+    text = text.lower()
+    text = "".join(ch for ch in text if ch not in _PUNCT)
+    text = _ARTICLES.sub(" ", text)
+    return " ".join(text.split())
+
+
+def qa_exact_match(prediction: str, references: list[str]) -> float:
+    p = normalize_answer(prediction)
+    return float(any(p == normalize_answer(r) for r in references))
+
+
+def _f1(prediction: str, reference: str) -> float:
+    pred, ref = normalize_answer(prediction).split(), normalize_answer(reference).split()
+    if not pred or not ref:
+        return float(pred == ref)
+    common = collections.Counter(pred) & collections.Counter(ref)
+    same = sum(common.values())
+    if same == 0:
+        return 0.0
+    precision, recall = same / len(pred), same / len(ref)
+    return 2 * precision * recall / (precision + recall)
+
+
+def qa_f1(prediction: str, references: list[str]) -> float:
+    """Token F1 against the best-matching reference."""
+    return max(_f1(prediction, r) for r in references)
+
+
+def qa_score(prediction: str | None, references: list[str]) -> tuple[float, dict[str, float]]:
+    """(reward = exact match, info with em and f1); no answer scores 0."""
+    if prediction is None:
+        return 0.0, {"em": 0.0, "f1": 0.0}
+    em = qa_exact_match(prediction, references)
+    return em, {"em": em, "f1": qa_f1(prediction, references)}
+
+
+def exact_number_match(prediction: str | None, answer: str) -> float:
+    """1 when the prediction is the same number as the answer ("1,200", "1200.0" and "1200" agree)."""
+    if prediction is None:
+        return 0.0
+    try:
+        cleaned = prediction.strip().replace(",", "").rstrip(".")
+        return float(Decimal(cleaned) == Decimal(answer))
+    except InvalidOperation:
+        return 0.0
