@@ -71,6 +71,7 @@ class CreateSession(_In):
     env_id: str = Field(min_length=1, max_length=128)
     task: dict[str, Any] = Field(default_factory=dict)
     seed: int | None = None
+    env_kwargs: dict[str, Any] = Field(default_factory=dict, description="over the registered defaults")
 
 
 class StepRequest(_In):
@@ -147,6 +148,7 @@ def create_app(settings: ServerSettings | None = None, manager: SessionManager |
     )
     app.add_middleware(_BodyLimit, limit=settings.max_body_bytes)
     app.state.sessions = sessions
+
     async def authorized(credentials: Credentials) -> None:
         if settings.token is None:
             return  # --insecure-local
@@ -189,7 +191,7 @@ def create_app(settings: ServerSettings | None = None, manager: SessionManager |
 
     @api.post("/sessions", operation_id="create_session", status_code=201)
     async def create(body: CreateSession) -> SessionInfo:
-        return await sessions.create(body.env_id, body.task, body.seed)
+        return await sessions.create(body.env_id, body.task, body.seed, body.env_kwargs)
 
     @api.post("/sessions/{session_id}/step", operation_id="step")
     async def step(session_id: str, body: StepRequest) -> StepResult:

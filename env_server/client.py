@@ -45,7 +45,11 @@ class EnvClient(Protocol):
     async def environments(self) -> list[dict[str, Any]]: ...
 
     async def create_session(
-        self, env_id: str, task: dict[str, Any], seed: int | None = None
+        self,
+        env_id: str,
+        task: dict[str, Any],
+        seed: int | None = None,
+        env_kwargs: dict[str, Any] | None = None,
     ) -> SessionInfo: ...
 
     async def step(
@@ -68,8 +72,14 @@ class LocalEnvClient:
     async def environments(self) -> list[dict[str, Any]]:
         return self.manager.environments()
 
-    async def create_session(self, env_id: str, task: dict[str, Any], seed: int | None = None) -> SessionInfo:
-        return await self.manager.create(env_id, task, seed)
+    async def create_session(
+        self,
+        env_id: str,
+        task: dict[str, Any],
+        seed: int | None = None,
+        env_kwargs: dict[str, Any] | None = None,
+    ) -> SessionInfo:
+        return await self.manager.create(env_id, task, seed, env_kwargs)
 
     async def step(
         self, session_id: str, tool_calls: list[ToolCall], request_id: str | None = None
@@ -129,11 +139,17 @@ class HttpEnvClient:
     async def environments(self) -> list[dict[str, Any]]:
         return await self._call("GET", self.urls[0], "/environments")
 
-    async def create_session(self, env_id: str, task: dict[str, Any], seed: int | None = None) -> SessionInfo:
+    async def create_session(
+        self,
+        env_id: str,
+        task: dict[str, Any],
+        seed: int | None = None,
+        env_kwargs: dict[str, Any] | None = None,
+    ) -> SessionInfo:
         url = min(self.urls, key=lambda u: self._open[u])
         # Not retried on a lost reply: a second create would open a second session.
-        data = await self._call("POST", url, "/sessions", json={"env_id": env_id, "task": task, "seed": seed},
-                                retry=False)  # fmt: skip
+        body = {"env_id": env_id, "task": task, "seed": seed, "env_kwargs": env_kwargs or {}}
+        data = await self._call("POST", url, "/sessions", json=body, retry=False)
         info = SessionInfo.model_validate(data)
         self._home[info.session_id] = url
         self._open[url] += 1

@@ -129,13 +129,20 @@ class SessionManager:
                 out.append({"id": env_id, "error": str(e), "tools": []})
         return out
 
-    async def create(self, env_id: str, task: dict[str, Any], seed: int | None = None) -> SessionInfo:
+    async def create(
+        self,
+        env_id: str,
+        task: dict[str, Any],
+        seed: int | None = None,
+        env_kwargs: dict[str, Any] | None = None,
+    ) -> SessionInfo:
+        """Opens a session of ``env_id`` (with ``env_kwargs`` over its registered defaults)."""
         if len(self._sessions) + self._creating >= self.max_sessions:
             self._error("too_many_sessions")
             raise TooManySessions(f"{self.max_sessions} sessions are open; close some or retry later", 1.0)
         self._creating += 1
         try:
-            return await self._create(env_id, task, seed)
+            return await self._create(env_id, task, seed, env_kwargs or {})
         finally:
             self._creating -= 1
 
@@ -220,13 +227,18 @@ class SessionManager:
     def _error(self, kind: str) -> None:
         self._errors.labels(kind).inc()
 
-    async def _create(self, env_id: str, task: dict[str, Any], seed: int | None) -> SessionInfo:
+    async def _create(
+        self, env_id: str, task: dict[str, Any], seed: int | None, env_kwargs: dict[str, Any]
+    ) -> SessionInfo:
         try:
             spec(env_id)
-            env = make(env_id)
+            env = make(env_id, **env_kwargs)
         except UnknownEnvironment as e:
             self._error("not_found")
             raise NotFound(str(e)) from None
+        except TypeError as e:
+            self._error("bad_task")
+            raise InvalidRequest(f"{env_id} rejected its env_kwargs: {e}") from None
         inner = env.unwrapped if isinstance(env, Wrapper) else env
         sandbox = pool = None
         try:

@@ -75,7 +75,7 @@ def tool(fn: Callable[..., Any] | None = None, *, name: str | None = None, final
 def _spec(method: Callable[..., Any], name: str, final: bool) -> ToolSpec:
     doc = docstring_parser.parse(inspect.getdoc(method) or "")
     described = {p.arg_name: p.description for p in doc.params}
-    hints = get_type_hints(method)
+    hints = get_type_hints(method, include_extras=True)  # keep Annotated[int, Field(ge=1)] constraints
     fields: dict[str, Any] = {}
     for pname, param in list(inspect.signature(method).parameters.items())[1:]:  # skip self
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):

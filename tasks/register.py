@@ -11,6 +11,16 @@ __all__ = ["register"]
 
 def register() -> None:
     from tasks.calc import make_calc_task
+    from tasks.search import search_suite
 
     sample = make_calc_task(random.Random(0), "calc-sample").model_dump()
     register_environment("calc-v1", entry_point="tasks.calc:CalcEnv", max_turns=8, sample_task=sample)
+    # A small built-in corpus by default; a suite brings its own through env_kwargs["corpus"].
+    demo = search_suite(24, seed=0, name="search-demo")
+    register_environment(
+        "search-v1",
+        entry_point="tasks.search:SearchEnv",
+        max_turns=8,
+        sample_task=demo.tasks[0].model_dump(),
+        corpus=demo.manifest.defaults["corpus"],
+    )

@@ -3,6 +3,7 @@ passes the conformance checker, without any change to pqrl."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,11 +19,11 @@ def test_example_is_short():
 
 def test_installed_plugin_is_discovered_and_conforms(tmp_path):
     target = tmp_path / "site"
+    cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation"]
+    source = shutil.copytree(EXAMPLE, tmp_path / "src")  # pip builds in place; keep the repo clean
     pip = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--target", str(target),
-         str(EXAMPLE)],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [*cmd, "--target", str(target), str(source)], capture_output=True, text=True, timeout=300
+    )
     assert pip.returncode == 0, pip.stderr[-2000:]
     probe = (
         "import asyncio, sys\n"

@@ -1,0 +1,197 @@
+"""The search suite: an offline corpus of fictional entities, single- and multi-hop questions, a
+BM25 ``search`` tool and an ``answer`` tool, scored by SQuAD-normalised exact match (F1 in info).
+
+Every entity is invented from a seed, so no answer can come from a model's memory: it has to be
+found. A suite carries its corpus in the manifest's ``defaults["corpus"]`` (a list of
+``{"id", "title", "text"}``), so users can submit their own corpus and questions in this format.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+import bm25s
+from pydantic import Field
+
+from env_server import Message, RewardResult, ToolEnvironment, tool
+from env_server.types import Observation
+from tasks.graders import qa_score
+from tasks.suite import QATask, Suite, SuiteManifest
+
+__all__ = ["SearchEnv", "make_corpus", "search_suite"]
+
+SYSTEM = (
+    "You answer questions about a private encyclopedia that only the search tool can read.\n"
+    'To call a tool, write exactly <tool_call>{"name": TOOL, "arguments": {...}}</tool_call>\n'
+    "Tools:\n"
+    '- search: finds articles. Arguments: {"query": "words to look for", "k": 3}\n'
+    '- answer: gives the final answer (a few words) and ends the task. Arguments: {"text": "..."}\n'
+    "Search before answering; a question may need two searches."
+)
+
+_SYLLABLES = [
+    "ka", "lo", "mi", "ran", "te", "vo", "zel", "qua", "dor", "ith", "bar", "nue", "sa", "fen",
+    "gor", "pri", "wy", "tal", "om", "rex", "ul", "che", "va", "mor", "kin", "ess", "lu", "dra",
+]  # fmt: skip
+_PROFESSIONS = [
+    "astronomer",
+    "glassblower",
+    "cartographer",
+    "composer",
+    "botanist",
+    "engineer",
+    "poet",
+    "chemist",
+]
+_PRODUCTS = ["lanterns", "clockwork birds", "salt bricks", "river barges", "silk maps", "copper bells"]
+
+
+def _name(rng: random.Random, used: set[str], parts: int) -> str:
+    while True:
+        name = "".join(rng.choice(_SYLLABLES) for _ in range(parts)).capitalize()
+        if name not in used and len(name) > 3:
+            used.add(name)
+            return name
+
+
+@dataclass
+class _World:
+    cities: list[dict[str, Any]]
+    people: list[dict[str, Any]]
+    companies: list[dict[str, Any]]
+
+
+def _world(rng: random.Random, n_cities: int, n_people: int, n_companies: int) -> _World:
+    used: set[str] = set()
+    rivers = [_name(rng, used, 2) for _ in range(max(3, n_cities // 2))]
+    cities = [
+        {"name": _name(rng, used, 3), "river": rng.choice(rivers), "population": rng.randint(2, 900) * 1000}
+        for _ in range(n_cities)
+    ]
+    people = [{"name": f"{_name(rng, used, 2)} {_name(rng, used, 3)}", "born": rng.randint(1700, 1990),
+               "city": rng.choice(cities)["name"], "profession": rng.choice(_PROFESSIONS)}
+              for _ in range(n_people)]  # fmt: skip
+    companies = [{"name": f"{_name(rng, used, 3)} Works", "founded": rng.randint(1750, 2010),
+                  "founder": rng.choice(people)["name"], "hq": rng.choice(cities)["name"],
+                  "product": rng.choice(_PRODUCTS)} for _ in range(n_companies)]  # fmt: skip
+    return _World(cities, people, companies)
+
+
+def make_corpus(world: _World) -> list[dict[str, str]]:
+    docs = []
+    for c in world.cities:
+        text = (
+            f"{c['name']} is a city on the river {c['river']}. It has about {c['population']:,} inhabitants."
+        )
+        docs.append({"id": f"city-{c['name']}", "title": c["name"], "text": text})
+    for p in world.people:
+        text = f"{p['name']} was a {p['profession']} born in {p['born']} in the city of {p['city']}."
+        docs.append({"id": f"person-{p['name']}", "title": p["name"], "text": text})
+    for c in world.companies:
+        text = (f"{c['name']} is a maker of {c['product']} founded in {c['founded']} by {c['founder']}. "
+                f"Its headquarters are in {c['hq']}.")  # fmt: skip
+        docs.append({"id": f"company-{c['name']}", "title": c["name"], "text": text})
+    return docs
+
+
+def _question(rng: random.Random, world: _World) -> tuple[str, str, int]:
+    """(question, answer, hops) of a random kind."""
+    by_city = {c["name"]: c for c in world.cities}
+    by_person = {p["name"]: p for p in world.people}
+    p, c, co = rng.choice(world.people), rng.choice(world.cities), rng.choice(world.companies)
+    founder, hq = by_person[co["founder"]], by_city[co["hq"]]
+    kinds = [
+        (f"In which city was {p['name']} born?", p["city"], 1),
+        (f"In what year was {co['name']} founded?", str(co["founded"]), 1),
+        (f"Which river flows through {c['name']}?", c["river"], 1),
+        (f"In which city was the founder of {co['name']} born?", founder["city"], 2),
+        (f"Which river flows through the city where {co['name']} has its headquarters?", hq["river"], 2),
+        (f"What was the profession of the founder of {co['name']}?", founder["profession"], 2),
+    ]
+    return kinds[rng.randrange(len(kinds))]
+
+
+def _questions(rng: random.Random, world: _World, n: int, seed: int) -> list[QATask]:
+    tasks, seen = [], set()
+    while len(tasks) < n:
+        question, answer, hops = _question(rng, world)
+        if question not in seen:
+            seen.add(question)
+            tasks.append(
+                QATask(id=f"search-{seed}-{len(tasks)}", question=question, answers=[answer], hops=hops)
+            )
+    return tasks
+
+
+def search_suite(n: int = 200, seed: int = 0, *, name: str = "search") -> Suite:
+    """``n`` questions over a corpus of about ``n`` fictional entities generated from ``seed``."""
+    rng = random.Random(seed)
+    world = _world(rng, n_cities=max(8, n // 4), n_people=max(12, n // 2), n_companies=max(8, n // 4))
+    manifest = SuiteManifest(
+        name=name, version="1", env_id="search-v1", kind="qa", reward="qa_em_f1",
+        description=f"{n} single- and multi-hop questions over a generated corpus (seed {seed})",
+        defaults={"corpus": make_corpus(world)},
+    )  # fmt: skip
+    return Suite(manifest, tuple(_questions(rng, world, n, seed)))
+
+
+_INDEXES: dict[str, tuple[bm25s.BM25, list[dict[str, str]]]] = {}
+
+
+def _index(corpus: list[dict[str, str]]) -> tuple[bm25s.BM25, list[dict[str, str]]]:
+    """A BM25 index per distinct corpus, built once per process."""
+    key = hashlib.sha256(json.dumps(corpus, sort_keys=True).encode()).hexdigest()
+    if key not in _INDEXES:
+        retriever = bm25s.BM25()
+        texts = [f"{d['title']} {d['text']}" for d in corpus]
+        retriever.index(bm25s.tokenize(texts, stopwords="en", show_progress=False), show_progress=False)
+        _INDEXES[key] = (retriever, corpus)
+    return _INDEXES[key]
+
+
+class SearchEnv(ToolEnvironment):
+    """Task: a QATask dict. Config: ``corpus``, the documents ``search`` reads."""
+
+    async def reset(self, *, task: dict[str, Any], seed: int | None = None) -> Observation:
+        t = QATask.model_validate(task)
+        corpus = self.config.get("corpus")
+        if not corpus:
+            raise ValueError("search-v1 needs a corpus (the suite's defaults.corpus)")
+        self.retriever, self.docs = _index(corpus)
+        self.references, self.submitted = t.answers, None
+        return self.observation(
+            [Message(role="system", content=SYSTEM), Message(role="user", content=t.question)]
+        )
+
+    @tool
+    async def search(self, query: str, k: Annotated[int, Field(ge=1, le=10)] = 3) -> str:
+        """Searches the encyclopedia and returns the best matching articles.
+
+        Args:
+            query: words to look for.
+            k: how many articles to return (1 to 10).
+        """
+        tokens = bm25s.tokenize([query], stopwords="en", show_progress=False)
+        if not tokens.vocab:
+            return "No results: the query has no searchable words."
+        ids, scores = self.retriever.retrieve(tokens, k=min(k, len(self.docs)), show_progress=False)
+        hits = [self.docs[i] for i, s in zip(ids[0], scores[0], strict=True) if s > 0]
+        return "\n".join(f"[{n + 1}] {d['title']}: {d['text']}" for n, d in enumerate(hits)) or "No results."
+
+    @tool(final=True)
+    async def answer(self, text: str) -> str:
+        """Gives the final answer and ends the task.
+
+        Args:
+            text: the answer, in a few words.
+        """
+        self.submitted = text
+        return "submitted"
+
+    async def evaluate(self) -> RewardResult:
+        reward, info = qa_score(self.submitted, self.references)
+        return RewardResult(reward=reward, info={**info, "submitted": self.submitted})
