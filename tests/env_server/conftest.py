@@ -1,0 +1,184 @@
+"""Fixtures for env server tests: real uvicorn servers on free loopback ports, in a thread of this
+process (so a test can reach the server's SessionManager) or as a subprocess; a registry that is
+restored after tests that register environments; and a check that no sandbox outlives its test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+from fastapi import FastAPI
+
+from env_server import registry as registry_module
+from env_server.app import ServerSettings, create_app
+from env_server.sessions import SessionManager
+from sandboxes.docker import owner_id
+from sandboxes.docker_api import DockerAPI
+from tests.env_server import envs  # noqa: F401  (registers the test environments)
+
+TOKEN = "pytest-env-token"
+RUN_LABEL = "pytest-env-server"  # pqrl.run of every sandbox these tests' managers create
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@dataclass
+class LiveServer:
+    """A running server: where it listens, its token, and (in-thread only) its SessionManager."""
+
+    url: str
+    token: str
+    manager: SessionManager | None = None
+    settings: ServerSettings | None = None
+    app: FastAPI | None = None
+
+    @property
+    def auth(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"}
+
+    def healthz(self) -> dict[str, Any]:
+        return httpx.get(self.url + "/healthz", timeout=5).json()
+
+
+def _loopback_socket() -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    return sock
+
+
+@contextlib.contextmanager
+def serve_in_thread(token: str = TOKEN, **settings: Any) -> Iterator[LiveServer]:
+    """Runs ``create_app`` under uvicorn in a thread with its own event loop; stops it on exit.
+
+    The SessionManager is made here (with the settings' limits and a pytest sandbox label), so
+    tests can look inside it, e.g. to find a session's sandbox.
+    """
+    s = ServerSettings(token=token, sandbox_pool_size=0, **settings)
+    manager = SessionManager(
+        max_sessions=s.max_sessions, ttl_s=s.session_ttl_s, pool_size=s.sandbox_pool_size, run=RUN_LABEL
+    )
+    app = create_app(s, manager=manager)
+    sock = _loopback_socket()
+    config = uvicorn.Config(
+        app, log_level="warning", access_log=False, lifespan="on", timeout_graceful_shutdown=5, backlog=2048
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 15
+    while not server.started:
+        assert thread.is_alive(), "uvicorn thread exited during startup"
+        assert time.monotonic() < deadline, "uvicorn did not start within 15 s"
+        time.sleep(0.01)
+    host, port = sock.getsockname()
+    try:
+        yield LiveServer(f"http://{host}:{port}", token, manager, s, app)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=20)
+        sock.close()
+        assert not thread.is_alive(), "uvicorn thread did not stop within 20 s"
+
+
+@contextlib.contextmanager
+def serve_in_subprocess(token: str = TOKEN, **env: str) -> Iterator[LiveServer]:
+    """``python -m uvicorn --factory env_server.app:create_app`` configured by PQRL_ENV_* variables."""
+    sock = _loopback_socket()
+    host, port = sock.getsockname()
+    environ = {**os.environ, "PQRL_ENV_TOKEN": token, "PQRL_ENV_SANDBOX_POOL_SIZE": "0"}
+    environ.update({f"PQRL_ENV_{k.upper()}": str(v) for k, v in env.items()})
+    cmd = [sys.executable, "-m", "uvicorn", "--factory", "env_server.app:create_app", "--fd",
+           str(sock.fileno()), "--log-level", "warning", "--no-access-log", "--backlog", "2048"]  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=environ, pass_fds=(sock.fileno(),))
+    url = f"http://{host}:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            assert proc.poll() is None, f"env server exited with {proc.returncode} during startup"
+            assert time.monotonic() < deadline, "env server did not answer /healthz within 30 s"
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(url + "/healthz", timeout=1).status_code == 200:
+                    break
+            time.sleep(0.05)
+        yield LiveServer(url, token)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+        sock.close()
+
+
+@pytest.fixture
+def make_server() -> Iterator[Callable[..., LiveServer]]:
+    """Factory: ``make_server(max_sessions=2, ...)`` starts an in-thread server, stopped at teardown."""
+    with contextlib.ExitStack() as stack:
+        yield lambda **settings: stack.enter_context(serve_in_thread(**settings))
+
+
+@pytest.fixture
+def server(make_server) -> LiveServer:
+    return make_server()
+
+
+@pytest.fixture
+def limited_server(make_server) -> LiveServer:
+    """Small limits: two sessions, 4 KiB bodies."""
+    return make_server(max_sessions=2, max_body_bytes=4096)
+
+
+@pytest.fixture
+def ttl_server(make_server) -> LiveServer:
+    """Sessions idle for 0.5 s are reaped; the reaper runs every 0.1 s."""
+    return make_server(session_ttl_s=0.5, reap_interval_s=0.1)
+
+
+@pytest.fixture
+def restore_registry() -> Iterator[None]:
+    """Environments registered by the test are forgotten afterwards."""
+    registry_module.load_plugins()
+    saved = dict(registry_module._REGISTRY)
+    yield
+    registry_module._REGISTRY.clear()
+    registry_module._REGISTRY.update(saved)
+
+
+async def leftover_sandboxes(api: DockerAPI) -> list[dict[str, Any]]:
+    return await api.list({"pqrl.run": RUN_LABEL, "pqrl.owner": owner_id()})
+
+
+async def wait_until_gone(api: DockerAPI, timeout: float = 15.0) -> list[dict[str, Any]]:
+    """Polls (bounded) until this process has no pytest sandbox left; returns what is left."""
+    deadline = time.monotonic() + timeout
+    while (left := await leftover_sandboxes(api)) and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    return left
+
+
+@pytest.fixture
+async def docker_api() -> AsyncIterator[DockerAPI]:
+    """A Docker client. Tests assert ``await wait_until_gone(docker_api) == []`` themselves once
+    their servers are stopped; whatever is still left at teardown is removed here."""
+    api = DockerAPI()
+    try:
+        yield api
+    finally:
+        for c in await leftover_sandboxes(api):
+            with contextlib.suppress(Exception):
+                await api.remove(c["Id"])
+        await api.close()
