@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
@@ -30,14 +31,17 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import generate_latest
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from env_server.sessions import EnvServerError, SessionManager, TooManySessions
 from env_server.types import RewardResult, SessionInfo, StepResult, ToolCall
 
 __all__ = ["ServerSettings", "create_app"]
+
+log = logging.getLogger(__name__)
 
 
 class ServerSettings(BaseSettings):
@@ -63,8 +67,30 @@ _bearer = HTTPBearer(auto_error=False)
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 
 
+def _utf8_only(value: Any) -> Any:
+    """Rejects strings that cannot be encoded (lone surrogates): they could never be replied to."""
+    if isinstance(value, str):
+        value.encode("utf-8")
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _utf8_only(k)
+            _utf8_only(v)
+    elif isinstance(value, list):
+        for v in value:
+            _utf8_only(v)
+    return value
+
+
 class _In(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _encodable(cls, data: Any) -> Any:
+        try:
+            return _utf8_only(data)
+        except UnicodeEncodeError as e:
+            raise ValueError(f"text must be valid UTF-8 (found {e.reason})") from None
 
 
 class CreateSession(_In):
@@ -109,6 +135,28 @@ class _BodyLimit:
         await self.app(scope, replayed, send)
 
 
+class _TokenGate:
+    """Checks the bearer token before anything reads the body (a bad body must not answer 422
+    to a caller without a token). /healthz is open."""
+
+    def __init__(self, app: ASGIApp, token: str | None) -> None:
+        self.app, self.token = app, token
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or self.token is None or scope["path"] == "/healthz":
+            return await self.app(scope, receive, send)
+        header = dict(scope.get("headers") or []).get(b"authorization", b"").decode("latin-1")
+        scheme, _, given = header.partition(" ")
+        if scheme.lower() != "bearer" or not given:
+            body = {"error": "unauthorized", "detail": "missing bearer token"}
+            response = JSONResponse(body, status_code=401, headers={"WWW-Authenticate": "Bearer"})
+        elif not hmac.compare_digest(given.encode(), self.token.encode()):
+            response = JSONResponse({"error": "unauthorized", "detail": "invalid token"}, status_code=403)
+        else:
+            return await self.app(scope, receive, send)
+        await response(scope, receive, send)
+
+
 def _too_large(limit: int) -> JSONResponse:
     return JSONResponse(
         {"error": "body_too_large", "detail": f"request body exceeds {limit} bytes"}, status_code=413
@@ -128,7 +176,10 @@ def create_app(settings: ServerSettings | None = None, manager: SessionManager |
         async def reap_forever() -> None:
             while True:
                 await asyncio.sleep(settings.reap_interval_s)
-                await sessions.reap_expired()
+                try:
+                    await sessions.reap_expired()
+                except Exception as e:  # one failed pass must not end reaping for good
+                    log.warning("session reaper pass failed: %r", e)
 
         reaper = asyncio.create_task(reap_forever())
         yield
@@ -147,6 +198,7 @@ def create_app(settings: ServerSettings | None = None, manager: SessionManager |
         openapi_url=None,
     )
     app.add_middleware(_BodyLimit, limit=settings.max_body_bytes)
+    app.add_middleware(_TokenGate, token=settings.token)  # added last: runs first
     app.state.sessions = sessions
 
     async def authorized(credentials: Credentials) -> None:
@@ -171,6 +223,14 @@ def create_app(settings: ServerSettings | None = None, manager: SessionManager |
         return JSONResponse(
             {"error": "unauthorized", "detail": exc.detail}, status_code=exc.status, headers=headers
         )
+
+    @app.exception_handler(StarletteHTTPException)
+    async def framework_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {400: "invalid_request", 404: "not_found", 405: "method_not_allowed"}.get(
+            exc.status_code, "error"
+        )
+        body = {"error": code, "detail": str(exc.detail)}
+        return JSONResponse(body, status_code=exc.status_code, headers=getattr(exc, "headers", None))
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -173,9 +173,12 @@ class HttpEnvClient:
         url = self._url(session_id)
         try:
             await self._call("DELETE", url, f"/sessions/{session_id}")
-        finally:
-            if self._home.pop(session_id, None) is not None:
-                self._open[url] -= 1
+        except EnvUnavailable:
+            raise  # the session may still be open there: keep it on the books for another try
+        except NotFound:
+            pass  # already gone (expired or closed): forget it below
+        self._home.pop(session_id, None)
+        self._open[url] -= 1
 
     def _url(self, session_id: str) -> str:
         try:
@@ -213,7 +216,9 @@ def _error(url: str, r: httpx.Response) -> EnvServerError:
     if r.status_code == 429:
         return TooManySessions(f"{url}: {detail}", float(r.headers.get("Retry-After", "1")))
     if r.status_code in (401, 403):
-        return AuthError(f"{url}: {r.status_code} {detail}")
+        err = AuthError(f"{url}: {r.status_code} {detail}")
+        err.status = r.status_code
+        return err
     cls = _ERRORS.get(code)
     if cls is None:
         err = EnvServerError(f"{url}: HTTP {r.status_code}: {detail}")

@@ -93,14 +93,18 @@ class ToolEnvironment:
         return [spec.schema() for spec in cls.tools.values()]
 
     async def step(self, tool_calls: list[ToolCall]) -> StepResult:
-        """Runs each call in order; one tool message per call. Ends the episode on a final tool."""
+        """Runs each call in order; one tool message per call. A final tool ends the episode, and
+        calls after it are answered without running."""
         messages = []
         for call in tool_calls:
-            content, ok = await self.call_tool(call)
+            if self.done:
+                content = f"Error: {call.name} was not run: the episode has ended"
+            else:
+                content, ok = await self.call_tool(call)
+                spec = self.tools.get(call.name)
+                if ok and spec is not None and spec.final:
+                    self.done = True
             messages.append(Message(role="tool", name=call.name, tool_call_id=call.id, content=content))
-            spec = self.tools.get(call.name)
-            if ok and spec is not None and spec.final:
-                self.done = True
         return StepResult(messages=messages, done=self.done, info={})
 
     async def call_tool(self, call: ToolCall) -> tuple[str, bool]:
@@ -113,7 +117,8 @@ class ToolEnvironment:
         except ValueError as e:
             return f"Error: {e}", False
         try:
-            result = await getattr(self, spec.method_name)(**kwargs)
+            # Through the class: a tool may share its name with an attribute (e.g. ``done``).
+            result = await getattr(type(self), spec.method_name)(self, **kwargs)
         except (SandboxError, asyncio.CancelledError):
             raise
         except Exception as e:  # the model's call failed, not the server

@@ -26,6 +26,7 @@ from sandboxes.settings import SandboxSettings
 
 __all__ = [
     "EnvServerError",
+    "EnvironmentBroken",
     "InfraFailure",
     "InvalidRequest",
     "NotFound",
@@ -62,6 +63,12 @@ class TooManySessions(EnvServerError):
     def __init__(self, message: str, retry_after: float = 1.0) -> None:
         super().__init__(message)
         self.retry_after = retry_after
+
+
+class EnvironmentBroken(EnvServerError):
+    """The environment's own code failed (it cannot be loaded, or reset crashed): a bug to fix."""
+
+    status, code = 500, "environment_error"
 
 
 class InfraFailure(EnvServerError):
@@ -189,7 +196,8 @@ class SessionManager:
         if s is None:
             raise NotFound(f"no session {session_id}")
         self._live.set(len(self._sessions))
-        await self._dispose(s)
+        async with s.lock:  # let a running step finish before its environment goes away
+            await self._dispose(s)
 
     async def reap_expired(self) -> int:
         """Closes sessions idle for longer than the TTL; returns how many."""
@@ -231,11 +239,15 @@ class SessionManager:
         self, env_id: str, task: dict[str, Any], seed: int | None, env_kwargs: dict[str, Any]
     ) -> SessionInfo:
         try:
-            spec(env_id)
-            env = make(env_id, **env_kwargs)
+            spec(env_id).load()
         except UnknownEnvironment as e:
             self._error("not_found")
             raise NotFound(str(e)) from None
+        except (ImportError, TypeError) as e:
+            self._error("environment_error")
+            raise EnvironmentBroken(str(e)) from None
+        try:
+            env = make(env_id, **env_kwargs)
         except TypeError as e:
             self._error("bad_task")
             raise InvalidRequest(f"{env_id} rejected its env_kwargs: {e}") from None
@@ -247,14 +259,19 @@ class SessionManager:
                 sandbox = await pool.acquire()
                 inner.sandbox = sandbox
             observation = await env.reset(task=task, seed=seed)
-        except SandboxError as e:
-            self._error("infra")
-            await self._dispose(_Session("", env_id, env, sandbox, pool))
-            raise InfraFailure(f"{env_id}: sandbox unavailable: {e}") from e
-        except (KeyError, ValueError, TypeError) as e:
-            self._error("bad_task")
-            await self._dispose(_Session("", env_id, env, sandbox, pool))
-            raise InvalidRequest(f"{env_id} rejected the task: {type(e).__name__}: {e}") from e
+            observation.model_dump_json()  # an unencodable observation must fail here, not in the reply
+        except BaseException as e:
+            await self._dispose(_Session("", env_id, env, sandbox, pool))  # nothing acquired may leak
+            if isinstance(e, SandboxError):
+                self._error("infra")
+                raise InfraFailure(f"{env_id}: sandbox unavailable: {e}") from e
+            if isinstance(e, KeyError | ValueError | TypeError):
+                self._error("bad_task")
+                raise InvalidRequest(f"{env_id} rejected the task: {type(e).__name__}: {e}") from e
+            if isinstance(e, Exception):
+                self._error("environment_error")
+                raise EnvironmentBroken(f"{env_id}: reset failed: {type(e).__name__}: {e}") from e
+            raise
         sid = uuid.uuid4().hex
         self._sessions[sid] = _Session(sid, env_id, env, sandbox, pool)
         self._live.set(len(self._sessions))

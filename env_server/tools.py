@@ -97,8 +97,14 @@ def collect_tools(cls: type) -> dict[str, ToolSpec]:
     """The tools of a class (including inherited ones), by name."""
     tools: dict[str, ToolSpec] = {}
     for klass in reversed(cls.__mro__):
+        own: dict[str, str] = {}
         for attr, value in vars(klass).items():
             marker = getattr(value, _ATTR, None)
-            if marker is not None:
-                tools[marker["name"]] = _spec(getattr(cls, attr), marker["name"], marker["final"])
+            if marker is None:
+                continue
+            if marker["name"] in own:  # a subclass may override a tool, one class may not define it twice
+                raise TypeError(f"{klass.__qualname__}: methods {own[marker['name']]} and {attr} are both "
+                                f"tool {marker['name']!r}")  # fmt: skip
+            own[marker["name"]] = attr
+            tools[marker["name"]] = _spec(getattr(cls, attr), marker["name"], marker["final"])
     return tools

@@ -77,6 +77,10 @@ class ToolTimeout(Wrapper):
         info: dict[str, Any] = {}
         done = False
         for call in tool_calls:  # one call at a time, so each gets its own deadline
+            if done:
+                content = f"Error: {call.name} was not run: the episode has ended"
+                messages.append(Message(role="tool", name=call.name, tool_call_id=call.id, content=content))
+                continue
             try:
                 part = await asyncio.wait_for(self.env.step([call]), self.seconds)
             except TimeoutError:
@@ -87,8 +91,6 @@ class ToolTimeout(Wrapper):
             messages += part.messages
             info.update(part.info)
             done = done or part.done
-            if done:
-                break
         return StepResult(messages=messages, done=done, info=info)
 
 

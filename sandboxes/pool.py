@@ -116,24 +116,30 @@ class SandboxPool:
             raise SandboxError("sandbox pool is closed")
         deadline = time.monotonic() + timeout
         self._waiters += 1
+        waiting = True
         self._wake.set()
         try:
             while True:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    cause = f": last creation error: {self._last_error}" if self._last_error else ""
-                    raise SandboxError(f"no sandbox became ready within {timeout:.0f}s{cause}")
                 try:
-                    born, sandbox = await asyncio.wait_for(self._idle.get(), min(remaining, 1.0))
+                    # No wait_for: its inner task would let the filler run between the dequeue and
+                    # the bookkeeping below, and count this served waiter as demand for a spare.
+                    async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                        born, sandbox = await self._idle.get()
                 except TimeoutError:
-                    continue
-                self._wake.set()  # one fewer idle: the filler replaces it
+                    cause = f": last creation error: {self._last_error}" if self._last_error else ""
+                    raise SandboxError(f"no sandbox became ready within {timeout:.0f}s{cause}") from None
                 if sandbox.alive and time.monotonic() - born <= self.max_idle_s:
+                    # Served: stop counting as demand before the filler looks, or it makes a spare.
+                    self._waiters -= 1
+                    waiting = False
+                    self._wake.set()  # one fewer idle: the filler tops up to the pool size
                     return sandbox
                 self.stats.discarded_stale += 1
                 self._destroy(sandbox)
+                self._wake.set()
         finally:
-            self._waiters -= 1
+            if waiting:
+                self._waiters -= 1
 
     def release(self, sandbox: DockerSandbox) -> None:
         """Destroys a used sandbox in the background (sandboxes are never reused)."""

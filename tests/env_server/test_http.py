@@ -160,7 +160,9 @@ async def test_every_route_but_healthz_needs_the_token(server):
         r = await c.get("/healthz")
         assert r.status_code == 200 and r.json() == {"ok": True, "sessions": 0}
         for hidden in ("/openapi.json", "/docs", "/redoc"):
-            assert (await c.get(hidden)).status_code == 404, f"{hidden} is served"
+            assert (await c.get(hidden)).status_code == 401, f"{hidden} answers without a token"
+            with_token = await c.get(hidden, headers={"Authorization": f"Bearer {TOKEN}"})
+            assert with_token.status_code == 404, f"{hidden} is served"
 
 
 async def test_http_client_with_a_wrong_token_raises_auth_error(server):
@@ -172,11 +174,6 @@ async def test_http_client_with_a_wrong_token_raises_auth_error(server):
         await c.aclose()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known bug: FastAPI parses the JSON body before the auth dependency runs, so a request "
-    "without a token and with a malformed body gets 422 (and a validation detail) instead of 401",
-)
 async def test_malformed_body_without_token_is_401(server):
     async with httpx.AsyncClient(base_url=server.url, timeout=10) as c:
         r = await c.post("/sessions", content=b"{", headers={"content-type": "application/json"})
@@ -257,12 +254,6 @@ async def test_body_over_the_limit_is_413(limited_server):
     assert limited_server.healthz()["sessions"] == 0, "a refused body created a session"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known bug: app.py installs no handler for Starlette's HTTPException, so a body that is not "
-    "UTF-8 gets 400 {'detail': 'There was an error parsing the body'} (not 422 {error, detail}), and "
-    "unknown routes/methods get {'detail': ...} without 'error'",
-)
 @pytest.mark.parametrize(
     ("method", "path", "content"),
     [("POST", "/sessions", b'{"env_id": "\xff"}'), ("GET", "/nowhere", None), ("PUT", "/sessions", None)],
@@ -355,11 +346,6 @@ async def test_env_kwargs_configure_the_environment(raw, client):
         await local.aclose()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known bug: a lone surrogate in a free-form JSON field (task, tool arguments) is accepted, "
-    "echoed into the response and fails serialization: HTTP 500 and the session stays open (leaked)",
-)
 async def test_lone_surrogate_in_a_task_does_not_500_or_leak(raw, server):
     body = b'{"env_id": "echo-v1", "task": {"prompt": "\\ud800"}}'
     r = await raw.post("/sessions", content=body, headers={"content-type": "application/json"})
@@ -367,12 +353,6 @@ async def test_lone_surrogate_in_a_task_does_not_500_or_leak(raw, server):
     assert server.healthz()["sessions"] == (1 if r.status_code == 201 else 0)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known bug: SessionManager._create (env_server/sessions.py) catches only UnknownEnvironment "
-    "around make(), so an environment whose entry point cannot load gives a bare 500 "
-    "'Internal Server Error' instead of the {error, detail} body",
-)
 async def test_a_broken_entry_point_gives_a_typed_error(raw, restore_registry):
     register_environment("pytest-broken-entry-v1", "tests.env_server.no_such_module_xyz:Env")
     r = await raw.post("/sessions", json={"env_id": "pytest-broken-entry-v1"})
@@ -588,12 +568,6 @@ async def test_dead_sandbox_is_an_infra_failure_in_process(docker_api):
     assert await wait_until_gone(docker_api) == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known bug: SessionManager._create (env_server/sessions.py) releases the sandbox only for "
-    "SandboxError/KeyError/ValueError/TypeError from reset; any other exception leaks the acquired "
-    "container (and is a bare HTTP 500)",
-)
 async def test_reset_crash_releases_the_sandbox(docker_api, restore_registry):
     register_environment("pytest-crash-v1", "tests.env_server.envs:SandboxCrashOnReset")
     manager = SessionManager(pool_size=0, run=RUN_LABEL)
@@ -606,12 +580,6 @@ async def test_reset_crash_releases_the_sandbox(docker_api, restore_registry):
     assert await wait_until_gone(docker_api, timeout=2) == [], "the sandbox of a failed reset leaked"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known bug: with sandbox_pool_size=0 the pool still makes a spare sandbox per acquire: "
-    "sandboxes/pool.py _deficit() counts the acquiring waiter after its sandbox was dequeued, so the "
-    "filler starts another one that idles until shutdown",
-)
 async def test_pool_size_zero_keeps_no_idle_sandbox(docker_api):
     manager = SessionManager(pool_size=0, run=RUN_LABEL)
     try:

@@ -288,12 +288,6 @@ async def test_sandbox_errors_propagate():
         await env.step([ToolCall(name="lose_sandbox")])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known bug: a tool method named like a ToolEnvironment attribute (done, config, sandbox) is "
-    "shadowed by the instance attribute set in ToolEnvironment.__init__ (env_server/environment.py:70), "
-    "so call_tool (line 116) calls a bool; tools.py accepts the name without complaint",
-)
 async def test_a_final_tool_named_done_works():
     class Task(ToolEnvironment):
         async def reset(self, *, task: dict[str, Any], seed: int | None = None) -> Observation:

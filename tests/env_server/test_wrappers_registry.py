@@ -91,11 +91,6 @@ async def test_tool_timeout_lets_fast_enough_calls_finish():
     assert result.done
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known bug: ToolTimeout.step (env_server/wrappers.py, `if done: break`) drops the calls after "
-    "a final tool, so a step through make() gets fewer tool messages than calls",
-)
 async def test_every_call_gets_a_tool_message_even_after_a_final_tool():
     env = make("pytest-slow-v1")
     await env.reset(task={})
