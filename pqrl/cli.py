@@ -18,7 +18,6 @@ PLANNED: dict[tuple[str, ...], str] = {
     ("status",): "#7 (trainer)",
     ("sft",): "#7 (trainer)",
     ("rollout",): "#6 (rollouts)",
-    ("engine", "serve"): "#6 (rollouts)",
     ("tasks", "filter"): "#5/#6 (difficulty filter: needs the rollout path)",
 }
 
@@ -178,6 +177,12 @@ def _cmd_tasks(args: argparse.Namespace) -> int:
     return asyncio.run(run())
 
 
+def _cmd_engine_serve(args: argparse.Namespace) -> int:
+    from agent_loop.engine_server import serve
+
+    return serve(args)
+
+
 def _planned(path: tuple[str, ...]) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
         print(f"pqrl {' '.join(path)}: not yet implemented (issue {PLANNED[path]})", file=sys.stderr)
@@ -255,6 +260,22 @@ def build_parser() -> argparse.ArgumentParser:
         if name in ("submit", "list", "show"):
             task_parser.add_argument("--redis-url", default=None, help="default: $REDIS_URL")
         task_parser.set_defaults(func=_cmd_tasks)
+
+    # Options declared here, not by agent_loop (importing it pulls in torch and FastAPI).
+    eng = group("engine", "inference engines").add_parser("serve", help="built-in engine server or SGLang")
+    eng.add_argument("--backend", choices=["builtin", "sglang"], default="builtin")
+    eng.add_argument("--model", default="smollm2-135m-instruct", help="built-in model name or a model dir")
+    eng.add_argument("--host", default="127.0.0.1")
+    eng.add_argument("--port", type=int, default=30000)
+    eng.add_argument("--device", default="auto")
+    eng.add_argument("--dtype", default="auto")
+    eng.add_argument("--weight-version", default="0")
+    eng.add_argument("--seed", type=int, default=0)
+    eng.add_argument("--max-running-requests", type=int, default=64)
+    eng.add_argument("--api-key", default=None, help="default: $PQRL_ENGINE_API_KEY")
+    eng.add_argument("--log-level", default="warning")
+    eng.add_argument("--sglang-arg", action="append", default=[], help="extra flag for SGLang (repeatable)")
+    eng.set_defaults(func=_cmd_engine_serve)
 
     for path, issue in PLANNED.items():
         parent = sub if len(path) == 1 else group(path[0], f"{path[0]} commands")

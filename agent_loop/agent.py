@@ -1,0 +1,221 @@
+"""The multi-turn agent loop: one task, one environment session, one Trajectory.
+
+Each turn: generate from the exact token list so far (engine ``output_ids`` and logprobs, never
+re-tokenized), parse ``<tool_call>`` blocks from the generated text, run the calls in the
+environment, and append the tool results as a chat-template delta (loss mask 0). The episode stops
+when the environment says done, the model makes no tool call, the turn or token budget runs out,
+or too many consecutive turns had only invalid calls. Then the environment scores it.
+
+Failures of the environment's infrastructure (its server, its sandbox) give a ``failed_infra``
+Trajectory, never a silent zero reward; the trainer keeps those out of advantage statistics.
+
+Deliberately left out: streaming, parallel tool calls across turns, and reward shaping.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from agent_loop.tool_parser import MalformedCall, ParsedCall, parse_tool_calls
+from env_server.client import EnvClient, EnvUnavailable
+from env_server.sessions import EnvServerError, InfraFailure
+from env_server.types import ToolCall as EnvToolCall
+from loss_masking import ChatRenderer, EpisodeBuilder, TruncationPolicy, describe_tools
+from pqrl.engine_client import EngineClient, SamplingParams
+from pqrl.trajectory import Status, ToolCall, Trajectory
+
+__all__ = ["EpisodeConfig", "run_episode"]
+
+
+@dataclass(frozen=True)
+class EpisodeConfig:
+    """Limits and sampling of one episode (RL defaults: top_p 1, top_k -1; DESIGN.md section 4)."""
+
+    max_turns: int = 8
+    max_total_tokens: int = 2048
+    max_new_tokens: int = 256  # per turn
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_invalid_turns: int = 2  # consecutive turns whose every call failed
+    truncation: Literal["stop_episode", "cut_tool_output"] = "cut_tool_output"
+    stop_token_ids: tuple[int, ...] = field(default=())
+
+
+@dataclass
+class _Outcome:
+    status: Status = Status.COMPLETED
+    reason: str = ""
+    reward: float = 0.0
+    reward_info: dict[str, Any] = field(default_factory=dict)
+
+
+async def run_episode(
+    queued: dict[str, Any],
+    *,
+    engine: EngineClient,
+    env: EnvClient,
+    renderer: ChatRenderer,
+    run_id: str,
+    group_id: str,
+    index: int = 0,
+    cfg: EpisodeConfig | None = None,
+) -> Trajectory:
+    """Runs one episode of a queued task (``{"env_id", "task", "task_id", "env_kwargs"}``)."""
+    cfg = cfg or EpisodeConfig()
+    rollout_id = f"{group_id}-{index}"
+    timings: dict[str, float] = {"generate_s": 0.0, "env_s": 0.0}
+    t_start = time.perf_counter()
+    out = _Outcome()
+
+    def record(kind: str, t0: float) -> None:
+        timings[kind] = timings.get(kind, 0.0) + time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    try:
+        session = await env.create_session(
+            queued["env_id"], queued["task"], seed=None, env_kwargs=queued.get("env_kwargs") or {}
+        )
+    except (InfraFailure, EnvUnavailable) as e:
+        return _failed(queued, run_id, group_id, rollout_id, f"could not open a session: {e}", timings)
+    record("env_s", t0)
+
+    messages = [m.model_dump(exclude_none=True) for m in session.observation.messages]
+    tools = session.observation.tools
+    if not renderer.supports_tools and tools and not any("<tool_call>" in m["content"] for m in messages):
+        # NOTE: a template without a tools block gets the schemas in the system message instead.
+        messages = _with_tools_in_system(messages, describe_tools(tools))
+    builder = EpisodeBuilder(
+        renderer,
+        messages,
+        tools if renderer.supports_tools else None,
+        max_total_tokens=cfg.max_total_tokens,
+        truncation=TruncationPolicy(kind=cfg.truncation),
+    )
+    invalid_streak = 0
+    try:
+        for turn in range(cfg.max_turns):
+            budget = builder.max_new_tokens(cfg.max_new_tokens)
+            if budget == 0:
+                out.reason = "context budget"
+                break
+            params = SamplingParams(
+                temperature=cfg.temperature,
+                top_p=cfg.top_p,
+                top_k=cfg.top_k,
+                max_new_tokens=budget,
+                stop_token_ids=list(cfg.stop_token_ids),
+            )
+            t0 = time.perf_counter()
+            gen = await engine.generate(builder.input_ids, params, rollout_id=rollout_id)
+            record("generate_s", t0)
+            info = builder.add_turn(
+                gen.output_ids, gen.logprobs, gen.versions, finish_reason=gen.finish_reason.type
+            )
+            calls = parse_tool_calls(renderer.decode(info.content_ids))
+            if info.budget_hit or builder.stopped:
+                out.reason = "context budget"
+                break
+            if not calls:
+                out.reason = "no tool call"
+                break
+            t0 = time.perf_counter()
+            results, records, done = await _run_calls(env, session.session_id, calls, turn)
+            record("env_s", t0)
+            builder.set_tool_calls(records)
+            failed = all(r.status != "ok" for r in records)
+            invalid_streak = invalid_streak + 1 if failed else 0
+            if done:
+                out.reason = "done"
+                break
+            if invalid_streak >= cfg.max_invalid_turns:
+                out.reason = f"{invalid_streak} turns of invalid calls"
+                break
+            if turn == cfg.max_turns - 1:
+                out.reason = "max turns"
+                break
+            obs = builder.add_observation(results)
+            if obs.stopped:
+                out.reason = "context budget"
+                break
+        t0 = time.perf_counter()
+        scored = await env.evaluate(session.session_id)
+        record("env_s", t0)
+        out.reward, out.reward_info = scored.reward, dict(scored.info)
+    except InfraFailure as e:
+        out.status, out.reason = Status.FAILED_INFRA, str(e)
+    except EnvUnavailable as e:
+        out.status, out.reason = Status.FAILED_INFRA, str(e)
+    finally:
+        engine.release(rollout_id)
+        with contextlib.suppress(EnvServerError):  # expired or gone: nothing left to release
+            await env.close_session(session.session_id)
+    timings["total_s"] = time.perf_counter() - t_start
+    reward_info = {**out.reward_info, "stop_reason": out.reason}
+    return builder.build(
+        id=f"{rollout_id}-{uuid.uuid4().hex[:6]}",
+        run_id=run_id,
+        task_id=str(queued.get("task_id") or queued["task"].get("id", "?")),
+        group_id=group_id,
+        env=queued["env_id"],
+        reward=out.reward if out.status is not Status.FAILED_INFRA else 0.0,
+        reward_info=reward_info,
+        status=out.status if out.status is Status.FAILED_INFRA else None,
+        timings=timings,
+    )
+
+
+async def _run_calls(
+    env: EnvClient, session_id: str, calls: list[ParsedCall | MalformedCall], turn: int
+) -> tuple[list[dict[str, Any]], list[ToolCall], bool]:
+    """Tool messages in call order, the records for the Trajectory, and whether the env is done."""
+    valid = [(i, c) for i, c in enumerate(calls) if isinstance(c, ParsedCall)]
+    replies: dict[int, str] = {}
+    done = False
+    if valid:
+        step = await env.step(
+            session_id,
+            [EnvToolCall(name=c.name, arguments=c.arguments, id=f"call-{turn}-{i}") for i, c in valid],
+        )
+        replies = {i: m.content for (i, _), m in zip(valid, step.messages, strict=True)}
+        done = step.done
+    messages, records = [], []
+    for i, call in enumerate(calls):
+        if isinstance(call, MalformedCall):
+            messages.append({"role": "tool", "content": call.message})
+            records.append(ToolCall("<malformed>", {"raw": call.raw[:200]}, "invalid"))
+            continue
+        content = replies[i]
+        messages.append({"role": "tool", "name": call.name, "content": content})
+        records.append(ToolCall(call.name, call.arguments, "error" if content.startswith("Error:") else "ok"))
+    return messages, records, done
+
+
+def _with_tools_in_system(messages: list[dict[str, Any]], text: str) -> list[dict[str, Any]]:
+    if messages and messages[0]["role"] == "system":
+        return [{**messages[0], "content": messages[0]["content"] + "\n\n" + text}, *messages[1:]]
+    return [{"role": "system", "content": text}, *messages]
+
+
+def _failed(
+    queued: dict[str, Any],
+    run_id: str,
+    group_id: str,
+    rollout_id: str,
+    reason: str,
+    timings: dict[str, float],
+) -> Trajectory:
+    """An empty failed_infra record: kept for metrics, never in advantage statistics."""
+    import numpy as np
+
+    empty = np.zeros(0, np.int32)
+    return Trajectory(
+        id=f"{rollout_id}-{uuid.uuid4().hex[:6]}", run_id=run_id, group_id=group_id,
+        task_id=str(queued.get("task_id") or "?"), env=queued["env_id"],
+        tokens=empty, generated=empty, loss_mask=empty, behavior_logprobs=empty, versions=empty,
+        prompt_len=0, status=Status.FAILED_INFRA, reward=0.0, reward_info={"error": reason}, timings=timings,
+    )  # fmt: skip

@@ -1,0 +1,429 @@
+"""Continuous batching for the built-in engine: one model, many sequences, one decode step at a time.
+
+``BatchEngine.step(admit)`` is the whole compute interface. Each call prefills the sequences it is
+given (left-padded, with an attention mask and explicit position ids, so every row sees exactly its
+own tokens at its own positions), merges their KV cache into the running batch, then runs one decode
+step for every running row. Rows finish individually (stop token, stop string, ``max_new_tokens``,
+context limit) and leave the batch; new rows join at the next call. Nothing here is asynchronous or
+thread-safe: the caller (``agent_loop.engine_scheduler``) serializes ``step`` with the control
+operations (abort, retract, weight loading), so every control operation lands between decode steps.
+
+Logprob convention (SGLang's, DESIGN.md section 4): the logprob of a sampled token is
+``log_softmax(logits / T)`` at that token, without top-p/top-k renormalization. Temperature 0 means
+greedy decoding, and its logprob is then taken under T = 1 (SGLang samples greedy rows as T = 1,
+top_k = 1, and reports the same).
+
+Determinism: every sequence samples with its own ``torch.Generator``, seeded by
+``SamplingParams.sampling_seed`` when given, else by a seed drawn from the engine's seeded RNG in
+admission order. So a request with a ``sampling_seed`` samples the same tokens whatever else is in
+the batch (up to the float noise of different batch shapes), and a whole run is reproducible given
+the engine seed and the order of requests.
+
+Deliberately left out: prefix caching (``flush_cache`` has nothing to flush), chunked prefill,
+paged KV memory, CUDA graphs, speculative decoding, input-token logprobs, penalties.
+
+Imports only torch, transformers (and safetensors, which transformers requires) and the standard
+library, so it runs on a bare GPU box.
+"""
+
+from __future__ import annotations
+
+import inspect
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["BatchEngine", "EngineStats", "SamplingParams", "Sequence", "load_state_dict", "sample_tokens"]
+
+_GREEDY_EPS = 1e-6  # temperatures below this decode greedily (SGLang's threshold)
+_TRIM_MIN_COLUMNS = 32  # drop all-padding KV columns once this many pile up at the left
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per-request sampling, named as SGLang's ``sampling_params`` (a subset)."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # -1: the whole vocabulary
+    max_new_tokens: int = 128
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    no_stop_trim: bool = False
+    sampling_seed: int | None = None
+
+
+@dataclass(eq=False)
+class Sequence:
+    """One request's state: prompt, generated tokens with their logprobs and weight versions."""
+
+    rid: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    output_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[str] = field(default_factory=list)  # weight version that produced each token
+    finish_reason: dict[str, Any] | None = None  # SGLang's shape: {"type": "stop", "matched": ...}
+    weight_version: str = ""  # the engine's version when the sequence finished
+    text: str = ""
+    generator: torch.Generator | None = field(default=None, repr=False)
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class EngineStats:
+    """Counters for tests, benchmarks and ``/engine_stats``."""
+
+    prefill_steps: int = 0
+    decode_steps: int = 0
+    generated_tokens: int = 0
+    max_batch_rows: int = 0
+
+
+def load_state_dict(model_path: str | Path, device: torch.device) -> dict[str, torch.Tensor]:
+    """All tensors of the ``*.safetensors`` files in a Hugging Face model directory."""
+    from safetensors.torch import load_file
+
+    files = sorted(Path(model_path).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors files in {model_path}")
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        state.update(load_file(str(f), device=str(device)))
+    return state
+
+
+def sample_tokens(
+    logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Samples one token per row and returns ``(tokens, logprobs)``, both of shape ``[B]``.
+
+    ``logprobs`` is ``log_softmax(logits / T)`` at the chosen token; top-k/top-p only restrict which
+    tokens may be drawn (SGLang's convention). Greedy rows (T = 0) take the argmax, logprob at T = 1.
+    """
+    logits = logits.float()
+    B, V = logits.shape
+    dev = logits.device
+    temps = torch.tensor([p.temperature for p in params], device=dev, dtype=torch.float32)
+    greedy = temps < _GREEDY_EPS
+    logp = torch.log_softmax(logits / torch.where(greedy, 1.0, temps)[:, None], dim=-1)
+    tokens = logits.argmax(dim=-1)
+    rows = [i for i, g in enumerate(greedy.tolist()) if not g]  # one device sync, not B
+    if rows:
+        idx = torch.tensor(rows, device=dev)
+        probs = logp[idx].exp()
+        top_k = torch.tensor([params[i].top_k if params[i].top_k > 0 else V for i in rows], device=dev)
+        top_p = torch.tensor([params[i].top_p for i in rows], device=dev, dtype=torch.float32)
+        order = None
+        if bool((top_k < V).any() or (top_p < 1.0).any()):
+            # Keep the top-k tokens, then the smallest prefix whose mass reaches top_p (the first token
+            # always stays); the kept probabilities are not renormalized: multinomial does not need it.
+            probs, order = probs.sort(dim=-1, descending=True)
+            ranks = torch.arange(V, device=dev)[None, :]
+            keep = (ranks < top_k[:, None]) & ((probs.cumsum(-1) - probs) < top_p[:, None])
+            probs = torch.where(keep, probs, 0.0)
+        # Inverse-CDF sampling, one uniform per row from the row's own generator (a loop of
+        # multinomial calls costs ~1 ms per row on CPU); float64 keeps the tail's mass exact enough.
+        u = torch.stack([torch.rand((), generator=generators[i], device=dev) for i in rows]).double()
+        cdf = probs.double().cumsum(dim=-1)
+        pick = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).clamp(max=V - 1)
+        if order is not None:
+            pick = order.gather(1, pick)
+        tokens[idx] = pick[:, 0]
+    return tokens, logp.gather(1, tokens[:, None])[:, 0]
+
+
+class BatchEngine:
+    """A causal LM serving a changing batch of sequences with one shared, left-padded KV cache.
+
+    Args:
+        model: a Hugging Face causal LM (any device and dtype; its device is used for all tensors).
+        tokenizer: the model's tokenizer (stop strings and response text).
+        weight_version: the version string reported with every token until ``weight_version`` is set.
+        seed: seeds the per-request seeds of requests that bring none.
+        max_running: most rows decoded together.
+        max_prefill_tokens: most (padded) prompt tokens prefilled in one step; one sequence always fits.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        weight_version: str = "0",
+        seed: int = 0,
+        max_running: int = 64,
+        max_prefill_tokens: int = 8192,
+    ) -> None:
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.weight_version = weight_version
+        self.max_running = max_running
+        self.max_prefill_tokens = max_prefill_tokens
+        self.device = next(model.parameters()).device
+        self.max_context: int | None = getattr(model.config, "max_position_embeddings", None)
+        self.vocab_size: int = model.get_input_embeddings().num_embeddings  # valid token ids: [0, vocab_size)
+        self.eos_ids = _eos_ids(model, tokenizer)
+        self.pad_id = (
+            tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.eos_ids, default=0)
+        )
+        self.stats = EngineStats()
+        self.rows: list[Sequence] = []
+        self._seeds = random.Random(seed)
+        forward_args = inspect.signature(model.forward).parameters
+        # transformers 5 renamed past_key_values to cache; both take a DynamicCache.
+        self._cache_arg = "cache" if "cache" in forward_args else "past_key_values"
+        self._last_only = {"logits_to_keep": 1} if "logits_to_keep" in forward_args else {}
+        self._cache: Any = None
+        self._mask = torch.zeros(0, 0, dtype=torch.long, device=self.device)  # [B, L] 1 = real token
+        self._pos = torch.zeros(0, dtype=torch.long, device=self.device)  # [B] position of the next input
+
+    # -- the compute interface -------------------------------------------------------------------
+
+    def admissible(self, waiting: list[Sequence]) -> int:
+        """How many of ``waiting`` (in order) the next ``step`` may admit."""
+        room = self.max_running - len(self.rows)
+        n, longest = 0, 0
+        for seq in waiting[: max(room, 0)]:
+            longest = max(longest, len(seq.prompt_ids) + len(seq.output_ids))
+            if n > 0 and longest * (n + 1) > self.max_prefill_tokens:
+                break
+            n += 1
+        return n
+
+    @torch.inference_mode()
+    def step(self, admit: list[Sequence]) -> list[Sequence]:
+        """Prefills ``admit`` into the batch, decodes one token for every row; returns finished rows."""
+        finished: list[Sequence] = []
+        if admit:
+            finished += self._prefill(admit)
+        if self.rows:
+            finished += self._decode()
+        return finished
+
+    def abort(self, rids: set[str] | None, message: str) -> list[Sequence]:
+        """Ends the running rows in ``rids`` (all when None): finish reason abort, tokens kept."""
+        aborted = [s for s in self.rows if rids is None or s.rid in rids]
+        for seq in aborted:
+            self._finish(seq, {"type": "abort", "message": message})
+        self._keep([i for i, s in enumerate(self.rows) if not s.finished])
+        return aborted
+
+    def retract(self) -> list[Sequence]:
+        """Takes every running row out of the batch, unfinished; their KV cache is dropped and rebuilt
+        from prompt + tokens so far when they are admitted again."""
+        retracted, self.rows = self.rows, []
+        self._reset_cache()
+        return retracted
+
+    def load_weights(self, model_path: str | Path, load_format: str | None = None) -> None:
+        """Copies the weights of a Hugging Face safetensors directory into the model, in place.
+
+        Everything is checked before anything is copied, so a bad checkpoint leaves the model as it was.
+        Running rows keep their KV cache (computed with the old weights), as in SGLang.
+        """
+        if load_format not in (None, "auto", "safetensors"):
+            raise ValueError(f"load_format {load_format!r} is not supported (use 'auto' or 'safetensors')")
+        new = load_state_dict(model_path, self.device)
+        own = self.model.state_dict()
+        unknown = sorted(set(new) - set(own))
+        if unknown:
+            raise ValueError(f"{model_path}: tensors the model does not have: {unknown[:5]}")
+        bad = [k for k, t in new.items() if t.shape != own[k].shape]
+        if bad:
+            raise ValueError(f"{model_path}: shape mismatch for {bad[:5]}")
+        # A tensor may be absent only when it shares storage with a loaded one (tied embeddings).
+        loaded = {own[k].data_ptr() for k in new}
+        missing = sorted(k for k in set(own) - set(new) if own[k].data_ptr() not in loaded)
+        if missing:
+            raise ValueError(f"{model_path}: tensors missing from the checkpoint: {missing[:5]}")
+        with torch.no_grad():
+            for k, t in new.items():
+                own[k].copy_(t)
+
+    # -- internals --------------------------------------------------------------------------------
+
+    def _prefill(self, seqs: list[Sequence]) -> list[Sequence]:
+        for seq in seqs:
+            if seq.generator is None:
+                seed = seq.params.sampling_seed
+                seed = self._seeds.getrandbits(63) if seed is None else seed
+                seq.generator = torch.Generator(device=self.device).manual_seed(seed)
+        ids = [s.prompt_ids + s.output_ids for s in seqs]  # retracted rows resume from all their tokens
+        L = max(len(x) for x in ids)
+        input_ids = torch.tensor([[self.pad_id] * (L - len(x)) + x for x in ids], device=self.device)
+        mask = torch.tensor([[0] * (L - len(x)) + [1] * len(x) for x in ids], device=self.device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = _new_cache()
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=mask,
+            position_ids=positions,
+            use_cache=True,
+            **{self._cache_arg: cache},
+            **self._last_only,
+        )
+        self.stats.prefill_steps += 1
+        done = self._append(seqs, out.logits[:, -1, :])
+        keep = [i for i, s in enumerate(seqs) if not s.finished]
+        if keep:
+            idx = torch.tensor(keep, device=self.device)
+            if len(keep) < len(seqs):
+                cache.batch_select_indices(idx)
+            self._merge([seqs[i] for i in keep], cache, mask[idx], mask[idx].sum(-1))
+        return done
+
+    def _decode(self) -> list[Sequence]:
+        B = len(self.rows)
+        input_ids = torch.tensor([[s.output_ids[-1]] for s in self.rows], device=self.device)
+        self._mask = torch.cat([self._mask, torch.ones(B, 1, dtype=torch.long, device=self.device)], dim=1)
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=self._mask,
+            position_ids=self._pos[:, None],
+            use_cache=True,
+            **{self._cache_arg: self._cache},
+        )
+        self._pos = self._pos + 1
+        self.stats.decode_steps += 1
+        done = self._append(self.rows, out.logits[:, -1, :])
+        if done:
+            self._keep([i for i, s in enumerate(self.rows) if not s.finished])
+        return done
+
+    def _append(self, seqs: list[Sequence], logits: torch.Tensor) -> list[Sequence]:
+        """Samples a token for each sequence, records it, and finishes the sequences that must stop."""
+        tokens, logprobs = sample_tokens(logits, [s.params for s in seqs], [s.generator for s in seqs])
+        done = []
+        for seq, token, logprob in zip(seqs, tokens.tolist(), logprobs.tolist(), strict=True):
+            seq.output_ids.append(token)
+            seq.logprobs.append(logprob)
+            seq.versions.append(self.weight_version)
+            self.stats.generated_tokens += 1
+            reason = self._stop_reason(seq, token)
+            if reason is not None:
+                self._finish(seq, reason)
+                done.append(seq)
+        return done
+
+    def _stop_reason(self, seq: Sequence, token: int) -> dict[str, Any] | None:
+        p = seq.params
+        # A stop token or string wins over the length limit when both hold: the model did stop.
+        if token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_ids):
+            return {"type": "stop", "matched": token}
+        if p.stop:
+            text = self.tokenizer.decode(seq.output_ids, skip_special_tokens=p.skip_special_tokens)
+            hits = [(text.find(s), s) for s in p.stop if s and s in text]
+            if hits:
+                return {"type": "stop", "matched": min(hits)[1]}
+        n = len(seq.output_ids)
+        if n >= p.max_new_tokens:
+            return {"type": "length", "length": n}
+        if self.max_context is not None and len(seq.prompt_ids) + n >= self.max_context:
+            return {"type": "length", "length": n}
+        return None
+
+    def _finish(self, seq: Sequence, reason: dict[str, Any]) -> None:
+        seq.finish_reason = reason
+        seq.weight_version = self.weight_version
+        seq.text = self.response_text(seq)
+
+    def response_text(self, seq: Sequence) -> str:
+        """The decoded output, with the matched stop token or string cut off unless ``no_stop_trim``."""
+        p, reason = seq.params, seq.finish_reason or {}
+        matched = reason.get("matched")
+        ids = seq.output_ids
+        if reason.get("type") == "stop" and isinstance(matched, int) and not p.no_stop_trim:
+            ids = ids[:-1]
+        text = self.tokenizer.decode(ids, skip_special_tokens=p.skip_special_tokens)
+        if isinstance(matched, str) and not p.no_stop_trim and matched in text:
+            text = text[: text.find(matched)]
+        return text
+
+    def _merge(self, seqs: list[Sequence], cache: Any, mask: torch.Tensor, pos: torch.Tensor) -> None:
+        """Appends prefilled rows to the batch, left-padding whichever KV cache is shorter."""
+        if not self.rows:
+            self.rows, self._cache, self._mask, self._pos = list(seqs), cache, mask, pos
+        else:
+            La, Lb = self._mask.shape[1], mask.shape[1]
+            L = max(La, Lb)
+            kv = [
+                (
+                    torch.cat([_pad_left(ka, L), _pad_left(kb, L)]),
+                    torch.cat([_pad_left(va, L), _pad_left(vb, L)]),
+                )
+                for (ka, va), (kb, vb) in zip(_kv_layers(self._cache), _kv_layers(cache), strict=True)
+            ]
+            self._cache = _cache_from(kv)
+            self._mask = torch.cat([F.pad(self._mask, (L - La, 0)), F.pad(mask, (L - Lb, 0))])
+            self._pos = torch.cat([self._pos, pos])
+            self.rows += seqs
+        self.stats.max_batch_rows = max(self.stats.max_batch_rows, len(self.rows))
+
+    def _keep(self, indices: list[int]) -> None:
+        """Keeps only these rows (in this order) of the batch."""
+        if len(indices) == len(self.rows):
+            return
+        self.rows = [self.rows[i] for i in indices]
+        if not self.rows:
+            self._reset_cache()
+            return
+        idx = torch.tensor(indices, device=self.device)
+        self._cache.batch_select_indices(idx)
+        self._mask, self._pos = self._mask[idx], self._pos[idx]
+        # Columns that are padding in every remaining row (their longest prompts left) only cost time.
+        lead = int(self._mask.any(dim=0).int().argmax())
+        if lead >= _TRIM_MIN_COLUMNS:
+            self._cache = _cache_from(
+                [(k[..., lead:, :], v[..., lead:, :]) for k, v in _kv_layers(self._cache)]
+            )
+            self._mask = self._mask[:, lead:]
+
+    def _reset_cache(self) -> None:
+        self._cache = None
+        self._mask = self._mask[:0, :0]
+        self._pos = self._pos[:0]
+
+
+def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
+    ids: set[int] = set()
+    for source in (getattr(model, "generation_config", None), model.config, tokenizer):
+        eos = getattr(source, "eos_token_id", None)
+        if isinstance(eos, int):
+            ids.add(eos)
+        elif isinstance(eos, list | tuple):
+            ids.update(int(e) for e in eos)
+    return frozenset(ids)
+
+
+def _pad_left(t: torch.Tensor, length: int) -> torch.Tensor:
+    """Zero-pads a ``[B, H, L, D]`` KV tensor on the left of its sequence axis (masked out anyway)."""
+    return F.pad(t, (0, 0, length - t.shape[-2], 0))
+
+
+def _new_cache() -> Any:
+    from transformers import DynamicCache
+
+    return DynamicCache()
+
+
+def _kv_layers(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    if hasattr(cache, "layers"):  # transformers >= 4.56
+        return [(layer.keys, layer.values) for layer in cache.layers]
+    return list(zip(cache.key_cache, cache.value_cache, strict=True))
+
+
+def _cache_from(kv: list[tuple[torch.Tensor, torch.Tensor]]) -> Any:
+    from transformers import DynamicCache
+
+    legacy = getattr(DynamicCache, "from_legacy_cache", None)
+    return legacy(tuple(kv)) if legacy is not None else DynamicCache(kv)
