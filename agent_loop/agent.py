@@ -44,6 +44,7 @@ class EpisodeConfig:
     max_invalid_turns: int = 2  # consecutive turns whose every call failed
     truncation: Literal["stop_episode", "cut_tool_output"] = "cut_tool_output"
     stop_token_ids: tuple[int, ...] = field(default=())
+    seed: int | None = None  # per-turn sampling seeds derived from it: reproducible whatever the batching
 
 
 @dataclass
@@ -109,6 +110,9 @@ async def run_episode(
                 top_k=cfg.top_k,
                 max_new_tokens=budget,
                 stop_token_ids=list(cfg.stop_token_ids),
+                sampling_seed=None
+                if cfg.seed is None
+                else (cfg.seed * 1_000_003 + index * 1009 + turn) % 2**31,
             )
             t0 = time.perf_counter()
             gen = await engine.generate(builder.input_ids, params, rollout_id=rollout_id)

@@ -1,0 +1,102 @@
+"""End to end with real parts: the built-in engine and an env server over loopback HTTP, the real
+SmolLM2-135M-Instruct, the calc suite's one-shot prompt, and the Redis store. The tool calls are the
+model's own samples: no injected text, no forced or biased tokens."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+import torch
+
+from agent_loop.agent import EpisodeConfig, run_episode
+from env_server.app import ServerSettings, create_app
+from env_server.client import HttpEnvClient
+from loss_masking import ChatRenderer
+from pqrl.engine_client import EngineClient
+from pqrl.store import TrajectoryStore
+from pqrl.trajectory import Status
+from tasks.calc import calc_suite, safe_eval
+from tasks.storage import queued_task
+from tests.agent_loop.servers import serve_in_thread
+
+CFG = EpisodeConfig(max_turns=4, max_new_tokens=48, max_total_tokens=1024, temperature=0.7, seed=7)
+
+
+@pytest.fixture(scope="module")
+def env_url():
+    with serve_in_thread(create_app(ServerSettings(token="e2e", sandbox_pool_size=0))) as url:
+        yield url
+
+
+def _mask_runs(mask: np.ndarray) -> int:
+    padded = np.concatenate([[0], mask.astype(np.int8), [0]])
+    return int(np.sum(np.diff(padded) == 1))
+
+
+def _forced_logprobs(model, tokens: np.ndarray, temperature: float) -> np.ndarray:
+    with torch.inference_mode():
+        logits = model(torch.tensor(tokens[None, :], dtype=torch.long)).logits[0].float()
+    logp = torch.log_softmax(logits / temperature, dim=-1)
+    out = np.zeros(len(tokens), np.float32)
+    out[1:] = logp[:-1].gather(1, torch.tensor(tokens[1:], dtype=torch.long)[:, None])[:, 0].numpy()
+    return out
+
+
+async def test_calc_group_with_the_models_own_tool_calls(served, smollm, env_url, redis_server):
+    engine_url, _ = served
+    model, tokenizer = smollm
+    renderer = ChatRenderer(tokenizer)
+    suite = calc_suite(2, seed=21)
+    engine, env = EngineClient(engine_url), HttpEnvClient(env_url, token="e2e")
+    try:  # two groups of 8, run concurrently as a rollout manager would
+        episodes = [
+            run_episode(
+                queued_task(suite, k),
+                engine=engine,
+                env=env,
+                renderer=renderer,
+                run_id="e2e",
+                group_id=f"g{k}",
+                index=i,
+                cfg=CFG,
+            )  # fmt: skip
+            for k in range(2)
+            for i in range(8)
+        ]
+        done = await asyncio.gather(*episodes)
+    finally:
+        await engine.aclose()
+        await env.aclose()
+    groups = [list(done[:8]), list(done[8:])]
+    max_diff = 0.0
+    for k, t in enumerate(done):
+        task = suite.tasks[k // 8]
+        assert t.status is not Status.FAILED_INFRA, t.reward_info
+        gen = t.generated.astype(bool)
+        assert np.array_equal(t.loss_mask, t.generated), "no turn was masked out here"
+        assert _mask_runs(t.loss_mask) == len(t.turns), "one mask-1 run per assistant turn"
+        assert set(t.versions[gen]) == {0} and set(t.versions[~gen]) == {-1}
+        text = tokenizer.decode(t.tokens.tolist())
+        assert task.question in text, "the prompt the model saw holds the task"
+        forced = _forced_logprobs(model, t.tokens, CFG.temperature)
+        max_diff = max(max_diff, float(np.abs(forced[gen] - t.behavior_logprobs[gen]).max()))
+        for turn in t.turns[:-1]:  # every tool result the environment returned is in the token stream
+            for call in turn.tool_calls:
+                if call.name == "calculator" and call.status == "ok":
+                    result = str(int(safe_eval(call.arguments["expression"])))
+                    assert result in tokenizer.decode(t.tokens[turn.end :].tolist())
+    print(f"max |engine logprob - fresh forward| = {max_diff:.2e}")
+    assert max_diff < 1e-3
+    # The model's own samples: at least one episode made tool calls in two or more turns.
+    multi = [t for t in done if len(t.turns) >= 2 and all(u.tool_calls for u in t.turns[:2])]
+    assert multi, f"no episode with >= 2 tool-call turns: turns per episode {[len(t.turns) for t in done]}"
+    assert all(_mask_runs(t.loss_mask) == len(t.turns) >= 2 for t in multi)
+
+    async with TrajectoryStore(redis_server.url, "e2e") as store:
+        await store.create_consumer_group("trainer")
+        for group in groups:
+            await store.put_group(group)
+        entries = await store.read_groups("trainer", "t", count=2)
+        assert [e.trajectories for e in entries] == groups
