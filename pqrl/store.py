@@ -141,6 +141,21 @@ for i = 2, #ARGV do redis.call('XADD', KEYS[1], '*', 'task', ARGV[i]) end
 return #ARGV - 1
 """
 
+# The staleness gate (DESIGN.md section 2, AReaL): admit a group only while
+#   running < max_concurrent and accepted + running < (max_staleness + version + 1) * groups_per_step.
+# One script, so several rollout managers sharing a run never over-admit.
+_LUA_ADMIT = """
+local version = tonumber(redis.call('HGET', KEYS[2], 'version') or '0')
+local accepted = tonumber(redis.call('HGET', KEYS[1], 'accepted') or '0')
+local running = tonumber(redis.call('HGET', KEYS[1], 'running') or '0')
+local max_concurrent, max_staleness, per_step = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local budget = (max_staleness + version + 1) * per_step - (accepted + running)
+local capacity = math.min(max_concurrent - running, budget)
+if capacity <= 0 then return 0 end
+redis.call('HINCRBY', KEYS[1], 'running', 1)
+return 1
+"""
+
 # Versions only grow: a resumed trainer must publish above everything engines have seen.
 _LUA_PUBLISH = """
 local cur = tonumber(redis.call('HGET', KEYS[1], 'version') or '0')
@@ -212,6 +227,8 @@ class TrajectoryStore:
         self._publish = self.redis.register_script(_LUA_PUBLISH)
         self._push_once = self.redis.register_script(_LUA_PUSH_ONCE)
         self.batches_key = f"{prefix}:task-batches"
+        self.gate_key = f"{prefix}:gate"
+        self._admit = self.redis.register_script(_LUA_ADMIT)
 
     async def __aenter__(self) -> TrajectoryStore:
         await self.ping()
@@ -401,6 +418,43 @@ class TrajectoryStore:
         except redis.exceptions.ResponseError as e:
             raise StoreError(str(e)) from None
         return int(v)
+
+    # ---------------------------------------------------------------- staleness gate
+
+    @_redis_errors
+    async def gate_admit(self, *, max_concurrent: int, max_staleness: int, groups_per_step: int) -> bool:
+        """Reserves room for one more group in flight if the staleness budget allows (atomic)."""
+        args = [max_concurrent, max_staleness, groups_per_step]
+        return bool(await self._admit(keys=[self.gate_key, self.policy_key], args=args))
+
+    @_redis_errors
+    async def gate_finish(self, *, accepted: bool) -> None:
+        """A group admitted by ``gate_admit`` ended: written to the stream, or dropped (rejected)."""
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hincrby(self.gate_key, "running", -1)
+            pipe.hincrby(self.gate_key, "accepted" if accepted else "rejected", 1)
+            await pipe.execute()
+
+    @_redis_errors
+    async def gate_reject(self, n: int = 1) -> None:
+        """The trainer dropped ``n`` accepted groups (stale, no signal): they free capacity."""
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hincrby(self.gate_key, "accepted", -n)
+            pipe.hincrby(self.gate_key, "rejected", n)
+            await pipe.execute()
+
+    @_redis_errors
+    async def gate_reset(self, *, groups_per_step: int) -> None:
+        """On resume: ``accepted`` restarts at ``version * groups_per_step``, nothing running."""
+        version = (await self.get_policy()).version
+        await self.redis.hset(self.gate_key, mapping={"accepted": version * groups_per_step, "running": 0})
+
+    @_redis_errors
+    async def gate_state(self) -> dict[str, int]:
+        raw = await self.redis.hgetall(self.gate_key)
+        state = {k.decode(): int(v) for k, v in raw.items()}
+        return {"accepted": state.get("accepted", 0), "running": state.get("running", 0),
+                "rejected": state.get("rejected", 0)}  # fmt: skip
 
     # ---------------------------------------------------------------- task queue
 

@@ -254,3 +254,27 @@ async def test_a_task_batch_is_queued_once_per_run(store):
     assert await store.push_tasks_once("suite@def", tasks[:1]) == 1
     got = await store.take_tasks("rollout", "w", count=10)
     assert [t.task["id"] for t in got] == ["t0", "t1", "t2", "t0"]
+
+
+async def test_staleness_gate_admits_within_the_budget_and_frees_on_progress(store):
+    gate = {"max_concurrent": 3, "max_staleness": 1, "groups_per_step": 2}
+    # version 0: (1 + 0 + 1) * 2 = 4 groups may be accepted or running, at most 3 at once
+    assert [await store.gate_admit(**gate) for _ in range(4)] == [True, True, True, False]
+    await store.gate_finish(accepted=True)
+    assert await store.gate_admit(**gate)  # 3 running + 1 accepted = 4: the budget is now full
+    await store.gate_finish(accepted=True)
+    assert not await store.gate_admit(**gate), "2 accepted + 2 running is the budget at version 0"
+    await store.publish_policy("/w/1")  # the trainer took a step: version 1 adds groups_per_step
+    assert await store.gate_admit(**gate)
+    assert await store.gate_state() == {"accepted": 2, "running": 3, "rejected": 0}
+    await store.gate_finish(accepted=False)  # a dropped group frees its place
+    await store.gate_reject(2)  # the trainer dropped two accepted groups
+    assert await store.gate_state() == {"accepted": 0, "running": 2, "rejected": 3}
+    await store.gate_reset(groups_per_step=2)
+    assert await store.gate_state() == {"accepted": 2, "running": 0, "rejected": 3}
+
+
+async def test_gate_never_over_admits_under_concurrency(store):
+    gate = {"max_concurrent": 100, "max_staleness": 0, "groups_per_step": 5}
+    results = await asyncio.gather(*(store.gate_admit(**gate) for _ in range(40)))
+    assert sum(results) == 5
