@@ -20,6 +20,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import numpy as np
+
 from agent_loop.tool_parser import MalformedCall, ParsedCall, parse_tool_calls
 from env_server.client import EnvClient, EnvUnavailable
 from env_server.sessions import EnvServerError, InfraFailure
@@ -28,7 +30,7 @@ from loss_masking import ChatRenderer, EpisodeBuilder, TruncationPolicy, describ
 from pqrl.engine_client import EngineClient, SamplingParams
 from pqrl.trajectory import Status, ToolCall, Trajectory
 
-__all__ = ["EpisodeConfig", "run_episode"]
+__all__ = ["EpisodeConfig", "failed_trajectory", "run_episode"]
 
 
 @dataclass(frozen=True)
@@ -82,7 +84,9 @@ async def run_episode(
             queued["env_id"], queued["task"], seed=None, env_kwargs=queued.get("env_kwargs") or {}
         )
     except (InfraFailure, EnvUnavailable) as e:
-        return _failed(queued, run_id, group_id, rollout_id, f"could not open a session: {e}", timings)
+        return failed_trajectory(
+            queued, run_id, group_id, rollout_id, f"could not open a session: {e}", timings
+        )
     record("env_s", t0)
 
     messages = [m.model_dump(exclude_none=True) for m in session.observation.messages]
@@ -205,21 +209,30 @@ def _with_tools_in_system(messages: list[dict[str, Any]], text: str) -> list[dic
     return [{"role": "system", "content": text}, *messages]
 
 
-def _failed(
+def failed_trajectory(
     queued: dict[str, Any],
     run_id: str,
     group_id: str,
     rollout_id: str,
     reason: str,
-    timings: dict[str, float],
+    timings: dict[str, float] | None = None,
 ) -> Trajectory:
     """An empty failed_infra record: kept for metrics, never in advantage statistics."""
-    import numpy as np
-
     empty = np.zeros(0, np.int32)
     return Trajectory(
-        id=f"{rollout_id}-{uuid.uuid4().hex[:6]}", run_id=run_id, group_id=group_id,
-        task_id=str(queued.get("task_id") or "?"), env=queued["env_id"],
-        tokens=empty, generated=empty, loss_mask=empty, behavior_logprobs=empty, versions=empty,
-        prompt_len=0, status=Status.FAILED_INFRA, reward=0.0, reward_info={"error": reason}, timings=timings,
-    )  # fmt: skip
+        id=f"{rollout_id}-{uuid.uuid4().hex[:6]}",
+        run_id=run_id,
+        group_id=group_id,
+        task_id=str(queued.get("task_id") or "?"),
+        env=queued["env_id"],
+        tokens=empty,
+        generated=empty,
+        loss_mask=empty,
+        behavior_logprobs=empty,
+        versions=empty,
+        prompt_len=0,
+        status=Status.FAILED_INFRA,
+        reward=0.0,
+        reward_info={"error": reason},
+        timings=timings or {},
+    )

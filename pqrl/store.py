@@ -436,6 +436,11 @@ class TrajectoryStore:
             await pipe.execute()
 
     @_redis_errors
+    async def gate_release(self) -> None:
+        """Returns a place reserved by ``gate_admit`` that was not used (no task to run)."""
+        await self.redis.hincrby(self.gate_key, "running", -1)
+
+    @_redis_errors
     async def gate_reject(self, n: int = 1) -> None:
         """The trainer dropped ``n`` accepted groups (stale, no signal): they free capacity."""
         async with self.redis.pipeline(transaction=True) as pipe:
@@ -496,6 +501,7 @@ class TrajectoryStore:
     async def reclaim_tasks(
         self, group: str, consumer: str, *, min_idle_ms: int, count: int = 100
     ) -> list[TaskEntry]:
+        await _create_group(self.redis, self.tasks_key, group, True)
         raw = await _autoclaim(self.redis, self.tasks_key, group, consumer, min_idle_ms, count)
         return [TaskEntry(_decode_str(i), json.loads(f[b"task"])) for i, f in raw]
 
