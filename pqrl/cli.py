@@ -17,7 +17,6 @@ PLANNED: dict[tuple[str, ...], str] = {
     ("train",): "#7 (trainer)",
     ("status",): "#7 (trainer)",
     ("sft",): "#7 (trainer)",
-    ("rollout",): "#6 (rollouts)",
     ("tasks", "filter"): "#5/#6 (difficulty filter: needs the rollout path)",
 }
 
@@ -183,6 +182,18 @@ def _cmd_engine_serve(args: argparse.Namespace) -> int:
     return serve(args)
 
 
+def _cmd_rollout(args: argparse.Namespace) -> int:
+    from agent_loop.commands import rollout
+
+    return rollout(args)
+
+
+def _cmd_trajectories_show(args: argparse.Namespace) -> int:
+    from agent_loop.commands import show_trajectories
+
+    return show_trajectories(args)
+
+
 def _planned(path: tuple[str, ...]) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
         print(f"pqrl {' '.join(path)}: not yet implemented (issue {PLANNED[path]})", file=sys.stderr)
@@ -276,6 +287,21 @@ def build_parser() -> argparse.ArgumentParser:
     eng.add_argument("--log-level", default="warning")
     eng.add_argument("--sglang-arg", action="append", default=[], help="extra flag for SGLang (repeatable)")
     eng.set_defaults(func=_cmd_engine_serve)
+
+    from agent_loop.commands import add_rollout_arguments  # light: argparse only until called
+
+    ro = sub.add_parser("rollout", help="rollout manager: queued tasks -> groups in the trajectory stream")
+    add_rollout_arguments(ro)
+    ro.set_defaults(func=_cmd_rollout)
+    show = group("trajectories", "stored trajectories").add_parser(
+        "show", help="print stored groups as trained"
+    )
+    show.add_argument("--run", required=True)
+    show.add_argument("--redis-url", default=None, help="default: $REDIS_URL")
+    show.add_argument("--groups", type=int, default=2, help="the most recent N groups")
+    show.add_argument("--model", default="smollm2-135m-instruct", help="tokenizer to decode with")
+    show.add_argument("--brief", action="store_true", help="figures only, no token streams")
+    show.set_defaults(func=_cmd_trajectories_show)
 
     for path, issue in PLANNED.items():
         parent = sub if len(path) == 1 else group(path[0], f"{path[0]} commands")

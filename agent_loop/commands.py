@@ -1,0 +1,166 @@
+"""``pqrl rollout`` and ``pqrl trajectories show``: thin command bodies over the rollout code."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import logging
+import os
+import signal
+import sys
+from typing import Any
+
+import numpy as np
+
+__all__ = ["add_rollout_arguments", "rollout", "show_trajectories"]
+
+
+def add_rollout_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--redis-url", default=None, help="default: $REDIS_URL")
+    p.add_argument("--run", required=True)
+    p.add_argument("--engine", action="append", required=True, help="engine URL (repeatable)")
+    p.add_argument(
+        "--env-server", action="append", default=[], help="env server URL (repeatable); default: in process"
+    )
+    p.add_argument("--env-token", default=None, help="default: $PQRL_ENV_TOKEN")
+    p.add_argument("--model", default="smollm2-135m-instruct", help="tokenizer / chat template of the policy")
+    p.add_argument("--group-size", type=int, default=8)
+    p.add_argument("--groups-per-step", type=int, default=4)
+    p.add_argument("--max-staleness", type=int, default=1)
+    p.add_argument("--max-concurrent-groups", type=int, default=4)
+    p.add_argument("--max-turns", type=int, default=8)
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--max-total-tokens", type=int, default=2048)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument(
+        "--forever", action="store_true", help="keep waiting for tasks instead of stopping when empty"
+    )
+
+
+def rollout(args: argparse.Namespace) -> int:
+    from agent_loop.agent import EpisodeConfig
+    from agent_loop.manager import ManagerConfig, RolloutManager
+    from env_server.client import HttpEnvClient, LocalEnvClient
+    from loss_masking import ChatRenderer
+    from pqrl.engine_client import EngineClient
+    from pqrl.model_cache import load_tokenizer
+    from pqrl.store import TrajectoryStore
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    url = args.redis_url or os.environ.get("REDIS_URL")
+    if not url:
+        print("pqrl rollout: give --redis-url or set REDIS_URL", file=sys.stderr)
+        return 2
+    episode = EpisodeConfig(
+        max_turns=args.max_turns,
+        max_new_tokens=args.max_new_tokens,
+        max_total_tokens=args.max_total_tokens,
+        temperature=args.temperature,
+    )
+    cfg = ManagerConfig(
+        group_size=args.group_size,
+        groups_per_step=args.groups_per_step,
+        max_staleness=args.max_staleness,
+        max_concurrent_groups=args.max_concurrent_groups,
+        episode=episode,
+    )
+
+    async def main() -> int:
+        store = TrajectoryStore(url, args.run)
+        engine = EngineClient(args.engine)
+        token = args.env_token or os.environ.get("PQRL_ENV_TOKEN")
+        env = HttpEnvClient(args.env_server, token=token) if args.env_server else LocalEnvClient()
+        manager = RolloutManager(store, engine, env, ChatRenderer(load_tokenizer(args.model)), cfg)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):  # finish the groups in flight, then exit
+            loop.add_signal_handler(sig, manager.stop)
+        try:
+            stats = await manager.run(until_empty=not args.forever)
+        finally:
+            await engine.aclose()
+            await env.aclose()
+            await store.close()
+        print(
+            f"groups written {stats.groups_written}, dropped {stats.groups_dropped}, "
+            f"failures {dict(stats.failures)}"
+        )
+        return 0
+
+    return asyncio.run(main())
+
+
+def show_trajectories(args: argparse.Namespace) -> int:
+    """Prints stored groups as the trainer will see them, without consuming them."""
+    from pqrl.codec import CodecError, decode_many
+    from pqrl.model_cache import load_tokenizer
+
+    url = args.redis_url or os.environ.get("REDIS_URL")
+    if not url:
+        print("pqrl trajectories: give --redis-url or set REDIS_URL", file=sys.stderr)
+        return 2
+    tokenizer = load_tokenizer(args.model)
+
+    async def fetch() -> list[tuple[str, Any]]:
+        import redis.asyncio as aioredis
+
+        r = aioredis.Redis.from_url(url)
+        try:
+            return await r.xrevrange(f"pqrl:{{{args.run}}}:groups", count=args.groups)
+        finally:
+            await r.aclose()
+
+    rows = asyncio.run(fetch())
+    figures: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+    for entry_id, fields in reversed(rows):
+        try:
+            group = decode_many(fields[b"group"])
+        except (KeyError, CodecError) as e:
+            print(f"== entry {entry_id.decode()}: undecodable: {e}")
+            continue
+        print(
+            f"== group {group[0].group_id} (entry {entry_id.decode()}), "
+            f"task {group[0].task_id}, env {group[0].env}"
+        )
+        for t in group:
+            _figures(figures[t.env], t)
+            counts = f"{t.num_tokens} tokens ({t.num_generated} generated, {int(t.loss_mask.sum())} trained)"
+            print(f"-- {t.id}: status {t.status.value}, reward {t.reward:g}, {len(t.turns)} turns, {counts}")
+            if not args.brief:
+                print(_render(tokenizer, t))
+    for env, c in figures.items():
+        n = max(c["trajectories"], 1)
+        calls = max(c["tool_calls"], 1)
+        print(
+            f"[{env}] {c['trajectories']} trajectories: response length {c['generated'] / n:.1f} tokens, "
+            f"turns {c['turns'] / n:.2f}, tool error rate {c['tool_errors'] / calls:.2f}, "
+            f"truncated {c['truncated'] / n:.2f}, failed_infra {c['failed_infra'] / n:.2f}"
+        )
+    return 0
+
+
+def _figures(c: collections.Counter[str], t: Any) -> None:
+    c["trajectories"] += 1
+    c["generated"] += t.num_generated
+    c["turns"] += len(t.turns)
+    c["truncated"] += t.truncation is not None
+    c["failed_infra"] += t.status.value == "failed_infra"
+    for u in t.turns:
+        c["tool_calls"] += len(u.tool_calls)
+        c["tool_errors"] += sum(call.status != "ok" for call in u.tool_calls)
+
+
+def _render(tokenizer: Any, t: Any) -> str:
+    """The token stream in runs: ``[prompt]``/``[obs]`` (mask 0), ``[gen vN]`` (trained),
+    ``[gen vN masked]`` (generated, not trained), ``[closing]`` (appended turn-closing tokens)."""
+    out = []
+    i, n = 0, t.num_tokens
+    while i < n:
+        g, m, v = int(t.generated[i]), int(t.loss_mask[i]), int(t.versions[i])
+        j = i
+        while j < n and (int(t.generated[j]), int(t.loss_mask[j]), int(t.versions[j])) == (g, m, v):
+            j += 1
+        tag = (f"gen v{v}" + ("" if m else " masked")) if g else ("prompt" if i < t.prompt_len else "obs")
+        out.append(f"[{tag}]{tokenizer.decode(np.asarray(t.tokens[i:j]).tolist())}")
+        i = j
+    return "".join(out)

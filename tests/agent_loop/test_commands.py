@@ -1,0 +1,53 @@
+"""The command line end to end: `pqrl engine serve`, `pqrl tasks submit`, `pqrl rollout` and
+`pqrl trajectories show` as separate processes over real HTTP and a real Redis."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from pqrl.redis_server import free_port
+
+PQRL = str(Path(sys.executable).parent / "pqrl")
+
+
+def test_engine_rollout_and_show(tmp_path, redis_server):
+    port = free_port()
+    engine = subprocess.Popen(
+        [PQRL, "engine", "serve", "--port", str(port)], stderr=subprocess.PIPE, text=True
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert engine.poll() is None, engine.stderr.read()
+            assert time.monotonic() < deadline, "engine did not become healthy"
+            time.sleep(0.2)
+        suite = tmp_path / "calc.jsonl"
+        run = lambda *a: subprocess.run([PQRL, *a], capture_output=True, text=True, timeout=300)  # noqa: E731
+        assert run("tasks", "generate", "calc", "--n", "2", "--seed", "9", "-o", str(suite)).returncode == 0
+        assert (
+            run("tasks", "submit", str(suite), "--run", "cli", "--redis-url", redis_server.url).returncode
+            == 0
+        )
+        args = ["--run", "cli", "--redis-url", redis_server.url, "--engine", url, "--group-size", "2"]
+        out = run("rollout", *args, "--max-turns", "2", "--max-new-tokens", "12", "--max-total-tokens", "768")
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert "groups written 2, dropped 0" in out.stdout
+        shown = run("trajectories", "show", "--run", "cli", "--redis-url", redis_server.url, "--groups", "2")
+        assert shown.returncode == 0, shown.stderr[-2000:]
+        assert shown.stdout.count("== group ") == 2 and shown.stdout.count("-- ") == 4
+        assert "[prompt]" in shown.stdout and "[gen v0]" in shown.stdout
+        assert "[calc-v1] 4 trajectories: response length" in shown.stdout
+    finally:
+        engine.terminate()
+        engine.wait(30)
