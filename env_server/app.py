@@ -98,6 +98,7 @@ class CreateSession(_In):
     task: dict[str, Any] = Field(default_factory=dict)
     seed: int | None = None
     env_kwargs: dict[str, Any] = Field(default_factory=dict, description="over the registered defaults")
+    request_id: str | None = Field(default=None, max_length=128, description="retry-safe id of this create")
 
 
 class StepRequest(_In):
@@ -251,7 +252,7 @@ def create_app(settings: ServerSettings | None = None, manager: SessionManager |
 
     @api.post("/sessions", operation_id="create_session", status_code=201)
     async def create(body: CreateSession) -> SessionInfo:
-        return await sessions.create(body.env_id, body.task, body.seed, body.env_kwargs)
+        return await sessions.create(body.env_id, body.task, body.seed, body.env_kwargs, body.request_id)
 
     @api.post("/sessions/{session_id}/step", operation_id="step")
     async def step(session_id: str, body: StepRequest) -> StepResult:

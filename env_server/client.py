@@ -127,7 +127,11 @@ class HttpEnvClient:
         if not self.urls:
             raise ValueError("at least one env server URL is needed")
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+        # Keep-alive shorter than the server's (uvicorn: 5 s), so a request is rarely sent on a
+        # connection the server is closing.
+        limits = httpx.Limits(
+            max_connections=max_connections, max_keepalive_connections=max_connections, keepalive_expiry=2.0
+        )
         self._http = httpx.AsyncClient(headers=headers, timeout=timeout_s, limits=limits)
         self.retries, self.backoff_s = retries, backoff_s
         self._home: dict[str, str] = {}  # session id -> server url
@@ -147,9 +151,10 @@ class HttpEnvClient:
         env_kwargs: dict[str, Any] | None = None,
     ) -> SessionInfo:
         url = min(self.urls, key=lambda u: self._open[u])
-        # Not retried on a lost reply: a second create would open a second session.
-        body = {"env_id": env_id, "task": task, "seed": seed, "env_kwargs": env_kwargs or {}}
-        data = await self._call("POST", url, "/sessions", json=body, retry=False)
+        # The request id makes a retried create (lost reply) return the same session.
+        body = {"env_id": env_id, "task": task, "seed": seed, "env_kwargs": env_kwargs or {},
+                "request_id": uuid.uuid4().hex}  # fmt: skip
+        data = await self._call("POST", url, "/sessions", json=body)
         info = SessionInfo.model_validate(data)
         self._home[info.session_id] = url
         self._open[url] += 1

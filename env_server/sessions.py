@@ -9,6 +9,7 @@ import logging
 import time
 import uuid
 from collections import OrderedDict
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -78,6 +79,7 @@ class InfraFailure(EnvServerError):
 
 
 _DONE_RESULTS_KEPT = 64  # replies remembered per session for retried step requests
+_CREATES_REMEMBERED = 10_000  # create request ids remembered for retried creates
 
 
 @dataclass
@@ -113,6 +115,8 @@ class SessionManager:
         self._pools: dict[SandboxSettings, SandboxPool] = {}
         self._pools_lock = asyncio.Lock()
         self._sessions: dict[str, _Session] = {}
+        self._created: OrderedDict[str, SessionInfo] = OrderedDict()
+        self._create_locks: dict[str, tuple[asyncio.Lock, int]] = {}  # request id -> (lock, users)
         self._creating = 0
         self.metrics = CollectorRegistry()
         self._live = Gauge("pqrl_env_sessions_live", "Sessions open now", registry=self.metrics)
@@ -142,8 +146,23 @@ class SessionManager:
         task: dict[str, Any],
         seed: int | None = None,
         env_kwargs: dict[str, Any] | None = None,
+        request_id: str | None = None,
     ) -> SessionInfo:
-        """Opens a session of ``env_id`` (with ``env_kwargs`` over its registered defaults)."""
+        """Opens a session of ``env_id`` (with ``env_kwargs`` over its registered defaults).
+
+        A ``request_id`` seen before returns the session that request opened, so a client may
+        retry a create whose reply was lost without opening a second session.
+        """
+        if request_id is not None:
+            async with self._create_lock(request_id):
+                known = self._created.get(request_id)
+                if known is not None and known.session_id in self._sessions:
+                    return known
+                info = await self.create(env_id, task, seed, env_kwargs)
+                self._created[request_id] = info
+                while len(self._created) > _CREATES_REMEMBERED:
+                    self._created.popitem(last=False)
+                return info
         if len(self._sessions) + self._creating >= self.max_sessions:
             self._error("too_many_sessions")
             raise TooManySessions(f"{self.max_sessions} sessions are open; close some or retry later", 1.0)
@@ -223,6 +242,21 @@ class SessionManager:
         return len(self._sessions)
 
     # ---------------------------------------------------------------- internals
+
+    @contextlib.asynccontextmanager
+    async def _create_lock(self, request_id: str) -> AsyncIterator[None]:
+        """Serializes a create with its retries (a retry may arrive while the first still runs)."""
+        lock, users = self._create_locks.get(request_id, (asyncio.Lock(), 0))
+        self._create_locks[request_id] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._create_locks[request_id]
+            if users == 1:
+                del self._create_locks[request_id]
+            else:
+                self._create_locks[request_id] = (lock, users - 1)
 
     def _get(self, session_id: str) -> _Session:
         s = self._sessions.get(session_id)

@@ -675,3 +675,14 @@ async def test_500_concurrent_sessions():
             assert 'pqrl_env_step_seconds_count{env="echo-v1"} 1000.0' in metrics
         finally:
             await c.aclose()
+
+
+async def test_a_retried_create_returns_the_same_session(server):
+    async with httpx.AsyncClient(base_url=server.url, headers={"Authorization": f"Bearer {server.token}"}) as c:
+        body = {"env_id": "echo-v1", "task": {"prompt": "p", "expected": "x"}, "request_id": "create-1"}
+        first, again = await asyncio.gather(c.post("/sessions", json=body), c.post("/sessions", json=body))
+        assert first.status_code == again.status_code == 201
+        assert first.json()["session_id"] == again.json()["session_id"]
+        other = await c.post("/sessions", json={**body, "request_id": "create-2"})
+        assert other.json()["session_id"] != first.json()["session_id"]
+        assert (await c.get("/healthz")).json()["sessions"] == 2
