@@ -129,7 +129,26 @@ def op_exec(req):
         sel.register(fd, selectors.EVENT_READ)
     truncated = timed_out = False
     deadline = t0 + timeout
-    exited_at = None
+    exited_at = last_data = None
+
+    def take(fd):
+        """Reads one chunk into the capped buffer; False at EOF or when nothing is there."""
+        nonlocal truncated
+        try:
+            chunk = os.read(fd, 1 << 16)
+        except BlockingIOError:
+            return False
+        if not chunk:
+            sel.unregister(fd)
+            return False
+        buf = bufs[fd]
+        room = cap - len(buf)
+        if room > 0:
+            buf += chunk[:room]
+        if len(chunk) > room:
+            truncated = True
+        return True
+
     while sel.get_map():
         now = time.monotonic()
         if not timed_out and now >= deadline:
@@ -140,23 +159,18 @@ def op_exec(req):
             break
         if exited_at is None and p.poll() is not None:
             exited_at = now
-        if exited_at is not None and now - exited_at > _GRACE_S:
+        # After the command exits, wait for EOF only while output keeps coming (a background child
+        # may hold the pipe open forever); a loaded machine may be slow to deliver the last bytes.
+        if exited_at is not None and now - max(exited_at, last_data or exited_at) > _GRACE_S:
             break
         wait = deadline - now if exited_at is None else _GRACE_S
         for key, _ in sel.select(timeout=max(0.0, min(wait, 0.5))):
-            try:
-                chunk = os.read(key.fd, 1 << 16)
-            except BlockingIOError:
-                continue
-            if not chunk:
-                sel.unregister(key.fd)
-                continue
-            buf = bufs[key.fd]
-            room = cap - len(buf)
-            if room > 0:
-                buf += chunk[:room]
-            if len(chunk) > room:
-                truncated = True
+            if take(key.fd):
+                last_data = time.monotonic()
+    for fd in list(sel.get_map()):  # what the command wrote before it exited is in the pipe now
+        for _ in range(64):
+            if not take(fd):
+                break
     sel.close()
     _kill_group(p.pid)  # background children die with their command
     exit_code = p.wait()
@@ -259,7 +273,17 @@ def handle(req):
         _send({"id": rid, "ok": False, "error": type(e).__name__, "message": str(e)})
 
 
+def _not_dumpable():
+    """Other processes of the same user must not open /proc/<agent>/fd: through the agent's
+    stdout they could forge replies to the host. Children get the flag back on exec."""
+    with contextlib.suppress(OSError, AttributeError):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4
+
+
 def main():
+    _not_dumpable()
     lifetime = float(os.environ.get("PQRL_LIFETIME", "0") or 0)
     if lifetime > 0:
         timer = threading.Timer(lifetime, lambda: os._exit(3))

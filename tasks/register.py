@@ -24,3 +24,4 @@ def register() -> None:
         sample_task=demo.tasks[0].model_dump(),
         corpus=demo.manifest.defaults["corpus"],
     )
+    register_environment("coding-v1", "tasks.coding:CodingEnv", max_turns=30, sample_task={"ref": "roman-00"})

@@ -678,7 +678,8 @@ async def test_500_concurrent_sessions():
 
 
 async def test_a_retried_create_returns_the_same_session(server):
-    async with httpx.AsyncClient(base_url=server.url, headers={"Authorization": f"Bearer {server.token}"}) as c:
+    auth = {"Authorization": f"Bearer {server.token}"}
+    async with httpx.AsyncClient(base_url=server.url, headers=auth) as c:
         body = {"env_id": "echo-v1", "task": {"prompt": "p", "expected": "x"}, "request_id": "create-1"}
         first, again = await asyncio.gather(c.post("/sessions", json=body), c.post("/sessions", json=body))
         assert first.status_code == again.status_code == 201

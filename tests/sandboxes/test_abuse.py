@@ -408,3 +408,18 @@ async def test_agent_traffic_is_not_logged_to_host_disk(sandbox, docker_api):
     assert log["Type"] == "none" or "max-size" in (log.get("Config") or {}), (
         f"unbounded container log {log} ({size} bytes after 10 commands at {path})"
     )
+
+
+async def test_commands_cannot_reach_the_agents_stdout(sandbox):
+    """Through /proc/<agent>/fd/1 a command could forge replies to the host: the agent is not dumpable."""
+    script = (  # run as an argv command, so its parent is the agent
+        "import os\n"
+        "p = os.getppid()\n"
+        "try:\n"
+        "    os.listdir(f'/proc/{p}/fd'); print('open', p)\n"
+        "except PermissionError:\n"
+        "    print('denied', p)\n"
+    )
+    r = await sandbox.exec(["python3", "-c", script])
+    assert r.ok, r
+    assert r.stdout.startswith(b"denied") and b"open" not in r.stdout, r.stdout

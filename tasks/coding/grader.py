@@ -1,0 +1,364 @@
+"""The coding grader: the source-only diff, applied in a fresh container, judged by hidden tests.
+
+For each submission (tasks/coding/capture.py says how it is taken from the agent's workspace):
+
+1. a **fresh** container from the agent's image gets the pristine repository; the kept diff
+   (task source files only) is applied there with ``git apply``;
+2. the patched source files are read back and checked by the source policy (tasks/coding/policy.py)
+   *before anything runs*: a patch that imports ``os``/``sys``/``atexit``/``_pytest``/
+   ``unittest``/``builtins``, calls ``eval``/``open``/``getattr``, reaches for dunders or frames,
+   or adds comparison dunders scores 0 and is flagged;
+3. the hidden tests are copied over the tests, and a grader-owned runner (tasks/coding/runner.py,
+   uploaded after the check into a randomly named directory of the grader's) starts
+   ``python -I -B -m pytest -c <grader ini> -p no:cacheprovider --noconftest`` with
+   ``PYTEST_DISABLE_PLUGIN_AUTOLOAD=1``, from that directory, on the hidden tests plus two
+   canary tests with per-run random names (one must pass, one must fail);
+4. pytest writes its JUnit XML into a pipe held by the runner, which is non-dumpable (no other
+   process of the user can open its fds or ptrace it); after pytest exits the runner kills every
+   leftover process, then creates a fresh, randomly named report directory and writes the report
+   there. The host reads it through the sandbox API and parses it itself; stdout is never read
+   for results.
+
+The reward is 1 only if the report is one well-formed document, the canaries came out as they
+must, pytest's exit status is 1 (the failing canary), nothing outlived pytest, and the set of
+test ids equals FAIL_TO_PASS + PASS_TO_PASS exactly with every one passing.
+
+Remaining risk, precisely. The verdict comes from the process that ran the submitted code, so it
+rests on the source policy: a patch that passes the policy yet still subverts pytest would need a
+way out of its subset of Python (whitelisted imports and names, no dunder or frame attributes, no
+``getattr``/``eval``/``open``/``type(name, bases, ns)``...); every route out we know needs one of
+those. Inside the subset, a whitelisted pure-Python class can still be mutated through a local
+alias (``C = Counter; C.most_common = f``), process-wide; no pytest verdict path we know reads
+such an attribute. If the policy is bypassed, the runtime checks still catch a blanket
+"everything passes" patch (the failing canary passes, or the exit status is 0), an early exit (no
+report, or exit status 0), a rewrite of the report after pytest wrote it or before (two documents
+in the pipe), and processes left running; they do not catch code that forges outcomes for the
+real tests only while running the canaries honestly (tests/tasks/test_coding_hacks.py pins this),
+nor, given arbitrary code, forged replies written into the exec agent's stdout: the agent is a
+dumpable process of the same user, so ``/proc/<agent>/fd/1`` is writable from inside the
+container (the sandbox layer should make the agent non-dumpable, as the runner is). Separately, a
+solution that special-cases exactly the inputs of the hidden tests passes them: a limit of the
+tests (they check more inputs than the issue shows), not of the grader.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import json
+import os
+import secrets
+import tarfile
+import time
+import uuid
+import weakref
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sandboxes.docker import DockerSandbox
+from sandboxes.protocol import Sandbox, SandboxDied
+from tasks.coding.capture import WORKSPACE, Submission, capture_workspace, submission_from_patch
+from tasks.coding.diffs import source_files
+from tasks.coding.junit import ReportError, parse_junit
+from tasks.coding.policy import MAX_SOURCE_BYTES, Violation, check_source
+from tasks.suite import CodingTask
+
+__all__ = ["CodingGrader", "GradeResult", "grading_slots", "judge"]
+
+RUNNER_SOURCE = (Path(__file__).parent / "runner.py").read_text()
+_INI = (
+    "[pytest]\naddopts =\npythonpath = {root}\njunit_family = xunit2\njunit_logging = no\n"
+    "python_files = test_*.py\npython_classes = Test\npython_functions = test_*\n"
+)
+_CANARY = (
+    "def test_{name}_must_pass():\n    assert 1 + 1 == 2\n\n\n"
+    "def test_{name}_must_fail():\n    assert 1 + 1 == 3\n"
+)
+_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+_SLOTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = weakref.WeakKeyDictionary()
+
+
+def grading_slots(limit: int | None = None) -> asyncio.Semaphore:
+    """The event loop's shared limit on concurrent gradings (``PQRL_GRADER_CONCURRENCY``, default 4).
+
+    A grading costs a container and a pytest run (about a second of CPU); bounding them keeps a
+    burst of finished episodes from starving the rollouts that share the machine. The first call
+    on a loop fixes the limit.
+    """
+    loop = asyncio.get_running_loop()
+    if loop not in _SLOTS:
+        _SLOTS[loop] = asyncio.Semaphore(limit or int(os.environ.get("PQRL_GRADER_CONCURRENCY", "4")))
+    return _SLOTS[loop]
+
+
+@dataclass(frozen=True)
+class GradeResult:
+    reward: float
+    info: dict[str, Any]
+
+
+def _tar(files: Mapping[str, str | bytes]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for path, content in sorted(files.items()):
+            data = content.encode() if isinstance(content, str) else content
+            member = tarfile.TarInfo(path)
+            member.size, member.mode = len(data), 0o644
+            tar.addfile(member, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def judge(task: CodingTask, report: dict[str, Any], canary: str) -> GradeResult:
+    """Turns the runner's report into the reward: pure, so it is tested without containers."""
+    info: dict[str, Any] = {"exit_code": report.get("exit_code"), "tampered": False, "tamper_reasons": []}
+    integrity: list[str] = info["tamper_reasons"]
+    if report.get("leftover_processes"):
+        integrity.append(f"{report['leftover_processes']} process(es) outlived pytest")
+    if report.get("pipe_open"):
+        integrity.append("the report pipe was still open after pytest exited")
+    xml = base64.b64decode(report.get("xml", ""))
+    exit_code = report.get("exit_code")
+    killed = bool(report.get("timed_out")) or not isinstance(exit_code, int) or exit_code < 0
+    finished = not killed and exit_code in (0, 1)  # pytest says it ran every test it collected
+    try:
+        if report.get("xml_overflow"):
+            raise ReportError("the report is larger than the runner keeps")
+        outcomes = parse_junit(xml, list(task.hidden_tests))
+    except ReportError as e:
+        outcomes = []
+        info["report_error"] = str(e)
+        # pytest writes one whole document unless it is killed first: a malformed or doubled one,
+        # or none after a normal finish, was written (or withheld) by something else.
+        if not killed and (xml.strip() or finished):
+            integrity.append(f"report: {e}")
+    by_id = {o.id: o.outcome for o in outcomes}
+    canaries = {k: v for k, v in by_id.items() if f"test_{canary}_" in k}
+    tests = {k: v for k, v in by_id.items() if k not in canaries}
+    if outcomes and finished:
+        for kind, want in (("pass", "passed"), ("fail", "failed")):
+            got = next((v for k, v in canaries.items() if k.endswith(f"_must_{kind}")), "missing")
+            if got != want:
+                integrity.append(f"canary that must {kind} was {got}")
+    if exit_code == 0:
+        integrity.append("pytest exited 0 although a canary test fails")
+    expected = set(task.fail_to_pass) | set(task.pass_to_pass)
+    missing = sorted(expected - set(tests))
+    unexpected = sorted(set(tests) - expected)
+    info["tests"] = {t: tests.get(t, "missing") for t in sorted(expected | set(tests))}
+    for group, ids in (("fail_to_pass", task.fail_to_pass), ("pass_to_pass", task.pass_to_pass)):
+        info[group] = {"passed": sum(tests.get(t) == "passed" for t in ids), "total": len(ids)}
+    info["missing"], info["unexpected"] = missing, unexpected
+    info["duration_s"] = report.get("duration_s")
+    info["output_tail"] = str(report.get("output_tail", ""))[-2000:]  # untrusted: for people only
+    if integrity:
+        info["tampered"] = True
+        reason = "integrity check failed: " + "; ".join(integrity)
+    elif report.get("timed_out"):
+        reason = "the tests timed out"
+    elif not outcomes:
+        reason = f"no test report ({info.get('report_error', 'pytest exit status ' + str(exit_code))})"
+    elif exit_code != 1:
+        reason = f"pytest exited with status {exit_code} (2: interrupted, e.g. by an import error)"
+    elif missing or unexpected:
+        reason = f"test ids differ from the task's: {len(missing)} missing, {len(unexpected)} unexpected"
+    elif any(v != "passed" for v in tests.values()):
+        failed = sum(v != "passed" for v in tests.values())
+        reason = f"{failed} of {len(tests)} tests did not pass"
+    else:
+        return GradeResult(1.0, {**info, "reason": f"all {len(tests)} tests passed"})
+    return GradeResult(0.0, {**info, "reason": reason})
+
+
+def _rejected(violations: list[Violation]) -> dict[str, Any]:
+    syntax_only = all(v.rule == "syntax" for v in violations)
+    return {
+        "reason": "a source file does not parse" if syntax_only else "the source policy rejected the patch",
+        "policy_violations": [str(v) for v in violations[:50]],
+        "tampered": not syntax_only,
+        "tamper_reasons": [] if syntax_only else [f"source policy: {v}" for v in violations[:5]],
+    }
+
+
+class CodingGrader:
+    """Grades coding submissions in fresh sandboxes, at most ``slots`` at a time.
+
+    Args:
+        make_sandbox: creates a fresh sandbox from the agent's image (closed after each grading).
+        slots: shared concurrency limit (default: ``grading_slots()`` of the running loop).
+        test_timeout: seconds for the hidden test run.
+        source_policy: check patched sources before running them. Only tests turn this off, to
+            show what the runtime checks catch on their own.
+    """
+
+    def __init__(
+        self,
+        make_sandbox: Callable[[], Awaitable[Sandbox]],
+        *,
+        slots: asyncio.Semaphore | None = None,
+        test_timeout: float = 120.0,
+        source_policy: bool = True,
+    ) -> None:
+        self.make_sandbox = make_sandbox
+        self.slots = slots
+        self.test_timeout = test_timeout
+        self.source_policy = source_policy
+
+    @classmethod
+    async def for_sandbox(cls, sandbox: Sandbox, **kwargs: Any) -> CodingGrader:
+        """A grader whose fresh sandboxes match ``sandbox`` (a DockerSandbox): image, limits, run label."""
+        if not isinstance(sandbox, DockerSandbox):
+            raise TypeError(f"the coding grader needs a DockerSandbox, got {type(sandbox).__name__}")
+        labels = (await sandbox.api.inspect(sandbox.id)).get("Config", {}).get("Labels") or {}
+        run = labels.get("pqrl.run", "grader")
+
+        async def make() -> Sandbox:
+            return await DockerSandbox.create(
+                sandbox.api, sandbox.settings, run=run, session=f"grade-{uuid.uuid4().hex}"
+            )
+
+        return cls(make, **kwargs)
+
+    async def grade_workspace(
+        self, task: CodingTask, sandbox: Sandbox, base_commit: str | None = None
+    ) -> GradeResult:
+        """Captures the agent's workspace and grades it."""
+        t0 = time.monotonic()
+        submission = await capture_workspace(sandbox, task, base_commit)
+        result = await self.grade(task, submission)
+        result.info["timings"]["capture_s"] = round(
+            time.monotonic() - t0 - result.info["timings"]["total_s"], 3
+        )
+        return result
+
+    async def grade_patch(self, task: CodingTask, patch: str) -> GradeResult:
+        """Grades a patch against the task's repository (only its source-file parts count)."""
+        return await self.grade(task, submission_from_patch(task, patch))
+
+    async def grade(self, task: CodingTask, submission: Submission) -> GradeResult:
+        t0 = time.monotonic()
+        slots = self.slots or grading_slots()
+        async with slots:
+            timings = {"queue_s": round(time.monotonic() - t0, 3)}
+            sandbox = await self.make_sandbox()
+            timings["sandbox_s"] = round(time.monotonic() - t0 - timings["queue_s"], 3)
+            try:
+                result = await self._run(task, submission, sandbox, timings)
+            finally:
+                await sandbox.close()
+        tampered = bool(submission.tampered_paths) or result.info.get("tampered", False)
+        reasons = [f"changed protected path {p}" for p in submission.tampered_paths]
+        info = {
+            **submission.info,
+            **result.info,
+            "dropped_paths": submission.dropped,
+            "tampered": tampered,
+            "tamper_reasons": reasons + result.info.get("tamper_reasons", []),
+            "timings": {**timings, "total_s": round(time.monotonic() - t0, 3)},
+        }
+        return GradeResult(result.reward, info)
+
+    async def _run(
+        self, task: CodingTask, sub: Submission, sandbox: Sandbox, timings: dict[str, float]
+    ) -> GradeResult:
+        t = time.monotonic()
+        gdir = f"/tmp/pqrl-grade-{secrets.token_hex(8)}"
+        sources = source_files(task.repo, task.hidden_tests)
+        await sandbox.upload(_tar(task.repo), WORKSPACE)
+        if sub.patch:
+            await sandbox.upload(_tar({"kept.diff": sub.patch}), gdir)
+            applied = await sandbox.exec(
+                ["git", "apply", "--whitespace=nowarn", f"{gdir}/kept.diff"], cwd=WORKSPACE
+            )
+            if not applied.ok:
+                return GradeResult(
+                    0.0, {"reason": "the patch does not apply", "apply_error": applied.text()[-2000:]}
+                )
+        violations: list[Violation] = []
+        for path in sources:
+            try:
+                patched = await sandbox.read_file(f"{WORKSPACE}/{path}", max_bytes=MAX_SOURCE_BYTES)
+            except (FileNotFoundError, IsADirectoryError):
+                continue  # deleted: the tests decide what that is worth
+            except ValueError:  # larger than the policy allows: never run unchecked
+                violations.append(Violation(path, 0, "size", f"over {MAX_SOURCE_BYTES} bytes"))
+                continue
+            if self.source_policy and patched != task.repo[path].encode():
+                # Parsing is CPU work: off the event loop, so rollouts sharing it never wait on it.
+                violations += await asyncio.to_thread(check_source, path, patched, task.repo[path].encode())
+        timings["apply_s"] = round(time.monotonic() - t, 3)
+        if violations:
+            return GradeResult(0.0, _rejected(violations))
+        return await self._test(task, sandbox, gdir, timings)
+
+    async def _test(
+        self, task: CodingTask, sandbox: Sandbox, gdir: str, timings: dict[str, float]
+    ) -> GradeResult:
+        t = time.monotonic()
+        canary = f"pqrl_{secrets.token_hex(6)}"
+        report_dir = f"/tmp/pqrl-report-{secrets.token_hex(16)}"
+        await sandbox.upload(_tar(task.hidden_tests), WORKSPACE)  # over the (pristine) visible tests
+        await sandbox.upload(
+            _tar(
+                {
+                    "runner.py": RUNNER_SOURCE,
+                    "pytest.ini": _INI.format(root=WORKSPACE),
+                    f"canary/test_{canary}.py": _CANARY.format(name=canary),
+                }
+            ),
+            gdir,
+        )
+        tests = [f"{WORKSPACE}/{p}" for p in sorted(task.hidden_tests)] + [f"{gdir}/canary/test_{canary}.py"]
+        argv = [
+            "python3",
+            "-I",
+            "-B",
+            "-m",
+            "pytest",
+            "-c",
+            f"{gdir}/pytest.ini",
+            "--rootdir",
+            WORKSPACE,
+            "-p",
+            "no:cacheprovider",
+            "--noconftest",
+            "--junitxml={junit}",
+            "-q",
+            "--tb=short",
+            *tests,
+        ]
+        env = {
+            "PATH": _PATH,
+            "HOME": f"{gdir}/home",
+            "LANG": "C.UTF-8",
+            "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
+        }
+        config = {
+            "argv": argv,
+            "cwd": gdir,
+            "env": env,
+            "timeout": self.test_timeout,
+            "report_dir": report_dir,
+        }
+        try:
+            runner = ["python3", "-I", "-B", f"{gdir}/runner.py"]
+            stdin = json.dumps(config).encode()
+            run = await sandbox.exec(runner, cwd=gdir, stdin=stdin, timeout=self.test_timeout + 30)
+            if not run.ok:
+                planted = run.exit_code == 3
+                info = {
+                    "reason": f"the test runner failed (exit {run.exit_code})",
+                    "tampered": planted,
+                    "runner_output": run.text()[-2000:],
+                    "tamper_reasons": ["the report directory existed before the run"] if planted else [],
+                }
+                return GradeResult(0.0, info)
+            report = json.loads(await sandbox.read_file(f"{report_dir}/report.json", max_bytes=8 << 20))
+        except SandboxDied as e:  # the submitted code took the container down (e.g. memory)
+            return GradeResult(0.0, {"reason": f"the grading sandbox died during the tests: {e}"})
+        timings["tests_s"] = round(time.monotonic() - t, 3)
+        result = await asyncio.to_thread(judge, task, report, canary)
+        result.info["runner_dumpable_off"] = report.get("dumpable_off")
+        return result

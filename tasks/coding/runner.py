@@ -1,0 +1,146 @@
+"""The coding grader's in-container test runner (standard library only; uploaded for every grading).
+
+Run as ``python3 -I -B runner.py`` with a JSON config on stdin (``argv``, ``cwd``, ``env``,
+``timeout``, ``report_dir``). It:
+
+1. makes itself non-dumpable (``prctl(PR_SET_DUMPABLE, 0)``), so other processes of the same
+   user (the code under test) cannot open its ``/proc/<pid>/fd``, read its memory or ptrace it;
+2. starts pytest (``argv``, with ``{junit}`` replaced by ``/dev/fd/N``) in a new session, with the
+   write end of a pipe as its only extra file descriptor: the JUnit XML goes into that pipe and
+   exists nowhere on disk, so no path can be overwritten afterwards, and a second write (an exit
+   hook appending a forged report) makes the document malformed;
+3. after pytest exits (or times out), kills its process group and then every other process but
+   itself, its parent (the exec agent) and init, counting what it had to kill beyond the group;
+4. only then creates ``report_dir`` (exclusively: a directory planted in advance fails the run)
+   and writes ``report.json`` there with the XML, pytest's exit status and these counts.
+
+The host reads ``report.json`` through the sandbox API and judges it; nothing here decides a
+reward, and pytest's stdout is kept only as an untrusted tail for debugging.
+"""
+
+import base64
+import contextlib
+import json
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+
+MAX_XML = 2 << 20
+MAX_OUTPUT = 16 << 10
+GRACE_S = 2.0  # after pytest exits: how long to wait for the pipes to reach end-of-file
+
+
+def undumpable() -> bool:
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0) == 0  # PR_SET_DUMPABLE = 4
+    except Exception:
+        return False
+
+
+def sweep(keep: set) -> int:
+    """Kills every process whose pid is not in ``keep``; returns how many it signalled."""
+    killed = 0
+    for name in os.listdir("/proc"):
+        if name.isdigit() and int(name) not in keep:
+            try:
+                os.kill(int(name), signal.SIGKILL)
+                killed += 1
+            except (ProcessLookupError, PermissionError):
+                pass
+    return killed
+
+
+def main() -> int:
+    config = json.loads(sys.stdin.read())
+    dumpable_off = undumpable()
+    xml_r, xml_w = os.pipe()
+    out_r, out_w = os.pipe()
+    argv = [a.replace("{junit}", f"/dev/fd/{xml_w}") for a in config["argv"]]
+    started = time.monotonic()
+    child = subprocess.Popen(
+        argv,
+        cwd=config["cwd"],
+        env=config["env"],
+        stdin=subprocess.DEVNULL,
+        stdout=out_w,
+        stderr=out_w,
+        pass_fds=(xml_w,),
+        start_new_session=True,
+    )
+    os.close(xml_w)
+    os.close(out_w)
+    buffers = {xml_r: bytearray(), out_r: bytearray()}
+    caps = {xml_r: MAX_XML, out_r: MAX_OUTPUT}
+    overflow = {xml_r: False, out_r: False}
+    sel = selectors.DefaultSelector()
+    for fd in buffers:
+        os.set_blocking(fd, False)
+        sel.register(fd, selectors.EVENT_READ)
+    deadline = started + float(config["timeout"])
+    timed_out = False
+    exited_at = None
+    leftovers = 0
+    while True:
+        now = time.monotonic()
+        if exited_at is None and (child.poll() is not None or now >= deadline):
+            timed_out = child.poll() is None
+            exited_at = now
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+            # Whatever still runs escaped pytest's process group: it may hold the report pipe.
+            leftovers = sweep({1, os.getpid(), os.getppid()})
+        if exited_at is not None and (not sel.get_map() or now - exited_at > GRACE_S):
+            break
+        if not sel.get_map():  # both pipes closed; pytest is still exiting
+            time.sleep(0.01)
+            continue
+        for key, _ in sel.select(timeout=0.05):
+            try:
+                chunk = os.read(key.fd, 1 << 16)
+            except BlockingIOError:
+                continue
+            if not chunk:
+                sel.unregister(key.fd)
+                continue
+            buf = buffers[key.fd]
+            if key.fd == out_r:  # keep the tail of the output
+                buf += chunk
+                del buf[: max(0, len(buf) - caps[out_r])]
+            elif len(buf) + len(chunk) > caps[xml_r]:
+                overflow[xml_r] = True
+            else:
+                buf += chunk
+    pipe_open = bool(sel.get_map())
+    sel.close()
+    report = {
+        "xml": base64.b64encode(bytes(buffers[xml_r])).decode(),
+        "xml_overflow": overflow[xml_r],
+        "exit_code": child.returncode,
+        "timed_out": timed_out,
+        "duration_s": round((exited_at or time.monotonic()) - started, 3),
+        "leftover_processes": leftovers,
+        "pipe_open": pipe_open,
+        "dumpable_off": dumpable_off,
+        "output_tail": bytes(buffers[out_r]).decode("utf-8", "replace"),
+    }
+    try:
+        os.mkdir(config["report_dir"], 0o700)
+        fd = os.open(
+            os.path.join(config["report_dir"], "report.json"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600
+        )
+    except FileExistsError:
+        print("report directory already exists", file=sys.stderr)
+        return 3
+    with os.fdopen(fd, "w") as f:
+        json.dump(report, f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,143 @@
+"""coding-v1 end to end in real sandboxes: reset, the tools, grading of the agent's workspace."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+
+from env_server.conformance import check_environment
+from env_server.sessions import SessionManager
+from env_server.types import ToolCall
+from sandboxes.docker import DockerSandbox, owner_id
+from sandboxes.docker_api import DockerAPI
+from sandboxes.settings import SandboxSettings
+from tasks.coding.env import builtin_suite
+from tasks.coding.grader import CodingGrader
+
+RUN = "pytest-coding-env"
+
+
+async def _leftovers(api: DockerAPI, timeout: float = 15.0) -> list[dict]:
+    deadline = time.monotonic() + timeout  # pools destroy released sandboxes in the background
+    while (
+        left := await api.list({"pqrl.run": RUN, "pqrl.owner": owner_id()})
+    ) and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    return left
+
+
+@pytest.fixture
+async def manager() -> AsyncIterator[SessionManager]:
+    m = SessionManager(pool_size=0, run=RUN)
+    api = DockerAPI()
+    try:
+        yield m
+    finally:
+        await m.shutdown()
+        left = await _leftovers(api)
+        for c in left:
+            with contextlib.suppress(Exception):
+                await api.remove(c["Id"])
+        await api.close()
+        assert not left, f"containers left behind: {[c['Names'] for c in left]}"
+
+
+async def call(manager: SessionManager, sid: str, name: str, **arguments) -> str:
+    result = await manager.step(sid, [ToolCall(name=name, arguments=arguments, id="c")])
+    return result.messages[0].content
+
+
+async def test_coding_env_conforms(manager):
+    await check_environment("coding-v1", manager=manager)
+
+
+async def test_reset_shows_the_issue_and_commits_the_base(manager):
+    task = builtin_suite().task("roman-03")
+    s = await manager.create("coding-v1", {"ref": "roman-03"})
+    system, user = s.observation.messages
+    assert "hidden tests" in system.content and task.issue in user.content
+    assert "Source files (only these are graded): roman.py" in user.content
+    assert [t["function"]["name"] for t in s.observation.tools] == [
+        "run", "read_file", "write_file", "submit", "edit_file"
+    ]  # fmt: skip
+    out = await call(manager, s.session_id, "run", command="git log --format=%s && git status --porcelain")
+    assert out == "[exit code 0]\nBase commit\n"
+    assert await call(manager, s.session_id, "read_file", path="roman.py") == task.repo["roman.py"]
+    await manager.close(s.session_id)
+
+
+async def test_edit_file_needs_exactly_one_match(manager):
+    s = await manager.create("coding-v1", {"ref": "roman-03"})
+    out = await call(manager, s.session_id, "edit_file", path="roman.py", old="return", new="yield")
+    assert out.startswith("Error: edit_file failed") and "occurs 5 times" in out
+    out = await call(
+        manager, s.session_id, "edit_file", path="roman.py", old="text[i - 1]", new="text[i + 1]"
+    )
+    assert out == "edited /workspace/roman.py"
+    await manager.close(s.session_id)
+
+
+GOLD = ["roman-03", "matrix-00", "tokenizer-02"]
+
+
+@pytest.mark.parametrize("task_id", GOLD)
+async def test_the_gold_patch_applied_by_the_agent_scores_one(manager, task_id):
+    task = builtin_suite().task(task_id)
+    s = await manager.create("coding-v1", task.model_dump())
+    await call(manager, s.session_id, "write_file", path="/tmp/fix.diff", content=task.gold_patch)
+    assert (await call(manager, s.session_id, "run", command="git apply /tmp/fix.diff")).startswith(
+        "[exit code 0]"
+    )
+    # Running the visible tests leaves byte-code and caches: noise, not a change.
+    assert "passed" in await call(manager, s.session_id, "run", command="python3 -m pytest -q")
+    await call(manager, s.session_id, "submit")
+    result = await manager.evaluate(s.session_id)
+    assert result.reward == 1.0, result.info["reason"]
+    info = result.info
+    assert info["dropped_paths"] == [] and not info["tampered"] and info["ignored_noise_files"] > 0
+    assert info["head"] == info["base_commit"] and not info["head_moved"]
+    assert set(info["timings"]) >= {"queue_s", "sandbox_s", "apply_s", "tests_s", "total_s", "capture_s"}
+    assert await manager.evaluate(s.session_id) is not None  # graded once after submit, then cached
+    await manager.close(s.session_id)
+
+
+async def test_no_change_scores_zero(manager):
+    s = await manager.create("coding-v1", {"ref": "stats-00"})
+    result = await manager.evaluate(s.session_id)
+    assert result.reward == 0.0 and result.info["changed_sources"] == [] and not result.info["tampered"]
+    await manager.close(s.session_id)
+
+
+async def test_gradings_wait_for_a_slot():
+    """At most ``slots`` fresh grading containers exist at once; the others queue."""
+    api = DockerAPI()
+    live = peak = 0
+
+    async def make() -> DockerSandbox:
+        nonlocal live, peak
+        sandbox = await DockerSandbox.create(api, SandboxSettings(memory_mb=256), run=RUN)
+        live += 1
+        peak = max(peak, live)
+        close = sandbox.close
+
+        async def closing() -> None:
+            nonlocal live
+            live -= 1
+            await close()
+
+        sandbox.close = closing  # type: ignore[method-assign]
+        return sandbox
+
+    try:
+        grader = CodingGrader(make, slots=asyncio.Semaphore(2))
+        tasks = list(builtin_suite().tasks[:5])
+        results = await asyncio.gather(*(grader.grade_patch(t, "") for t in tasks))
+        assert peak == 2 and all(r.reward == 0.0 for r in results)
+        assert max(r.info["timings"]["queue_s"] for r in results) > 0
+    finally:
+        assert await _leftovers(api) == []
+        await api.close()
