@@ -5,15 +5,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import contextlib
 import logging
 import os
 import signal
+import socket
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
-__all__ = ["add_rollout_arguments", "rollout", "show_trajectories"]
+__all__ = ["add_rollout_arguments", "filter_tasks", "local_engine", "rollout", "show_trajectories"]
 
 
 def add_rollout_arguments(p: argparse.ArgumentParser) -> None:
@@ -164,3 +167,85 @@ def _render(tokenizer: Any, t: Any) -> str:
         out.append(f"[{tag}]{tokenizer.decode(np.asarray(t.tokens[i:j]).tolist())}")
         i = j
     return "".join(out)
+
+
+@contextlib.contextmanager
+def local_engine(model: str) -> Iterator[str]:
+    """The built-in engine served on a free loopback port from a background thread; yields its URL."""
+    import threading
+    import time
+
+    import uvicorn
+
+    from agent_loop.engine_server import EngineConfig, build_engine, create_app
+
+    engine = build_engine(EngineConfig(model=model))
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(create_app(engine, model_path=model), log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    while not server.started:
+        if not thread.is_alive():
+            raise RuntimeError("the built-in engine did not start")
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        sock.close()
+
+
+def filter_tasks(args: argparse.Namespace) -> int:
+    """``pqrl tasks filter``: pass rates with the given policy, a filtered suite and a table."""
+    from agent_loop.agent import EpisodeConfig
+    from agent_loop.difficulty import estimate_rewards
+    from env_server.client import LocalEnvClient
+    from loss_masking import ChatRenderer
+    from pqrl.engine_client import EngineClient
+    from pqrl.model_cache import load_tokenizer
+    from tasks.difficulty import distribution_table, filter_suite, pass_rates
+    from tasks.suite import SuiteInvalid, load_suite
+
+    try:
+        suite = load_suite(args.suite)
+    except SuiteInvalid as e:
+        print(e, file=sys.stderr)
+        return 1
+    cfg = EpisodeConfig(
+        max_turns=args.max_turns,
+        max_new_tokens=args.max_new_tokens,
+        max_total_tokens=args.max_total_tokens,
+        temperature=args.temperature,
+        seed=args.seed,
+    )
+
+    def progress(done: int, total: int) -> None:
+        if done % max(1, total // 20) == 0 or done == total:
+            print(f"\r  {done}/{total} episodes", end="", file=sys.stderr, flush=True)
+
+    async def run(url: str) -> dict[str, list[float]]:
+        engine, env = EngineClient(url), LocalEnvClient()
+        try:
+            renderer = ChatRenderer(load_tokenizer(args.model))
+            return await estimate_rewards(suite, engine=engine, env=env, renderer=renderer,
+                                          samples=args.samples, cfg=cfg, progress=progress)  # fmt: skip
+        finally:
+            await engine.aclose()
+            await env.aclose()
+
+    if args.engine:
+        rewards = asyncio.run(run(args.engine))
+    else:
+        with local_engine(args.model) as url:
+            rewards = asyncio.run(run(url))
+    print(file=sys.stderr)
+    rates = pass_rates(rewards)
+    kept = filter_suite(suite, rates, low=args.low, high=args.high)
+    with open(args.output, "w") as f:
+        f.write(kept.to_jsonl())
+    print(f"{suite.id}: {args.samples} samples per task with {args.model}")
+    print(distribution_table(rates))
+    print(f"mean pass rate {sum(rates.values()) / max(len(rates), 1):.3f}; wrote {kept.id} to {args.output}")
+    return 0

@@ -17,7 +17,6 @@ PLANNED: dict[tuple[str, ...], str] = {
     ("train",): "#7 (trainer)",
     ("status",): "#7 (trainer)",
     ("sft",): "#7 (trainer)",
-    ("tasks", "filter"): "#5/#6 (difficulty filter: needs the rollout path)",
 }
 
 
@@ -188,6 +187,12 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
     return rollout(args)
 
 
+def _cmd_tasks_filter(args: argparse.Namespace) -> int:
+    from agent_loop.commands import filter_tasks
+
+    return filter_tasks(args)
+
+
 def _cmd_trajectories_show(args: argparse.Namespace) -> int:
     from agent_loop.commands import show_trajectories
 
@@ -267,10 +272,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shots", type=int, default=1, help="worked examples rendered into each prompt")
     p.add_argument("--name", default="calc")
     p.add_argument("-o", "--output", required=True)
+    p = tasks.add_parser("filter", help="keep the tasks the policy sometimes solves (0 < pass rate < 1)")
+    p.add_argument("suite", help="suite file")
+    p.add_argument("-o", "--output", required=True, help="where the filtered suite goes")
+    p.add_argument("--model", default="smollm2-135m-instruct")
+    p.add_argument("--engine", default=None, help="engine URL (default: a built-in engine in this process)")
+    p.add_argument("--samples", type=int, default=8)
+    p.add_argument("--low", type=float, default=0.0)
+    p.add_argument("--high", type=float, default=1.0)
+    p.add_argument("--max-turns", type=int, default=4)
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--max-total-tokens", type=int, default=1536)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0)
     for name, task_parser in tasks.choices.items():
         if name in ("submit", "list", "show"):
             task_parser.add_argument("--redis-url", default=None, help="default: $REDIS_URL")
-        task_parser.set_defaults(func=_cmd_tasks)
+        task_parser.set_defaults(func=_cmd_tasks_filter if name == "filter" else _cmd_tasks)
 
     # Options declared here, not by agent_loop (importing it pulls in torch and FastAPI).
     eng = group("engine", "inference engines").add_parser("serve", help="built-in engine server or SGLang")

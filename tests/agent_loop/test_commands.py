@@ -51,3 +51,15 @@ def test_engine_rollout_and_show(tmp_path, redis_server):
     finally:
         engine.terminate()
         engine.wait(30)
+
+
+def test_tasks_filter_with_an_in_process_engine(tmp_path):
+    suite, out = tmp_path / "calc.jsonl", tmp_path / "filtered.jsonl"
+    gen = subprocess.run([PQRL, "tasks", "generate", "calc", "--n", "2", "--seed", "3", "-o", str(suite)])
+    assert gen.returncode == 0
+    args = ["--samples", "2", "--max-turns", "2", "--max-new-tokens", "12", "--max-total-tokens", "768"]
+    run = subprocess.run([PQRL, "tasks", "filter", str(suite), "-o", str(out), *args], capture_output=True,
+                         text=True, timeout=600)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "kept (0 < c < 1)" in run.stdout and "of 2" in run.stdout
+    assert out.read_text().startswith('{"suite":')
