@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -47,3 +49,20 @@ def forced_logprobs(
 def max_abs_diff(a: list[float], b: list[float]) -> float:
     assert len(a) == len(b)
     return max((abs(x - y) for x, y in zip(a, b, strict=True)), default=0.0)
+
+
+@pytest.fixture(scope="module")
+def updatable(smollm, tmp_path_factory) -> Iterator[tuple[str, BatchEngine, Path, Any]]:
+    """A server on its own copy of the model, and a checkpoint of perturbed weights on disk."""
+    base, tok = smollm
+    new = copy.deepcopy(base)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in new.parameters():
+            if p.ndim == 2:  # small noise: a different but still fluent policy
+                p.add_(torch.randn(p.shape, generator=gen) * 0.05 * p.std())
+    path = tmp_path_factory.mktemp("weights") / "step1"
+    new.save_pretrained(path)
+    engine = BatchEngine(copy.deepcopy(base), tok)
+    with serve_in_thread(create_app(engine)) as url:
+        yield url, engine, path, new

@@ -4,39 +4,15 @@ response and per token, and abort + client-side resume with versions that change
 from __future__ import annotations
 
 import asyncio
-import copy
-from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
-import torch
 
 from agent_loop.engine_batcher import BatchEngine
-from agent_loop.engine_server import create_app
 from pqrl.engine_client import EngineClient, SamplingParams, WeightUpdateFailed
 from tests.agent_loop.conftest import chat_prompt, forced_logprobs, max_abs_diff
-from tests.agent_loop.servers import serve_in_thread
 
 MAX_LOGPROB_DIFF = 1e-4
-
-
-@pytest.fixture(scope="module")
-def updatable(smollm, tmp_path_factory) -> Iterator[tuple[str, BatchEngine, Path, Any]]:
-    """A server on its own copy of the model, and a checkpoint of perturbed weights on disk."""
-    base, tok = smollm
-    new = copy.deepcopy(base)
-    gen = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for p in new.parameters():
-            if p.ndim == 2:  # small noise: a different but still fluent policy
-                p.add_(torch.randn(p.shape, generator=gen) * 0.05 * p.std())
-    path = tmp_path_factory.mktemp("weights") / "step1"
-    new.save_pretrained(path)
-    engine = BatchEngine(copy.deepcopy(base), tok)
-    with serve_in_thread(create_app(engine)) as url:
-        yield url, engine, path, new
 
 
 async def _until_generated(engine: BatchEngine, rows: int, tokens: int) -> None:
