@@ -118,11 +118,12 @@ class RolloutManager:
         return self.stats
 
     async def _wait_a_little(self) -> None:
+        # Short: a new policy version (which opens the gate) is only seen at the next look.
         if self._in_flight:
-            await asyncio.wait(self._in_flight, timeout=0.5, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(self._in_flight, timeout=0.1, return_when=asyncio.FIRST_COMPLETED)
         else:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), 0.5)
+                await asyncio.wait_for(self._stopping.wait(), 0.1)
 
     async def _lease(self) -> TaskEntry | None:
         stale = await self.store.reclaim_tasks(
