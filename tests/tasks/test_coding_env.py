@@ -3,47 +3,20 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import time
-from collections.abc import AsyncIterator
 
 import pytest
 
 from env_server.conformance import check_environment
 from env_server.sessions import SessionManager
 from env_server.types import ToolCall
-from sandboxes.docker import DockerSandbox, owner_id
+from sandboxes.docker import DockerSandbox
 from sandboxes.docker_api import DockerAPI
 from sandboxes.settings import SandboxSettings
 from tasks.coding.env import builtin_suite
 from tasks.coding.grader import CodingGrader
+from tests.tasks.conftest import leftovers
 
 RUN = "pytest-coding-env"
-
-
-async def _leftovers(api: DockerAPI, timeout: float = 15.0) -> list[dict]:
-    deadline = time.monotonic() + timeout  # pools destroy released sandboxes in the background
-    while (
-        left := await api.list({"pqrl.run": RUN, "pqrl.owner": owner_id()})
-    ) and time.monotonic() < deadline:
-        await asyncio.sleep(0.1)
-    return left
-
-
-@pytest.fixture
-async def manager() -> AsyncIterator[SessionManager]:
-    m = SessionManager(pool_size=0, run=RUN)
-    api = DockerAPI()
-    try:
-        yield m
-    finally:
-        await m.shutdown()
-        left = await _leftovers(api)
-        for c in left:
-            with contextlib.suppress(Exception):
-                await api.remove(c["Id"])
-        await api.close()
-        assert not left, f"containers left behind: {[c['Names'] for c in left]}"
 
 
 async def call(manager: SessionManager, sid: str, name: str, **arguments) -> str:
@@ -139,5 +112,5 @@ async def test_gradings_wait_for_a_slot():
         assert peak == 2 and all(r.reward == 0.0 for r in results)
         assert max(r.info["timings"]["queue_s"] for r in results) > 0
     finally:
-        assert await _leftovers(api) == []
+        assert await leftovers(api, RUN) == []
         await api.close()

@@ -9,9 +9,6 @@ pins the one thing they do not catch: a forger that knows about the canary tests
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -19,12 +16,13 @@ import pytest
 
 from env_server.sessions import SessionManager
 from env_server.types import RewardResult, ToolCall
-from sandboxes.docker import DockerSandbox, owner_id
+from sandboxes.docker import DockerSandbox
 from sandboxes.docker_api import DockerAPI
 from sandboxes.settings import SandboxSettings
 from tasks.coding.diffs import unified_diff
 from tasks.coding.env import builtin_suite
 from tasks.coding.grader import CodingGrader
+from tests.tasks.conftest import leftovers
 
 RUN = "pytest-coding-hacks"
 TASK = builtin_suite().task("roman-03")
@@ -157,31 +155,6 @@ HACKS = [
 ]
 
 
-async def _leftovers(api: DockerAPI, timeout: float = 15.0) -> list[dict]:
-    deadline = time.monotonic() + timeout
-    while (
-        left := await api.list({"pqrl.run": RUN, "pqrl.owner": owner_id()})
-    ) and time.monotonic() < deadline:
-        await asyncio.sleep(0.1)
-    return left
-
-
-@pytest.fixture
-async def manager() -> AsyncIterator[SessionManager]:
-    m = SessionManager(pool_size=0, run=RUN)
-    api = DockerAPI()
-    try:
-        yield m
-    finally:
-        await m.shutdown()
-        left = await _leftovers(api)
-        for c in left:
-            with contextlib.suppress(Exception):
-                await api.remove(c["Id"])
-        await api.close()
-        assert not left, f"containers left behind: {[c['Names'] for c in left]}"
-
-
 async def play(manager: SessionManager, calls: list[ToolCall]) -> tuple[RewardResult, list[str]]:
     s = await manager.create("coding-v1", {"ref": TASK.id})
     replies = []
@@ -247,7 +220,7 @@ async def unguarded() -> AsyncIterator[tuple[CodingGrader, CodingGrader]]:
         return await DockerSandbox.create(api, SandboxSettings(memory_mb=512), run=RUN)
 
     yield CodingGrader(make, source_policy=False, test_timeout=30), CodingGrader(make)
-    left = await _leftovers(api)
+    left = await leftovers(api, RUN)
     await api.close()
     assert left == []
 
