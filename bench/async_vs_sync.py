@@ -22,6 +22,12 @@ so groups arrive at most (s + 1) B / E[M_8] per second and a step needs at least
 
 with E[M_64] and E[M_8] estimated by Monte Carlo (seeded) in the same run.
 
+This bound is optimistic: it assumes a finished group frees its place at once, but the gate frees
+places only when the trainer publishes a version (accepted + running may reach (s + v + 1) B), so
+a heavy-tailed straggler holds a place until the trainer has moved on without it. The same fact
+makes the staleness seen at consumption exceed s for stragglers: the gate bounds admission, and the
+trainer must still drop samples older than its ``max_staleness`` (freeing places with gate_reject).
+
 Prints one JSON line: sync_groups_per_s, async_groups_per_s, speedup, bound, max_staleness_seen.
 Usage: python bench/async_vs_sync.py [--steps 6]
 """
