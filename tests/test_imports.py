@@ -6,7 +6,15 @@ import subprocess
 import sys
 
 BLOCKED = ["redis", "fastapi", "uvicorn", "httpx", "docker", "pydantic", "msgpack", "yaml"]
-COMPUTE_MODULES = ["pqrl", "pqrl.trajectory", "pqrl.model_cache", "trainer.losses", "trainer.advantages"]
+COMPUTE_MODULES = [
+    "pqrl",
+    "pqrl.trajectory",
+    "pqrl.model_cache",
+    "trainer.losses",
+    "trainer.advantages",
+    "trainer.step",
+    "agent_loop.engine_batcher",
+]
 
 
 def test_compute_modules_need_only_torch_transformers_numpy():
