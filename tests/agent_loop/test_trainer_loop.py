@@ -1,0 +1,52 @@
+"""The trainer's step with real parts: groups from Redis, a GRPO update, the new weights saved and
+loaded by the built-in engine over HTTP, the version published in Redis, the groups acknowledged."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+import numpy as np
+import torch
+
+from pqrl.demo import DemoConfig, sample_group
+from pqrl.engine_client import EngineClient, SamplingParams
+from pqrl.store import TrajectoryStore
+from tests.agent_loop.conftest import chat_prompt, forced_logprobs
+from trainer.loop import LoopConfig, TrainerLoop
+
+
+async def test_step_publishes_weights_the_engine_then_serves(updatable, smollm, redis_server, tmp_path):
+    url, _, _, _ = updatable
+    base, tokenizer = smollm
+    torch.manual_seed(0)
+    group = sample_group(base, tokenizer, {"id": "t", "question": "What is 3 + 4?", "answer": "7"},
+                         DemoConfig(group_size=4, max_new_tokens=10), "loop")  # fmt: skip
+    group = [dataclasses.replace(t, reward=float(i < 2)) for i, t in enumerate(group)]
+    model = copy.deepcopy(base)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.0)
+    async with TrajectoryStore(redis_server.url, "loop") as store:
+        await store.create_consumer_group("trainer")
+        await store.put_group(group)
+        engine = EngineClient(url)
+        try:
+            loop = TrainerLoop(model, optimizer, store, engine, tokenizer=tokenizer,
+                               cfg=LoopConfig(groups_per_step=1, weights_dir=str(tmp_path / "w")))  # fmt: skip
+            metrics = await loop.step(timeout_s=30)
+            assert metrics["policy/version"] == 1.0 and metrics["rollout/trajectories_used"] == 4
+            policy = await store.get_policy()
+            assert policy.version == 1 and policy.weights.endswith("/w/v1")
+            assert await store.backlog() == 0, "the consumed group is acknowledged and trimmed"
+            assert set((await engine.get_weight_version()).values()) == {1}
+            prompt = chat_prompt(tokenizer, "What is 3 + 4?")
+            gen = await engine.generate(
+                prompt, SamplingParams(temperature=1.0, max_new_tokens=8, sampling_seed=1)
+            )
+        finally:
+            await engine.aclose()
+    assert set(gen.versions) == {1}
+    served = np.array(gen.logprobs)
+    trained = np.array(forced_logprobs(model.eval(), prompt, gen.output_ids))
+    old = np.array(forced_logprobs(base, prompt, gen.output_ids))
+    assert np.abs(served - trained).max() < 1e-3, "the engine serves the trained weights"
+    assert np.abs(served - old).max() > 1e-3, "and not the old ones"
