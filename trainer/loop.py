@@ -86,10 +86,10 @@ class TrainerLoop:
         while len(entries) < self.cfg.groups_per_step:
             if deadline is not None and loop.time() > deadline:
                 raise TimeoutError(f"only {len(entries)} of {self.cfg.groups_per_step} groups arrived")
+            missing = self.cfg.groups_per_step - len(entries)
             entries += await self.store.read_groups(
-                "trainer", self.cfg.consumer, count=self.cfg.groups_per_step - len(entries),
-                block_ms=self.cfg.read_block_ms,
-            )  # fmt: skip
+                "trainer", self.cfg.consumer, count=missing, block_ms=self.cfg.read_block_ms
+            )
         return entries
 
     async def _publish(self, version: int) -> int:

@@ -30,8 +30,8 @@ async def test_step_publishes_weights_the_engine_then_serves(updatable, smollm, 
         await store.put_group(group)
         engine = EngineClient(url)
         try:
-            loop = TrainerLoop(model, optimizer, store, engine, tokenizer=tokenizer,
-                               cfg=LoopConfig(groups_per_step=1, weights_dir=str(tmp_path / "w")))  # fmt: skip
+            cfg = LoopConfig(groups_per_step=1, weights_dir=str(tmp_path / "w"))
+            loop = TrainerLoop(model, optimizer, store, engine, cfg, tokenizer=tokenizer)
             metrics = await loop.step(timeout_s=30)
             assert metrics["policy/version"] == 1.0 and metrics["rollout/trajectories_used"] == 4
             policy = await store.get_policy()
