@@ -9,7 +9,6 @@ import contextlib
 import logging
 import os
 import signal
-import socket
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -95,8 +94,9 @@ def rollout(args: argparse.Namespace) -> int:
 
 def show_trajectories(args: argparse.Namespace) -> int:
     """Prints stored groups as the trainer will see them, without consuming them."""
-    from pqrl.codec import CodecError, decode_many
+    from pqrl.codec import CodecError
     from pqrl.model_cache import load_tokenizer
+    from pqrl.store import TrajectoryStore
 
     url = args.redis_url or os.environ.get("REDIS_URL")
     if not url:
@@ -105,26 +105,15 @@ def show_trajectories(args: argparse.Namespace) -> int:
     tokenizer = load_tokenizer(args.model)
 
     async def fetch() -> list[tuple[str, Any]]:
-        import redis.asyncio as aioredis
+        async with TrajectoryStore(url, args.run) as store:
+            return await store.peek_groups(args.groups)
 
-        r = aioredis.Redis.from_url(url)
-        try:
-            return await r.xrevrange(f"pqrl:{{{args.run}}}:groups", count=args.groups)
-        finally:
-            await r.aclose()
-
-    rows = asyncio.run(fetch())
     figures: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
-    for entry_id, fields in reversed(rows):
-        try:
-            group = decode_many(fields[b"group"])
-        except (KeyError, CodecError) as e:
-            print(f"== entry {entry_id.decode()}: undecodable: {e}")
+    for entry_id, group in asyncio.run(fetch()):
+        if isinstance(group, CodecError):
+            print(f"== entry {entry_id}: undecodable: {group}")
             continue
-        print(
-            f"== group {group[0].group_id} (entry {entry_id.decode()}), "
-            f"task {group[0].task_id}, env {group[0].env}"
-        )
+        print(f"== group {group[0].group_id} (entry {entry_id}), task {group[0].task_id}, env {group[0].env}")
         for t in group:
             _figures(figures[t.env], t)
             counts = f"{t.num_tokens} tokens ({t.num_generated} generated, {int(t.loss_mask.sum())} trained)"
@@ -172,29 +161,11 @@ def _render(tokenizer: Any, t: Any) -> str:
 @contextlib.contextmanager
 def local_engine(model: str) -> Iterator[str]:
     """The built-in engine served on a free loopback port from a background thread; yields its URL."""
-    import threading
-    import time
-
-    import uvicorn
-
     from agent_loop.engine_server import EngineConfig, build_engine, create_app
+    from agent_loop.serving import serve_in_thread
 
-    engine = build_engine(EngineConfig(model=model))
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(create_app(engine, model_path=model), log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    while not server.started:
-        if not thread.is_alive():
-            raise RuntimeError("the built-in engine did not start")
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(30)
-        sock.close()
+    with serve_in_thread(create_app(build_engine(EngineConfig(model=model)), model_path=model)) as url:
+        yield url
 
 
 def filter_tasks(args: argparse.Namespace) -> int:

@@ -361,6 +361,20 @@ class TrajectoryStore:
         return int((await self.redis.xpending(self.groups_key, group))["pending"])
 
     @_redis_errors
+    async def peek_groups(self, count: int) -> list[tuple[str, list[Trajectory] | CodecError]]:
+        """The ``count`` most recent groups, oldest first, without consuming them (inspection).
+
+        A corrupt entry comes back as its CodecError and stays where it is.
+        """
+        out: list[tuple[str, list[Trajectory] | CodecError]] = []
+        for entry_id, fields in reversed(await self.redis.xrevrange(self.groups_key, count=count)):
+            try:
+                out.append((_decode_str(entry_id), _decode_group(fields)))
+            except CodecError as e:
+                out.append((_decode_str(entry_id), e))
+        return out
+
+    @_redis_errors
     async def dead_letters(self) -> list[tuple[str, str]]:
         """(original entry id, reason) of every entry that failed to decode."""
         rows = await self.redis.xrange(self.dead_key)

@@ -278,3 +278,14 @@ async def test_gate_never_over_admits_under_concurrency(store):
     gate = {"max_concurrent": 100, "max_staleness": 0, "groups_per_step": 5}
     results = await asyncio.gather(*(store.gate_admit(**gate) for _ in range(40)))
     assert sum(results) == 5
+
+
+async def test_peek_shows_recent_groups_without_consuming_them(store):
+    await store.create_consumer_group("trainer")
+    ids = [await store.put_group(make_group(f"g{i}")) for i in range(3)]
+    bad = (await store.redis.xadd(store.groups_key, {"group": b"junk"})).decode()
+    peeked = await store.peek_groups(3)
+    assert [e for e, _ in peeked] == [ids[1], ids[2], bad]
+    assert peeked[0][1] == make_group("g1") and "shorter than the 8-byte prefix" in str(peeked[2][1])
+    assert len(await store.read_groups("trainer", "t", count=10)) == 3, "nothing was consumed"
+    assert await store.dead_letters() != []  # reading (not peeking) dead-letters the junk
