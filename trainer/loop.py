@@ -2,32 +2,42 @@
 
 One ``TrainerLoop.step()``:
 
-1. reads ``groups_per_step`` finished groups through the ``trainer`` consumer group;
+1. reads ``groups_per_step`` finished groups through the ``trainer`` consumer group (first the
+   groups this consumer took before a restart and never covered by a checkpoint);
 2. runs ``trainer.step.train_step`` on them at the current policy version (in a thread, so the
-   event loop keeps serving Redis); groups it drops (stale, no signal) are reported to the
-   staleness gate with ``gate_reject``, so they free their places;
+   event loop keeps serving Redis and the rollout manager); groups it drops (stale, no signal)
+   are reported to the staleness gate with ``gate_reject``, so they free their places;
 3. saves the weights in Hugging Face format, asks every engine to load them with the next
    version (``/update_weights_from_disk``, aborting in-flight requests so per-token versions stay
-   exact), and only then publishes that version in Redis;
-4. acknowledges the groups (which trims them from the stream).
+   exact), and only then publishes that version in Redis.
 
-Deliberately left out (issue #7): checkpoints with optimizer state and resume, acknowledging only
-after a checkpoint, the NCCL weight path, evaluation, metrics files, and ``pqrl train``.
+Exactly-once training across crashes: a group is acknowledged in Redis only after the checkpoint
+that includes the step that used it (``checkpoint()``). A trainer killed before that checkpoint
+resumes from the previous one and is re-delivered those groups (its own pending entries); one
+killed between writing the checkpoint and acknowledging finds the entries in the checkpoint's
+``unacked_entries`` and acknowledges them on ``resume()`` instead of training them again. With
+``ckpt_dir=None`` (tests, throwaway runs) groups are acknowledged right after their step.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pqrl.engine_client import EngineClient
 from pqrl.store import GroupEntry, TrajectoryStore
+from trainer.checkpoint import CheckpointState, save_checkpoint
+from trainer.metrics import rollout_metrics
 from trainer.step import StepConfig, train_step
 
 __all__ = ["LoopConfig", "TrainerLoop"]
+
+_GROUP = "trainer"  # consumer group of the trajectory stream
 
 
 @dataclass(frozen=True)
@@ -35,9 +45,17 @@ class LoopConfig:
     groups_per_step: int = 4
     weights_dir: str = "runs/weights"
     keep_weights: int = 2  # published weight directories kept on disk
-    consumer: str = "trainer-0"
+    consumer: str = "trainer-0"  # fixed per trainer rank: a restart finds its own pending groups
     read_block_ms: int = 1000
+    ckpt_dir: str | None = None  # None: acknowledge each step's groups at once (no resume)
+    keep_checkpoints: int = 2
     step: StepConfig = field(default_factory=StepConfig)
+
+
+def _failpoint(name: str, step: int) -> None:
+    """Crash-consistency tests: ``PQRL_FAILPOINT=name:step`` kills the process right here."""
+    if os.environ.get("PQRL_FAILPOINT") == f"{name}:{step}":
+        os._exit(137)
 
 
 class TrainerLoop:
@@ -52,21 +70,44 @@ class TrainerLoop:
         cfg: LoopConfig | None = None,
         *,
         tokenizer: Any = None,
+        scheduler: Any = None,
+        state: CheckpointState | None = None,
     ) -> None:
         self.model, self.optimizer, self.store, self.engine = model, optimizer, store, engine
-        self.tokenizer = tokenizer
+        self.tokenizer, self.scheduler = tokenizer, scheduler
         self.cfg = cfg or LoopConfig()
+        self.state = state or CheckpointState()
         self._published: list[Path] = []
+        self._redelivered: list[GroupEntry] | None = None  # own pending groups, read once
+
+    async def resume(self) -> int:
+        """After loading a checkpoint: acknowledge what it covers, serve its weights under a fresh
+        version above every version ever published; returns that version."""
+        await self.store.create_consumer_group(_GROUP)
+        await self.store.ack(_GROUP, self.state.unacked_entries)
+        self.state.unacked_entries = []
+        highest = max((await self.store.get_policy()).version, self.state.policy_version)
+        version = await self._publish(highest + 1)
+        self.state.policy_version = version
+        await self.store.gate_reset(groups_per_step=self.cfg.groups_per_step)
+        return version
 
     async def step(self, *, timeout_s: float | None = None) -> dict[str, float]:
         """One step; returns its metrics (with ``policy/version`` after publication)."""
-        await self.store.create_consumer_group("trainer")
+        await self.store.create_consumer_group(_GROUP)
         entries = await self._read(timeout_s)
+        _failpoint("read", self.state.step + 1)
         version = (await self.store.get_policy()).version
         groups = [e.trajectories for e in entries]
+        t0 = time.perf_counter()
         metrics = await asyncio.to_thread(
             train_step, self.model, self.optimizer, groups, version, self.cfg.step
         )
+        if self.scheduler is not None:
+            self.scheduler.step()
+        _failpoint("trained", self.state.step + 1)
+        metrics["perf/train_s"] = time.perf_counter() - t0
+        metrics |= rollout_metrics(groups)
         dropped = int(
             metrics.get("dropped/groups_too_few_valid", 0) + metrics.get("dropped/no_signal_groups", 0)
         )
@@ -76,11 +117,38 @@ class TrainerLoop:
             metrics["policy/version"] = float(await self._publish(version + 1))
         else:
             metrics["policy/version"] = float(version)
-        await self.store.ack("trainer", [e.entry_id for e in entries])
+        _failpoint("published", self.state.step + 1)
+        self.state.step += 1
+        self.state.policy_version = int(metrics["policy/version"])
+        self.state.trained_groups += [g[0].group_id for g in groups]
+        ids = [e.entry_id for e in entries]
+        if self.cfg.ckpt_dir is None:
+            await self.store.ack(_GROUP, ids)
+        else:
+            self.state.unacked_entries += ids
         return metrics
 
+    async def checkpoint(self, *, sampler_position: int | None = None) -> Path:
+        """Writes a checkpoint of the current step, then acknowledges the groups it covers."""
+        if self.cfg.ckpt_dir is None:
+            raise ValueError("this loop has no ckpt_dir")
+        self.state.sampler_position = sampler_position
+        path = await asyncio.to_thread(
+            save_checkpoint, self.cfg.ckpt_dir, self.state, model=self.model, optimizer=self.optimizer,
+            scheduler=self.scheduler, tokenizer=self.tokenizer, keep=self.cfg.keep_checkpoints,
+        )  # fmt: skip
+        _failpoint("checkpointed", self.state.step)
+        await self.store.ack(_GROUP, self.state.unacked_entries)
+        self.state.unacked_entries = []
+        return path
+
     async def _read(self, timeout_s: float | None) -> list[GroupEntry]:
-        entries: list[GroupEntry] = []
+        if self._redelivered is None:
+            self._redelivered = await self.store.read_own_pending(_GROUP, self.cfg.consumer)
+            held = set(self.state.unacked_entries)  # taken since the last checkpoint, not crashed
+            self._redelivered = [e for e in self._redelivered if e.entry_id not in held]
+        entries = self._redelivered[: self.cfg.groups_per_step]
+        self._redelivered = self._redelivered[len(entries) :]
         loop = asyncio.get_running_loop()
         deadline = None if timeout_s is None else loop.time() + timeout_s
         while len(entries) < self.cfg.groups_per_step:
@@ -88,7 +156,7 @@ class TrainerLoop:
                 raise TimeoutError(f"only {len(entries)} of {self.cfg.groups_per_step} groups arrived")
             missing = self.cfg.groups_per_step - len(entries)
             entries += await self.store.read_groups(
-                "trainer", self.cfg.consumer, count=missing, block_ms=self.cfg.read_block_ms
+                _GROUP, self.cfg.consumer, count=missing, block_ms=self.cfg.read_block_ms
             )
         return entries
 

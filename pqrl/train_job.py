@@ -1,0 +1,514 @@
+"""``pqrl train CONFIG``: one command for a whole training job, and ``pqrl status``.
+
+Like the CLI module, this is the one place allowed to start every part (DESIGN.md section 1).
+
+Embedded mode (no service URLs in the config): a private Redis whose data lives in the run
+directory (so a killed job resumes with its stream), the built-in engine as a separate process
+(weights updated through ``/update_weights_from_disk``), environments in this process, the rollout
+manager and the trainer, sharing this machine's cores as the config says. Distributed mode: the
+same job against given Redis / engine / env-server URLs; ``--role trainer`` or ``--role rollout``
+runs one side, so rollout workers and trainers can sit on different machines.
+
+A job always resumes from its latest checkpoint when the run directory has one (``--fresh``
+starts over). The trainer writes ``metrics.jsonl``, TensorBoard events, ``curves.png`` at the end,
+and its figures to Redis for ``pqrl status``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pqrl.jobconfig import ConfigInvalid, SuiteRef, TrainConfig, explain, load_config
+
+__all__ = ["add_status_arguments", "add_train_arguments", "status_command", "train_command"]
+
+log = logging.getLogger("pqrl.train")
+
+
+def add_train_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", nargs="?", help="the job's YAML config (see --explain)")
+    p.add_argument(
+        "--role",
+        choices=["all", "trainer", "rollout"],
+        default="all",
+        help="distributed mode: run only the trainer or only a rollout manager",
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="override a config field, e.g. --set train.steps=5 (value parsed as YAML)",
+    )
+    p.add_argument("--fresh", action="store_true", help="delete the run directory and start over")
+    p.add_argument("--explain", action="store_true", help="list every config field and exit")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def add_status_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--run", required=True)
+    p.add_argument("--redis-url", default=None, help="default: $REDIS_URL, else the embedded job's own")
+    p.add_argument("--output-dir", default="runs", help="where an embedded job keeps its run directory")
+
+
+def _overrides(pairs: list[str]) -> dict[str, Any]:
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ConfigInvalid(f"--set {pair!r}: expected FIELD=VALUE")
+        out[key] = yaml.safe_load(value)
+    return out
+
+
+def train_command(args: argparse.Namespace) -> int:
+    if args.explain:
+        print("\n".join(explain()))
+        return 0
+    if not args.config:
+        print("pqrl train: give a CONFIG file (pqrl train --explain lists its fields)", file=sys.stderr)
+        return 2
+    try:
+        cfg = load_config(args.config, _overrides(args.set))
+    except ConfigInvalid as e:
+        print(f"pqrl train: {e}", file=sys.stderr)
+        return 2
+    if cfg.embedded and args.role != "all":
+        print("pqrl train: --role needs services.redis_url (distributed mode)", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    if args.fresh:
+        shutil.rmtree(cfg.run_dir, ignore_errors=True)
+    cfg.run_dir.mkdir(parents=True, exist_ok=True)
+    (cfg.run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+    with _services(cfg) as services:
+        summary = asyncio.run(_Job(cfg, services, role=args.role, quiet=args.quiet).run())
+    print(json.dumps(summary))
+    return 0
+
+
+# -- services -------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _services(cfg: TrainConfig) -> Iterator[dict[str, Any]]:
+    """Redis and engine URLs: the configured ones, or private ones started (and stopped) here."""
+    if not cfg.embedded:
+        yield {"redis_url": cfg.services.redis_url, "engines": cfg.services.engines}
+        return
+    from pqrl.redis_server import RedisServer, free_port
+
+    with contextlib.ExitStack() as stack:
+        redis = stack.enter_context(RedisServer(data_dir=cfg.run_dir / "redis"))
+        engines = list(cfg.services.engines)
+        if not engines:
+            port = free_port()
+            stack.enter_context(_engine_process(cfg, port))
+            engines = [f"http://127.0.0.1:{port}"]
+        (cfg.run_dir / "services.json").write_text(json.dumps({"redis_url": redis.url, "engines": engines}))
+        try:
+            yield {"redis_url": redis.url, "engines": engines}
+        finally:
+            (cfg.run_dir / "services.json").unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def _engine_process(cfg: TrainConfig, port: int) -> Iterator[subprocess.Popen[bytes]]:
+    threads = str(cfg.services.engine_threads)
+    env = os.environ | {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
+    cmd = [
+        sys.executable,
+        "-m",
+        "pqrl.cli",
+        "engine",
+        "serve",
+        "--backend",
+        "builtin",
+        "--model",
+        cfg.model.name,
+        "--port",
+        str(port),
+        "--seed",
+        str(cfg.seed),
+    ]
+    with open(cfg.run_dir / "engine.log", "ab") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        yield proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+# -- the job --------------------------------------------------------------------------------------
+
+
+def _load_suite(ref: SuiteRef) -> Any:
+    if ref.generate == "calc":
+        from tasks.calc import calc_suite
+
+        return calc_suite(
+            ref.n, ref.seed, name=f"calc{ref.level}-s{ref.seed}", shots=ref.shots, level=ref.level
+        )
+    from tasks.suite import load_suite
+
+    return load_suite(ref.path)  # type: ignore[arg-type]
+
+
+class _Job:
+    def __init__(self, cfg: TrainConfig, services: dict[str, Any], *, role: str, quiet: bool) -> None:
+        self.cfg, self.services, self.role, self.quiet = cfg, services, role, quiet
+        self.stopping = asyncio.Event()
+        self.manager: Any = None
+
+    async def run(self) -> dict[str, Any]:
+        from env_server.client import HttpEnvClient, LocalEnvClient
+        from pqrl.engine_client import EngineClient
+        from pqrl.store import TrajectoryStore
+
+        cfg = self.cfg
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):  # finish the step, checkpoint, stop
+            loop.add_signal_handler(sig, self.stopping.set)
+        store = TrajectoryStore(self.services["redis_url"], cfg.run)
+        engine = EngineClient(self.services["engines"]) if self.services["engines"] else None
+        env = (
+            HttpEnvClient(
+                cfg.services.env_servers, token=cfg.services.env_token or os.environ.get("PQRL_ENV_TOKEN")
+            )
+            if cfg.services.env_servers
+            else LocalEnvClient()
+        )
+        try:
+            await store.ping()
+            if engine is not None:
+                await engine.wait_until_healthy(timeout_s=300)
+            suites = [_load_suite(r) for r in cfg.tasks.suites]
+            if self.role == "rollout":
+                return await self._rollout_only(store, engine, env, suites)
+            return await self._train(store, engine, env, suites)
+        finally:
+            if engine is not None:
+                await engine.aclose()
+            await env.aclose()
+            await store.close()
+
+    # ---------------------------------------------------------------- rollout side
+
+    def _manager(self, store: Any, engine: Any, env: Any) -> Any:
+        from agent_loop.agent import EpisodeConfig
+        from agent_loop.manager import ManagerConfig, RolloutManager
+        from loss_masking import ChatRenderer
+        from pqrl.model_cache import load_tokenizer
+
+        r = self.cfg.rollout
+        episode = EpisodeConfig(
+            max_turns=r.max_turns,
+            max_new_tokens=r.max_new_tokens,
+            max_total_tokens=r.max_total_tokens,
+            temperature=r.temperature,
+        )
+        mcfg = ManagerConfig(
+            group_size=r.group_size,
+            groups_per_step=self.cfg.train.groups_per_step,
+            max_staleness=r.max_staleness,
+            max_concurrent_groups=r.max_concurrent_groups,
+            infra_retries=r.infra_retries,
+            episode_deadline_s=r.episode_deadline_s,
+            episode=episode,
+            progress_every_s=60.0,
+        )
+        renderer = ChatRenderer(load_tokenizer(self.cfg.model.name))
+        return RolloutManager(store, engine, env, renderer, mcfg)
+
+    async def _queue_tasks(self, store: Any, suites: list[Any]) -> None:
+        """Queues the run's tasks: each suite shuffled per epoch (idempotent per epoch)."""
+        import random
+
+        from tasks.storage import queued_task
+
+        epochs = self.cfg.tasks.epochs or max(1, self._epochs_needed(suites))
+        for suite in suites:
+            for e in range(epochs):
+                order = list(range(len(suite.tasks)))
+                random.Random(f"{self.cfg.tasks.seed}:{suite.id}:{e}").shuffle(order)
+                await store.push_tasks_once(f"{suite.id}:epoch{e}", (queued_task(suite, i) for i in order))
+
+    def _epochs_needed(self, suites: list[Any]) -> int:
+        groups = self.cfg.train.steps * self.cfg.train.groups_per_step * 2  # room for dropped groups
+        return -(-groups // max(sum(len(s.tasks) for s in suites), 1))
+
+    async def _rollout_only(self, store: Any, engine: Any, env: Any, suites: list[Any]) -> dict[str, Any]:
+        await self._queue_tasks(store, suites)
+        self.manager = self._manager(store, engine, env)
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, self.manager.stop)
+        stats = await self.manager.run(until_empty=True)
+        return {
+            "groups_written": stats.groups_written,
+            "groups_dropped": stats.groups_dropped,
+            "failures": dict(stats.failures),
+        }
+
+    # ---------------------------------------------------------------- trainer side
+
+    async def _train(self, store: Any, engine: Any, env: Any, suites: list[Any]) -> dict[str, Any]:
+        import torch
+
+        from trainer.checkpoint import latest_checkpoint, load_checkpoint
+        from trainer.loop import LoopConfig, TrainerLoop
+        from trainer.metrics import MetricsWriter, plot_curves
+        from trainer.step import StepConfig
+
+        cfg, t = self.cfg, self.cfg.train
+        if cfg.embedded:
+            torch.set_num_threads(cfg.services.trainer_threads)
+        torch.manual_seed(cfg.seed)
+        ckpt_dir = cfg.run_dir / "checkpoints"
+        latest = latest_checkpoint(ckpt_dir)
+        model, tokenizer = _load_policy(str(latest / "model") if latest else cfg.model.name)
+        if cfg.model.gradient_checkpointing:
+            model.gradient_checkpointing_enable()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=t.lr, betas=t.betas, weight_decay=t.weight_decay)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda s: min(1.0, (s + 1) / (t.warmup_steps + 1))
+        )
+        state = load_checkpoint(latest, optimizer=optimizer, scheduler=scheduler) if latest else None
+        step_cfg = StepConfig(
+            eps_low=t.eps_low,
+            eps_high=t.eps_high,
+            is_cap=t.is_cap,
+            temperature=cfg.rollout.temperature,
+            max_staleness=cfg.rollout.max_staleness,
+            max_grad_norm=t.max_grad_norm,
+            micro_batch_tokens=t.micro_batch_tokens,
+        )
+        loop_cfg = LoopConfig(
+            groups_per_step=t.groups_per_step,
+            weights_dir=str(cfg.run_dir / "weights"),
+            ckpt_dir=str(ckpt_dir),
+            keep_checkpoints=cfg.checkpoint.keep,
+            step=step_cfg,
+        )
+        trainer = TrainerLoop(
+            model, optimizer, store, engine, loop_cfg, tokenizer=tokenizer, scheduler=scheduler, state=state
+        )
+        writer = MetricsWriter(cfg.run_dir, tensorboard=cfg.tensorboard)
+        if latest is not None:
+            version = await trainer.resume()
+            log.info(
+                "resumed from %s at step %d, serving it as policy v%d", latest, trainer.state.step, version
+            )
+        else:
+            await store.gate_reset(groups_per_step=t.groups_per_step)
+        eval_suite = _load_suite(cfg.eval.suite) if cfg.eval.suite else None
+        evals: dict[str, Any] = {}
+        if eval_suite is not None and trainer.state.step == 0:
+            evals["before"] = await self._evaluate(eval_suite, engine, env, writer, 0)
+        rollout_task = None
+        await self._queue_tasks(store, suites)  # the trainer owns the run's task plan (idempotent)
+        if self.role == "all":
+            if cfg.embedded:
+                await _requeue_abandoned_leases(store)
+            self.manager = self._manager(store, engine, env)
+            rollout_task = asyncio.create_task(self.manager.run(until_empty=False))
+        started = time.monotonic()
+        deadline = started + t.max_time_min * 60 if t.max_time_min else None
+        bar = _progress(t.steps, trainer.state.step, disable=self.quiet)
+        rewards: list[float] = []
+        last: dict[str, float] = {}
+        try:
+            while trainer.state.step < t.steps and not self.stopping.is_set():
+                step_task = asyncio.create_task(trainer.step(timeout_s=t.read_timeout_s))
+                await _first(step_task, rollout_task)
+                last = step_task.result()
+                last["perf/tokens_per_s"] = last.get("perf/tokens", 0.0) / max(last["perf/train_s"], 1e-9)
+                step = trainer.state.step
+                writer.log(step, last)
+                if "rollout/reward_mean" in last:
+                    rewards.append(last["rollout/reward_mean"])
+                timeout = deadline is not None and time.monotonic() > deadline
+                if step % cfg.checkpoint.every == 0 or step == t.steps or timeout or self.stopping.is_set():
+                    await trainer.checkpoint()
+                await self._status(store, trainer, last, rewards)
+                bar.update(1)
+                bar.set_postfix(
+                    v=int(last["policy/version"]),
+                    reward=f"{last.get('rollout/reward_mean', 0):.2f}",
+                    used=int(last.get("rollout/trajectories_used", 0)),
+                )
+                if (
+                    eval_suite is not None
+                    and cfg.eval.every
+                    and step % cfg.eval.every == 0
+                    and step < t.steps
+                ):
+                    await self._evaluate(eval_suite, engine, env, writer, step)
+                if timeout:
+                    log.info("time budget of %.1f min reached at step %d", t.max_time_min, step)
+                    break
+        finally:
+            bar.close()
+            if trainer.state.unacked_entries:  # stopped mid-interval (error or signal): keep nothing unsaved
+                with contextlib.suppress(Exception):
+                    await trainer.checkpoint()
+            if self.manager is not None:
+                self.manager.stop()
+            if rollout_task is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(rollout_task, timeout=120)
+        if eval_suite is not None:
+            evals["after"] = await self._evaluate(eval_suite, engine, env, writer, trainer.state.step)
+        writer.close()
+        png = plot_curves(writer.path, cfg.run_dir / "curves.png")
+        await store.set_status({"phase": "finished"})
+        summary: dict[str, Any] = {
+            "run": cfg.run,
+            "steps": trainer.state.step,
+            "policy_version": trainer.state.policy_version,
+            "minutes": round((time.monotonic() - started) / 60, 2),
+            "metrics": str(writer.path),
+            "plot": str(png),
+        }
+        summary |= {f"eval_{k}": v[0] for k, v in evals.items()}
+        self.evals = evals
+        return summary
+
+    async def _evaluate(self, suite: Any, engine: Any, env: Any, writer: Any, step: int) -> Any:
+        from agent_loop.agent import EpisodeConfig
+        from agent_loop.evaluation import evaluate
+        from loss_masking import ChatRenderer
+        from pqrl.model_cache import load_tokenizer
+
+        r = self.cfg.rollout
+        episode = EpisodeConfig(
+            max_turns=r.max_turns,
+            max_new_tokens=r.max_new_tokens,
+            max_total_tokens=r.max_total_tokens,
+            temperature=r.temperature,
+        )
+        t0 = time.monotonic()
+        metrics, solved = await evaluate(
+            suite,
+            engine=engine,
+            env=env,
+            cfg=episode,
+            k=self.cfg.eval.k,
+            renderer=ChatRenderer(load_tokenizer(self.cfg.model.name)),
+        )
+        metrics["perf/eval_s"] = time.monotonic() - t0
+        writer.log(step, metrics)
+        log.info("eval at step %d: %s", step, {k: round(v, 3) for k, v in metrics.items()})
+        return metrics["eval/pass@1"], solved
+
+    async def _status(self, store: Any, trainer: Any, last: dict[str, float], rewards: list[float]) -> None:
+        gate = await store.gate_state()
+        failures = dict(self.manager.stats.failures) if self.manager is not None else {}
+        stale = {k.rsplit("_", 1)[1]: v for k, v in last.items() if k.startswith("offpolicy/staleness_")}
+        await store.set_status(
+            {
+                "phase": "training",
+                "step": trainer.state.step,
+                "steps": self.cfg.train.steps,
+                "policy_version": trainer.state.policy_version,
+                "reward_trend": [round(x, 3) for x in rewards[-20:]],
+                "staleness": stale,
+                "gate": gate,
+                "failures": failures,
+                "updated": time.time(),
+                "mismatch_kl": last.get("offpolicy/mismatch_kl"),
+            }
+        )
+
+
+def _load_policy(name_or_dir: str) -> tuple[Any, Any]:
+    import torch
+
+    from pqrl.model_cache import load_model, load_tokenizer
+
+    return load_model(name_or_dir, dtype=torch.float32), load_tokenizer(name_or_dir)
+
+
+async def _first(step_task: asyncio.Task[Any], rollout_task: asyncio.Task[Any] | None) -> None:
+    """Waits for the step; a rollout manager that dies meanwhile is an error, not a silent stall."""
+    waiting = {step_task} | ({rollout_task} if rollout_task is not None else set())
+    done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+    if step_task not in done:
+        step_task.cancel()
+        exc = rollout_task.exception() if rollout_task is not None else None
+        raise RuntimeError(f"the rollout manager stopped: {exc!r}")
+
+
+async def _requeue_abandoned_leases(store: Any) -> None:
+    """Embedded resume: the only manager of the run is gone, so its leases go back to the queue."""
+    from agent_loop.manager import _GROUP
+
+    await store.requeue_pending_tasks(_GROUP)
+
+
+def _progress(total: int, initial: int, *, disable: bool) -> Any:
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=initial, desc="train", unit="step", disable=disable, file=sys.stderr)
+
+
+# -- pqrl status ----------------------------------------------------------------------------------
+
+
+def status_command(args: argparse.Namespace) -> int:
+    url = args.redis_url or os.environ.get("REDIS_URL")
+    services = Path(args.output_dir) / args.run / "services.json"
+    if not url and services.is_file():
+        url = json.loads(services.read_text())["redis_url"]
+    if not url:
+        print(f"pqrl status: give --redis-url (no running embedded job at {services})", file=sys.stderr)
+        return 2
+
+    async def read() -> dict[str, Any]:
+        from pqrl.store import TrajectoryStore
+
+        async with TrajectoryStore(url, args.run) as store:
+            return {
+                "status": await store.get_status(),
+                "policy": (await store.get_policy()).version,
+                "gate": await store.gate_state(),
+                "backlog": await store.backlog(),
+                "tasks_queued": int(await store.redis.xlen(store.tasks_key)),
+            }
+
+    s = asyncio.run(read())
+    st = s["status"]
+    if not st:
+        print(
+            f"run {args.run}: no trainer has reported yet "
+            f"(policy v{s['policy']}, {s['backlog']} groups stored)"
+        )
+        return 1
+    age = time.time() - st.get("updated", time.time())
+    print(
+        f"run {args.run}: {st.get('phase')} step {st.get('step')}/{st.get('steps')}, "
+        f"policy v{s['policy']} (updated {age:.0f}s ago)"
+    )
+    print(f"  groups: {s['backlog']} stored, gate {s['gate']}, {s['tasks_queued']} task entries queued")
+    print(f"  staleness of last step: {st.get('staleness')}, engine mismatch k1 {st.get('mismatch_kl')}")
+    print(f"  reward trend (last {len(st.get('reward_trend', []))} steps): {st.get('reward_trend')}")
+    print(f"  rollout failures by kind: {st.get('failures') or 'none'}")
+    return 0
