@@ -14,8 +14,6 @@ __all__ = ["build_parser", "main"]
 
 # subcommand path -> the issue that delivers it
 PLANNED: dict[tuple[str, ...], str] = {
-    ("train",): "#7 (trainer)",
-    ("status",): "#7 (trainer)",
     ("sft",): "#7 (trainer)",
 }
 
@@ -124,7 +122,7 @@ def _cmd_tasks(args: argparse.Namespace) -> int:
     if args.tasks_command == "generate":
         from tasks.calc import calc_suite
 
-        suite = calc_suite(args.n, args.seed, name=args.name, shots=args.shots)
+        suite = calc_suite(args.n, args.seed, name=args.name, shots=args.shots, level=args.level)
         with open(args.output, "w") as f:
             f.write(suite.to_jsonl())
         print(f"wrote {suite.id} ({len(suite.tasks)} tasks) to {args.output}")
@@ -199,6 +197,18 @@ def _cmd_trajectories_show(args: argparse.Namespace) -> int:
     return show_trajectories(args)
 
 
+def _cmd_train(args: argparse.Namespace) -> int:
+    from pqrl.train_job import train_command
+
+    return train_command(args)
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    from pqrl.train_job import status_command
+
+    return status_command(args)
+
+
 def _planned(path: tuple[str, ...]) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
         print(f"pqrl {' '.join(path)}: not yet implemented (issue {PLANNED[path]})", file=sys.stderr)
@@ -270,6 +280,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--n", type=int, default=256)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--shots", type=int, default=1, help="worked examples rendered into each prompt")
+    p.add_argument("--level", type=int, choices=[1, 2], default=2, help="1: one operation; 2: multi-step")
     p.add_argument("--name", default="calc")
     p.add_argument("-o", "--output", required=True)
     p = tasks.add_parser("filter", help="keep the tasks the policy sometimes solves (0 < pass rate < 1)")
@@ -320,6 +331,15 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--model", default="smollm2-135m-instruct", help="tokenizer to decode with")
     show.add_argument("--brief", action="store_true", help="figures only, no token streams")
     show.set_defaults(func=_cmd_trajectories_show)
+
+    from pqrl.train_job import add_status_arguments, add_train_arguments  # light: no torch until called
+
+    tr = sub.add_parser("train", help="a whole training job from one YAML config (embedded or distributed)")
+    add_train_arguments(tr)
+    tr.set_defaults(func=_cmd_train)
+    st = sub.add_parser("status", help="a running job's step, version, queue, staleness, reward trend")
+    add_status_arguments(st)
+    st.set_defaults(func=_cmd_status)
 
     for path, issue in PLANNED.items():
         parent = sub if len(path) == 1 else group(path[0], f"{path[0]} commands")

@@ -45,6 +45,15 @@ _TEMPLATES = [
      "How many cookies are left?", "{a} * {b} * {c} - {d}"),
 ]  # fmt: skip
 
+# Level 1: one operation on two numbers, still beyond a 135M model's mental arithmetic: a first
+# rung that a small policy sometimes solves, so GRPO has signal (DESIGN.md section 5, 0 < c < 1).
+_EASY_TEMPLATES = [
+    ("A box holds {a} apples. How many apples are in {b} boxes?", "{a} * {b}"),
+    ("Tom has {c} marbles and buys {a} more. How many marbles does he have now?", "{c} + {a}"),
+    ("A tank holds {c} litres of water. {a} litres are used. How many litres are left?", "{c} - {a}"),
+    ("A bus carries {a} people on each trip. How many people does it carry in {b} trips?", "{a} * {b}"),
+]  # fmt: skip
+
 _DEMO_QUESTION = (
     "A school has 23 classes with 27 students each. 58 students leave. How many students are left?"
 )
@@ -83,8 +92,8 @@ def _fmt(value: int | float) -> str:
     return str(int(value)) if float(value).is_integer() else f"{value:.6g}"
 
 
-def make_calc_task(rng: random.Random, task_id: str) -> CalcTask:
-    story, expr = rng.choice(_TEMPLATES)
+def make_calc_task(rng: random.Random, task_id: str, level: int = 2) -> CalcTask:
+    story, expr = rng.choice(_EASY_TEMPLATES if level == 1 else _TEMPLATES)
     while True:
         v = {k: rng.randint(12, 99) for k in "abcde"}
         v["c"] = rng.randint(20, 400)
@@ -94,14 +103,21 @@ def make_calc_task(rng: random.Random, task_id: str) -> CalcTask:
             return CalcTask(id=task_id, question=story.format(**v), answer=_fmt(value), expression=expression)
 
 
-def calc_suite(n: int = 256, seed: int = 0, *, name: str = "calc", shots: int = 1) -> Suite:
-    """``n`` tasks generated from ``seed``; disjoint seeds give disjoint task ids."""
+def calc_suite(n: int = 256, seed: int = 0, *, name: str = "calc", shots: int = 1, level: int = 2) -> Suite:
+    """``n`` tasks generated from ``seed``; disjoint seeds give disjoint task ids.
+
+    ``level`` 2 (default): multi-step problems; level 1: one operation on two numbers.
+    """
+    if level not in (1, 2):
+        raise ValueError(f"calc level must be 1 or 2, got {level}")
     rng = random.Random(seed)
+    kind = "multi-step" if level == 2 else "one-step"
     manifest = SuiteManifest(
         name=name, version="1", env_id="calc-v1", kind="calc", reward="exact_match",
-        description=f"{n} multi-step arithmetic word problems (seed {seed})", defaults={"shots": shots},
+        description=f"{n} {kind} arithmetic word problems (seed {seed})", defaults={"shots": shots},
     )  # fmt: skip
-    return Suite(manifest, tuple(make_calc_task(rng, f"calc-{seed}-{i}") for i in range(n)))
+    prefix = "calc" if level == 2 else "calc1"
+    return Suite(manifest, tuple(make_calc_task(rng, f"{prefix}-{seed}-{i}", level) for i in range(n)))
 
 
 def _call(name: str, **arguments: Any) -> str:
