@@ -8,8 +8,11 @@ has room, so no sample lags the policy by more than ``max_staleness`` versions o
 Episodes whose infrastructure failed are retried up to ``infra_retries`` times; a group left with
 fewer than ``min_valid`` usable episodes is dropped, counted, and frees its place in the gate.
 
-Deliberately left out (see the issue note): epochs and per-suite mixing weights of a task
-sampler; the queue serves each submitted task once.
+When the run has a task sampler (tasks.storage.RunSampler: epochs, seeded shuffling, per-suite
+mixing weights) a manager with nothing in the queue claims the sampler's next slot, atomically
+with leasing it, so several managers share one schedule without taking a slot twice. Tasks
+submitted to the queue go first. With ``until_empty`` the manager stops once the queue is empty,
+the schedule is over and its own groups are done; the progress line reports the sampler position.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from loss_masking import ChatRenderer
 from pqrl.engine_client import EngineClient, EngineError
 from pqrl.store import TaskEntry, TrajectoryStore
 from pqrl.trajectory import Status, Trajectory
+from tasks.storage import RunSampler
 
 __all__ = ["ManagerConfig", "RolloutManager"]
 
@@ -81,6 +85,7 @@ class RolloutManager:
         self.stats = _Stats()
         self._stopping = asyncio.Event()
         self._in_flight: set[asyncio.Task[None]] = set()
+        self._sampler: RunSampler | None = None  # loaded when the run has one (it may be set later)
 
     def stop(self) -> None:
         """Graceful shutdown: no new groups; groups in flight finish and are written."""
@@ -133,7 +138,11 @@ class RolloutManager:
             log.info("reclaimed task lease %s from a manager that stopped", stale[0].entry_id)
             return stale[0]
         fresh = await self.store.take_tasks(_GROUP, self.consumer, count=1)
-        return fresh[0] if fresh else None
+        if fresh:
+            return fresh[0]
+        if self._sampler is None:
+            self._sampler = await RunSampler.load(self.store)
+        return await self._sampler.claim(_GROUP, self.consumer) if self._sampler else None
 
     async def _group(self, entry: TaskEntry) -> None:
         group_id = uuid.uuid4().hex[:12]
@@ -188,9 +197,13 @@ class RolloutManager:
         policy = await self.store.get_policy()
         elapsed = max(time.monotonic() - self.stats.started, 1e-9)
         failures = ", ".join(f"{k}={v}" for k, v in sorted(self.stats.failures.items())) or "none"
+        sampler = "none"
+        if self._sampler is not None:
+            total = self._sampler.schedule.total
+            sampler = f"{await self._sampler.position()}/{'inf' if total is None else total}"
         log.info(
             "[rollout %s] %.2f groups/s | written %d dropped %d | in flight %d | policy v%d | gate %s | "
-            "failures %s",
+            "sampler %s | failures %s",
             self.store.run_id, self.stats.groups_written / elapsed, self.stats.groups_written,
-            self.stats.groups_dropped, len(self._in_flight), policy.version, gate, failures,
+            self.stats.groups_dropped, len(self._in_flight), policy.version, gate, sampler, failures,
         )  # fmt: skip

@@ -6,6 +6,7 @@ Keys of run ``R`` (the braces keep a run's keys in one Redis Cluster slot):
 - ``pqrl:{R}:dead``    stream of entries that failed to decode, kept with the reason, never dropped
 - ``pqrl:{R}:tasks``   stream, the run's task queue (JSON task specs)
 - ``pqrl:{R}:policy``  hash: ``version`` (int, starts at 0), ``weights`` (where they are), ``updated``
+- ``pqrl:{R}:sampler`` hash: ``config`` (the task sampler's JSON, tasks.sampler), ``position`` (next slot)
 
 Both streams are read through consumer groups (``XREADGROUP`` + ``XACK``): each entry goes to one
 consumer of a group, a consumer that dies leaves its entries pending and ``reclaim`` hands them to
@@ -43,6 +44,8 @@ __all__ = [
     "Backpressure",
     "GroupEntry",
     "PolicyState",
+    "SamplerClaim",
+    "SamplerState",
     "StoreError",
     "StoreUnavailable",
     "TaskEntry",
@@ -91,6 +94,23 @@ class TaskEntry:
 class PolicyState:
     version: int
     weights: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class SamplerState:
+    """The run's task-sampler config (opaque JSON text; None when the run has none) and position."""
+
+    config: str | None
+    position: int
+
+
+@dataclass(frozen=True, slots=True)
+class SamplerClaim:
+    """What ``claim_task`` did: ``entry`` is the lease it delivered (None when the position had moved
+    on, nothing written), ``position`` the sampler position after the call."""
+
+    entry: TaskEntry | None
+    position: int
 
 
 # Entries are delivered to groups in id order, so everything at or below a group's last-delivered
@@ -154,6 +174,31 @@ local capacity = math.min(max_concurrent - running, budget)
 if capacity <= 0 then return 0 end
 redis.call('HINCRBY', KEYS[1], 'running', 1)
 return 1
+"""
+
+# The sampler's config is set once per run; setting the same one again (a resumed run) is a no-op.
+_LUA_SAMPLER_SET = """
+local cur = redis.call('HGET', KEYS[1], 'config')
+if cur and cur ~= ARGV[1] then return redis.error_reply('the run has another task sampler: ' .. cur) end
+redis.call('HSETNX', KEYS[1], 'position', 0)
+if cur then return 0 end
+redis.call('HSET', KEYS[1], 'config', ARGV[1])
+return 1
+"""
+
+# Claiming slot k of the sampler: advancing the position, queueing the task and leasing it to the
+# caller are one step, so no slot is handed out twice (the position is compared first) and none is
+# lost (a caller that dies after this leaves a pending lease that reclaim_tasks hands on).
+# XREADGROUP '>' delivers the oldest undelivered entry: a task submitted explicitly goes first and
+# the slot's task waits in the queue for the next taker.
+_LUA_CLAIM = """
+local pos = tonumber(redis.call('HGET', KEYS[1], 'position') or '0')
+if pos ~= tonumber(ARGV[1]) then return {pos} end
+redis.call('HSET', KEYS[1], 'position', pos + 1)
+redis.call('XADD', KEYS[2], '*', 'task', ARGV[2])
+local got = redis.call('XREADGROUP', 'GROUP', ARGV[3], ARGV[4], 'COUNT', 1, 'STREAMS', KEYS[2], '>')
+local e = got[1][2][1]
+return {pos + 1, e[1], e[2][2]}
 """
 
 # Versions only grow: a resumed trainer must publish above everything engines have seen.
@@ -221,6 +266,7 @@ class TrajectoryStore:
         self.dead_key = f"{prefix}:dead"
         self.tasks_key = f"{prefix}:tasks"
         self.policy_key = f"{prefix}:policy"
+        self.status_key = f"{prefix}:status"
         self._backlog_hint = 0  # XLEN as last seen by this producer; trims only lower the truth
         self._ack = self.redis.register_script(_LUA_ACK)
         self._trim = self.redis.register_script(_LUA_TRIM_ONLY)
@@ -229,6 +275,9 @@ class TrajectoryStore:
         self.batches_key = f"{prefix}:task-batches"
         self.gate_key = f"{prefix}:gate"
         self._admit = self.redis.register_script(_LUA_ADMIT)
+        self.sampler_key = f"{prefix}:sampler"
+        self._sampler_set = self.redis.register_script(_LUA_SAMPLER_SET)
+        self._claim = self.redis.register_script(_LUA_CLAIM)
 
     async def __aenter__(self) -> TrajectoryStore:
         await self.ping()
@@ -324,6 +373,17 @@ class TrajectoryStore:
             group, consumer, {self.groups_key: ">"}, count=count, block=block_ms
         )
         raw = reply[0][1] if reply else []
+        return await self._decode_entries(group, raw)
+
+    @_redis_errors
+    async def read_own_pending(self, group: str, consumer: str, *, count: int = 100) -> list[GroupEntry]:
+        """Groups delivered to ``consumer`` before and never acknowledged, oldest first.
+
+        A restarted trainer (same consumer name) reads these first: the groups it had taken but not
+        yet covered by a checkpoint when it stopped.
+        """
+        reply = await self.redis.xreadgroup(group, consumer, {self.groups_key: "0"}, count=count)
+        raw = [(i, f) for i, f in (reply[0][1] if reply else []) if f]
         return await self._decode_entries(group, raw)
 
     @_redis_errors
@@ -433,6 +493,16 @@ class TrajectoryStore:
             raise StoreError(str(e)) from None
         return int(v)
 
+    @_redis_errors
+    async def set_status(self, fields: dict[str, Any]) -> None:
+        """The trainer's latest figures for ``pqrl status`` (values JSON-encoded)."""
+        await self.redis.hset(self.status_key, mapping={k: json.dumps(v) for k, v in fields.items()})
+
+    @_redis_errors
+    async def get_status(self) -> dict[str, Any]:
+        raw = await self.redis.hgetall(self.status_key)
+        return {_decode_str(k): json.loads(v) for k, v in raw.items()}
+
     # ---------------------------------------------------------------- staleness gate
 
     @_redis_errors
@@ -512,12 +582,83 @@ class TrajectoryStore:
         return await self._ack_and_trim(self.tasks_key, group, entry_ids)
 
     @_redis_errors
+    async def requeue_pending_tasks(self, group: str) -> int:
+        """Puts every task leased by ``group`` and not acknowledged back on the queue (atomic).
+
+        Only for when no consumer of ``group`` is alive (an embedded job resuming): a live manager's
+        leases would be run twice.
+        """
+        await _create_group(self.redis, self.tasks_key, group, True)
+        return int(await self.redis.eval(_LUA_REQUEUE, 1, self.tasks_key, group))
+
+    @_redis_errors
     async def reclaim_tasks(
         self, group: str, consumer: str, *, min_idle_ms: int, count: int = 100
     ) -> list[TaskEntry]:
         await _create_group(self.redis, self.tasks_key, group, True)
         raw = await _autoclaim(self.redis, self.tasks_key, group, consumer, min_idle_ms, count)
         return [TaskEntry(_decode_str(i), json.loads(f[b"task"])) for i, f in raw]
+
+    # ---------------------------------------------------------------- task sampler
+
+    @_redis_errors
+    async def set_sampler(self, config: str) -> bool:
+        """Gives the run its task-sampler config (position 0); False when it had this one already.
+
+        Raises:
+            StoreError: the run has a different sampler config.
+        """
+        try:
+            return bool(await self._sampler_set(keys=[self.sampler_key], args=[config]))
+        except redis.exceptions.ResponseError as e:
+            raise StoreError(str(e)) from None
+
+    @_redis_errors
+    async def get_sampler(self) -> SamplerState:
+        config, position = await self.redis.hmget(self.sampler_key, ["config", "position"])
+        return SamplerState(_decode_str(config) if config else None, int(position or 0))
+
+    @_redis_errors
+    async def sampler_position(self) -> int:
+        """The next slot the sampler hands out: the number claimed so far (checkpoints save it)."""
+        return int(await self.redis.hget(self.sampler_key, "position") or 0)
+
+    @_redis_errors
+    async def set_sampler_position(self, position: int) -> None:
+        """Resume: the next claim takes slot ``position``. Slots already queued are not removed."""
+        if position < 0:
+            raise ValueError(f"sampler position must be >= 0, got {position}")
+        await self.redis.hset(self.sampler_key, "position", position)
+
+    @_redis_errors
+    async def claim_task(
+        self, group: str, consumer: str, *, position: int, task: dict[str, Any]
+    ) -> SamplerClaim:
+        """Queues ``task`` as sampler slot ``position`` and leases the oldest undelivered task to
+        ``consumer``, only if ``position`` is still the sampler's next slot (atomic)."""
+        await _create_group(self.redis, self.tasks_key, group, True)
+        payload = json.dumps(task, separators=(",", ":"))
+        reply = await self._claim(
+            keys=[self.sampler_key, self.tasks_key], args=[position, payload, group, consumer]
+        )
+        if len(reply) == 1:
+            return SamplerClaim(None, int(reply[0]))
+        return SamplerClaim(TaskEntry(_decode_str(reply[1]), json.loads(reply[2])), int(reply[0]))
+
+
+_LUA_REQUEUE = """
+local pending = redis.call('XPENDING', KEYS[1], ARGV[1], '-', '+', 100000)
+local n = 0
+for _, p in ipairs(pending) do
+  local e = redis.call('XRANGE', KEYS[1], p[1], p[1])
+  if #e > 0 then
+    redis.call('XADD', KEYS[1], '*', unpack(e[1][2]))
+    n = n + 1
+  end
+  redis.call('XACK', KEYS[1], ARGV[1], p[1])
+end
+return n
+"""
 
 
 def _decode_group(fields: dict[bytes, bytes]) -> list[Trajectory]:

@@ -1,16 +1,37 @@
-"""Suites in Redis: each stored once by content hash, and submitted into a run's task queue."""
+"""Suites in Redis: each stored once by content hash, and fed into a run's task queue.
+
+Two ways in, both ending as leases of the run's task queue (a consumer group, see pqrl.store):
+``SuiteStore.submit`` queues each task of a suite once; ``SuiteStore.configure_sampler`` gives the
+run a task sampler (tasks.sampler: epochs, seeded shuffling, mixing weights) whose slots
+``RunSampler.claim`` hands out one at a time. A manager takes the queue first (reclaimed leases,
+then submitted tasks) and claims from the sampler only when the queue has nothing for it.
+
+The claim of slot ``k`` is one Lua script (``TrajectoryStore.claim_task``): if the run's position
+is still ``k`` it becomes ``k + 1``, the slot's task (computed by the caller from the schedule) is
+appended to the queue, and the oldest undelivered task is leased to the caller. A caller that lost
+the race gets the new position and retries with that slot; so two managers, on any machines, never
+claim the same slot, and a manager that dies after claiming leaves a pending lease that another
+reclaims after its lease timeout, as with submitted tasks. The position is the only state: a run
+resumed on a Redis that lost it sets the checkpoint's position (``set_sampler_position``) and
+continues with that slot. On a Redis that kept it, keep the larger of the two: the slots between
+them are already queued or leased, and setting the position back would hand them out again.
+
+Deliberately left out: slots leased but unfinished when a checkpoint was taken are not re-issued
+on a fresh Redis (their leases went with it); a suite both submitted and sampled runs twice.
+"""
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, NamedTuple
 
 import redis.asyncio as aioredis
 
-from pqrl.store import TrajectoryStore
+from pqrl.store import TaskEntry, TrajectoryStore
+from tasks.sampler import SamplerConfig, Schedule, SuiteShare
 from tasks.suite import Suite, parse_suite
 
-__all__ = ["SuiteStore", "queued_task"]
+__all__ = ["RunSampler", "SuiteStore", "WeightedSuite", "fetch_suite", "queued_task"]
 
 _INDEX = "pqrl:suites"  # hash: digest -> {"id", "name", "version", "kind", "env_id", "tasks"}
 
@@ -20,6 +41,19 @@ def queued_task(suite: Suite, task_index: int) -> dict[str, Any]:
     t = suite.tasks[task_index]
     return {"suite": suite.id, "env_id": suite.manifest.env_id, "env_kwargs": suite.manifest.defaults,
             "task_id": t.id, "task": t.model_dump()}  # fmt: skip
+
+
+class WeightedSuite(NamedTuple):
+    suite: Suite
+    weight: float = 1.0
+
+
+async def fetch_suite(redis: aioredis.Redis, suite_id: str) -> Suite:
+    """A stored suite by its exact id, ``name@digest``."""
+    text = await redis.get(f"pqrl:suite:{suite_id.rsplit('@', 1)[-1]}")
+    if text is None:
+        raise KeyError(f"suite {suite_id} is not stored")
+    return parse_suite(text.decode(), source=suite_id)
 
 
 class SuiteStore:
@@ -69,3 +103,67 @@ class SuiteStore:
             )
         finally:
             await store.close()
+
+    async def configure_sampler(
+        self, run_id: str, suites: list[WeightedSuite], *, epochs: int | None = None, seed: int = 0
+    ) -> SamplerConfig:
+        """Stores the suites and gives ``run_id`` a task sampler over them.
+
+        Configuring the same sampler again (a resumed run) keeps its position.
+
+        Raises:
+            StoreError: the run already has a different sampler.
+        """
+        shares = tuple(SuiteShare(ws.suite.id, len(ws.suite.tasks), float(ws.weight)) for ws in suites)
+        config = SamplerConfig(shares, epochs, seed)
+        for ws in suites:
+            await self.save(ws.suite)
+        store = TrajectoryStore(self.url, run_id)
+        try:
+            await store.set_sampler(config.to_json())
+        finally:
+            await store.close()
+        return config
+
+
+class RunSampler:
+    """Claims the slots of a run's task sampler as leases of its task queue (see the module docstring).
+
+    Build it with ``load``; several instances (managers) may share one run.
+    """
+
+    def __init__(self, store: TrajectoryStore, schedule: Schedule, suites: dict[str, Suite]) -> None:
+        self.store, self.schedule, self.suites = store, schedule, suites
+
+    @classmethod
+    async def load(cls, store: TrajectoryStore) -> RunSampler | None:
+        """The run's sampler with its suites read from Redis; None when the run has none."""
+        state = await store.get_sampler()
+        if state.config is None:
+            return None
+        config = SamplerConfig.from_json(state.config)
+        suites = {s.suite_id: await fetch_suite(store.redis, s.suite_id) for s in config.suites}
+        for s in config.suites:
+            if len(suites[s.suite_id].tasks) != s.n_tasks:
+                raise ValueError(
+                    f"suite {s.suite_id} has {len(suites[s.suite_id].tasks)} tasks, not {s.n_tasks}"
+                )
+        return cls(store, Schedule(config), suites)
+
+    async def position(self) -> int:
+        return await self.store.sampler_position()
+
+    def task(self, k: int) -> dict[str, Any]:
+        """What slot ``k`` queues: the task as ``submit`` queues it, with its slot and epoch."""
+        slot = self.schedule.slot(k)
+        return {**queued_task(self.suites[slot.suite_id], slot.task_index), "epoch": slot.epoch, "slot": k}
+
+    async def claim(self, group: str, consumer: str) -> TaskEntry | None:
+        """Claims the next slot and leases a task to ``consumer``; None once the schedule is over."""
+        k = await self.position()
+        while not self.schedule.exhausted(k):
+            got = await self.store.claim_task(group, consumer, position=k, task=self.task(k))
+            if got.entry is not None:
+                return got.entry
+            k = got.position  # another manager claimed slot k first
+        return None

@@ -1,0 +1,207 @@
+"""The task sampler: the pure schedule (mixing, epochs, seeds, end) against a brute-force merge, and
+its claims in a real Redis (no slot twice across concurrent managers, resume, reclaim)."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import heapq
+from fractions import Fraction
+
+import pytest
+
+from pqrl.store import StoreError, TrajectoryStore
+from tasks.calc import calc_suite
+from tasks.sampler import SamplerConfig, Schedule, Slot, SuiteShare, permutation
+from tasks.storage import RunSampler, SuiteStore, WeightedSuite
+
+
+def config(*suites: tuple[str, int, float], epochs: int | None = None, seed: int = 0) -> SamplerConfig:
+    return SamplerConfig(tuple(SuiteShare(*s) for s in suites), epochs, seed)
+
+
+def merged(cfg: SamplerConfig, length: int) -> list[Slot]:
+    """Reference: draw j of suite i at time (j + 1/2) / w_i, merged with a heap, ties to the first suite."""
+    heap = [(Fraction(1, 2) / Fraction(str(s.weight)), i, 0) for i, s in enumerate(cfg.suites)]
+    heapq.heapify(heap)
+    out: list[Slot] = []
+    while heap and len(out) < length:
+        _, i, j = heapq.heappop(heap)
+        s = cfg.suites[i]
+        epoch, pos = divmod(j, s.n_tasks)
+        out.append(Slot(s.suite_id, permutation(cfg.seed, s.suite_id, epoch, s.n_tasks)[pos], epoch))
+        if cfg.epochs is None or j + 1 < cfg.epochs * s.n_tasks:
+            heapq.heappush(heap, ((j + Fraction(3, 2)) / Fraction(str(s.weight)), i, j + 1))
+    return out
+
+
+def test_slot_k_is_the_kth_draw_of_the_merged_divisor_sequences():
+    # 0.1 : 0.2 : 0.3 ties often; 3 tasks at weight 0.3 finish their epochs long before the others.
+    cfg = config(("a", 7, 0.1), ("b", 5, 0.2), ("c", 3, 0.3), ("d", 11, 0.25), epochs=3, seed=5)
+    sched = Schedule(cfg)
+    assert [sched.slot(k) for k in range(len(sched))] == merged(cfg, 10**6)
+    endless = config(("a", 4, 1.5), ("b", 9, 1.0), seed=2)
+    assert [Schedule(endless).slot(k) for k in range(500)] == merged(endless, 500)
+
+
+def test_every_prefix_holds_each_suites_weighted_share_to_within_one():
+    cfg = config(("x", 13, 1.0), ("y", 50, 2.0), ("z", 7, 0.5))
+    sched = Schedule(cfg)
+    counts: collections.Counter[str] = collections.Counter()
+    for k in range(3500):
+        counts[sched.slot(k).suite_id] += 1
+        for s in cfg.suites:
+            assert abs(counts[s.suite_id] - (k + 1) * s.weight / 3.5) <= 1, (k, counts)
+    assert counts == {"y": 2000, "x": 1000, "z": 500}
+
+
+def test_each_epoch_is_a_fresh_permutation_of_the_suite():
+    cfg = config(("a", 20, 1.0), ("b", 6, 3.0), epochs=4, seed=11)
+    by_epoch = collections.defaultdict(list)
+    for slot in (Schedule(cfg).slot(k) for k in range(4 * 26)):
+        by_epoch[slot.suite_id, slot.epoch].append(slot.task_index)
+    assert sorted(by_epoch) == [(s, e) for s in "ab" for e in range(4)]
+    for (suite, _), order in by_epoch.items():
+        assert sorted(order) == list(range(20 if suite == "a" else 6))
+    a = [tuple(by_epoch["a", e]) for e in range(4)]
+    assert len(set(a)) == 4, "suite a is reshuffled every epoch"
+    assert all(order != tuple(range(20)) for order in a), "and shuffled at all"
+
+
+def test_the_order_depends_on_the_seed_alone():
+    def order(seed: int) -> list[Slot]:
+        s = Schedule(config(("a", 30, 1.0), ("b", 30, 1.0), epochs=1, seed=seed))
+        return [s.slot(k) for k in range(len(s))]
+
+    assert order(3) == order(3)
+    assert order(3) != order(4)
+    # Only the task order changes with the seed; the interleaving of suites does not.
+    assert [s.suite_id for s in order(3)] == [s.suite_id for s in order(4)]
+
+
+def test_the_schedule_ends_exactly_after_every_suite_spent_its_epochs():
+    cfg = config(("small", 2, 10.0), ("big", 9, 1.0), epochs=3)
+    sched = Schedule(cfg)
+    assert len(sched) == 33
+    slots = [sched.slot(k) for k in range(33)]
+    assert collections.Counter((s.suite_id, s.task_index) for s in slots) == {
+        **{("small", t): 3 for t in range(2)},
+        **{("big", t): 3 for t in range(9)},
+    }
+    # The heavy small suite is done after its 6 draws; the rest of the schedule is "big" alone.
+    last_small = max(k for k, s in enumerate(slots) if s.suite_id == "small")
+    assert last_small < 8 and all(s.suite_id == "big" for s in slots[last_small + 1 :])
+    with pytest.raises(IndexError):
+        sched.slot(33)
+    assert sched.exhausted(33) and not sched.exhausted(32)
+    with pytest.raises(TypeError):
+        len(Schedule(config(("a", 2, 1.0))))
+
+
+def test_config_round_trips_and_rejects_nonsense():
+    cfg = config(("calc@abc", 5, 0.7), ("qa@def", 3, 1.0), epochs=2, seed=9)
+    assert SamplerConfig.from_json(cfg.to_json()) == cfg
+    for bad in (
+        [("a", 0, 1.0)],
+        [("a", 1, 0.0)],
+        [("a", 1, float("inf"))],
+        [("a", 1, 1.0), ("a", 2, 1.0)],
+        [],
+    ):
+        with pytest.raises(ValueError):
+            config(*bad)
+    with pytest.raises(ValueError):
+        config(("a", 1, 1.0), epochs=0)
+
+
+# ---------------------------------------------------------------- in Redis
+
+CALC_A, CALC_B = calc_suite(60, seed=21), calc_suite(40, seed=22)
+
+
+async def configured(url: str, run: str, *, epochs: int | None = 2, seed: int = 1) -> SamplerConfig:
+    suites = SuiteStore(url)
+    try:
+        return await suites.configure_sampler(
+            run, [WeightedSuite(CALC_A, 1.0), WeightedSuite(CALC_B, 2.0)], epochs=epochs, seed=seed
+        )
+    finally:
+        await suites.aclose()
+
+
+def named(sampler: RunSampler, k: int) -> tuple[str, str, int]:
+    t = sampler.task(k)
+    return t["suite"], t["task_id"], t["epoch"]
+
+
+async def test_concurrent_managers_never_claim_the_same_slot(redis_server):
+    await configured(redis_server.url, "shared")  # 2 epochs of 60 + 40 tasks: 200 slots
+    stores = [TrajectoryStore(redis_server.url, "shared") for _ in range(2)]  # two "machines"
+    try:
+        samplers = [await RunSampler.load(s) for s in stores]
+        claimed: list[tuple[int, int, str, dict]] = []
+
+        async def worker(m: int, w: int) -> None:
+            sampler = samplers[m]
+            while (entry := await sampler.claim("rollout", f"m{m}-w{w}")) is not None:
+                claimed.append((m, entry.task["slot"], entry.entry_id, entry.task))
+                await sampler.store.ack_tasks("rollout", [entry.entry_id])
+
+        await asyncio.gather(*(worker(m, w) for m in range(2) for w in range(4)))
+        assert sorted(slot for _, slot, _, _ in claimed) == list(range(200))
+        assert len({eid for _, _, eid, _ in claimed}) == 200
+        assert {m for m, *_ in claimed} == {0, 1}, "both managers took part"
+        for _, slot, _, task in claimed:
+            assert (task["suite"], task["task_id"], task["epoch"]) == named(samplers[0], slot)
+        assert await stores[0].sampler_position() == 200
+        assert await stores[0].take_tasks("rollout", "late", count=10) == [], "nothing left behind"
+    finally:
+        for s in stores:
+            await s.close()
+
+
+async def test_a_resumed_run_continues_at_the_saved_position(redis_server):
+    cfg = await configured(redis_server.url, "first", epochs=None)
+    first = TrajectoryStore(redis_server.url, "first")
+    resumed = TrajectoryStore(redis_server.url, "again")  # e.g. a new Redis: only the checkpoint is left
+    try:
+        sampler = await RunSampler.load(first)
+        handed = [(await sampler.claim("rollout", "m")).task for _ in range(11)]
+        saved = 10  # the checkpoint was taken after ten claims
+        assert await configured(redis_server.url, "first", epochs=None) == cfg, "same config: a no-op"
+        assert await first.sampler_position() == 11
+        with pytest.raises(StoreError, match="another task sampler"):
+            await configured(redis_server.url, "first", epochs=3)
+
+        await configured(redis_server.url, "again", epochs=None)
+        await resumed.set_sampler_position(saved)
+        restarted = await RunSampler.load(resumed)
+        entry = await restarted.claim("rollout", "m2")
+        assert entry.task == handed[10], "the 11th task of the same schedule"
+        assert (await resumed.get_sampler()).position == 11
+    finally:
+        await first.close()
+        await resumed.close()
+
+
+async def test_a_dead_managers_claim_is_reclaimed_and_submitted_tasks_go_first(redis_server):
+    await configured(redis_server.url, "r")
+    suites = SuiteStore(redis_server.url)
+    store = TrajectoryStore(redis_server.url, "r")
+    try:
+        sampler = await RunSampler.load(store)
+        lost = await sampler.claim("rollout", "dead-manager")
+        await asyncio.sleep(0.05)
+        (again,) = await store.reclaim_tasks("rollout", "alive", min_idle_ms=20, count=5)
+        assert (again.entry_id, again.task) == (lost.entry_id, lost.task) and lost.task["slot"] == 0
+
+        await suites.submit(calc_suite(1, seed=99), "r")
+        first = await sampler.claim("rollout", "alive")
+        assert first.task["task_id"] == "calc-99-0" and "slot" not in first.task
+        (waiting,) = await store.take_tasks("rollout", "alive", count=5)
+        assert waiting.task["slot"] == 1, "the slot claimed meanwhile waits in the queue, not lost"
+    finally:
+        await suites.aclose()
+        await store.close()
+    async with TrajectoryStore(redis_server.url, "no-sampler") as plain:
+        assert await RunSampler.load(plain) is None

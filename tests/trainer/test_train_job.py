@@ -1,0 +1,78 @@
+"""``pqrl train`` end to end in embedded mode with every real part (private Redis, an engine
+process updated from disk, the calc environment, the rollout manager, the trainer), then resumed
+by running the same command with a larger budget; and ``pqrl status`` on a run's figures."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from pqrl.cli import main
+from pqrl.store import TrajectoryStore
+
+
+def _job(tmp_path: Path) -> Path:
+    cfg = {
+        "run": "e2e", "output_dir": str(tmp_path / "runs"),
+        "tasks": {"suites": [{"generate": "calc", "level": 1, "n": 16}]},
+        "rollout": {"group_size": 4, "max_turns": 2, "max_new_tokens": 24, "max_total_tokens": 768,
+                    "max_concurrent_groups": 2},
+        "train": {"steps": 1, "groups_per_step": 1, "lr": 1e-5, "read_timeout_s": 600},
+        "checkpoint": {"every": 1},
+        "eval": {"k": 2, "suite": {"generate": "calc", "level": 1, "n": 2, "seed": 99}},
+    }  # fmt: skip
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def _train(config: Path, *extra: str) -> dict:
+    cmd = [sys.executable, "-m", "pqrl.cli", "train", str(config), "--quiet", *extra]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_embedded_job_trains_checkpoints_evaluates_and_resumes(tmp_path):
+    config = _job(tmp_path)
+    first = _train(config)
+    run = tmp_path / "runs" / "e2e"
+    assert first["steps"] == 1 and 0.0 <= first["eval_before"] <= 1.0 and "eval_after" in first
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    train_rows = [r for r in rows if "rollout/groups" in r]
+    assert [r["step"] for r in train_rows] == [1] and train_rows[0]["rollout/groups"] == 1
+    assert {"losses/pg_loss", "rollout/trajectories_used"} & set(train_rows[0]) or train_rows[0].get(
+        "dropped/no_signal_groups"
+    ), "a step either trains or says why it did not"
+    assert [r["step"] for r in rows if "eval/pass@1" in r] == [0, 1]
+    assert (run / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert list((run / "tensorboard").glob("events.out.tfevents.*"))
+    assert (run / "checkpoints" / "latest").read_text() == "step-000001"
+    assert not (run / "services.json").exists(), "the private services are gone after the job"
+
+    second = _train(config, "--set", "train.steps=2")
+    assert second["steps"] == 2
+    assert second["policy_version"] > first["policy_version"], "resume serves the checkpoint as a new version"
+    state = json.loads((run / "checkpoints" / "step-000002" / "state.json").read_text())
+    assert state["step"] == 2 and len(state["trained_groups"]) == 2
+    assert "eval_before" not in second, "a resumed run does not evaluate the start again"
+
+
+def test_status_shows_a_runs_figures(redis_server, capsys):
+    async def report() -> None:
+        async with TrajectoryStore(redis_server.url, "st") as store:
+            await store.publish_policy("/w/v3", version=3)
+            await store.set_status({"phase": "training", "step": 3, "steps": 10, "reward_trend": [0.1, 0.25],
+                                    "failures": {"engine": 2}, "staleness": {"0": 5, "1": 3}})  # fmt: skip
+
+    assert main(["status", "--run", "st", "--redis-url", redis_server.url]) == 1  # nothing reported yet
+    capsys.readouterr()
+    asyncio.run(report())
+    assert main(["status", "--run", "st", "--redis-url", redis_server.url]) == 0
+    out = capsys.readouterr().out
+    assert "training step 3/10, policy v3" in out and "[0.1, 0.25]" in out and "'engine': 2" in out
