@@ -241,21 +241,32 @@ class _Job:
         return RolloutManager(store, engine, env, renderer, mcfg)
 
     async def _queue_tasks(self, store: Any, suites: list[Any]) -> None:
-        """Queues the run's tasks: each suite shuffled per epoch (idempotent per epoch)."""
-        import random
+        """Gives the run its task sampler (suites mixed by weight, shuffled per epoch; idempotent).
 
-        from tasks.storage import queued_task
+        Without ``tasks.epochs`` the schedule covers the step budget twice over (dropped groups).
+        """
+        from pqrl.store import StoreError
+        from tasks.storage import SuiteStore, WeightedSuite
 
-        epochs = self.cfg.tasks.epochs or max(1, self._epochs_needed(suites))
-        for suite in suites:
-            for e in range(epochs):
-                order = list(range(len(suite.tasks)))
-                random.Random(f"{self.cfg.tasks.seed}:{suite.id}:{e}").shuffle(order)
-                await store.push_tasks_once(f"{suite.id}:epoch{e}", (queued_task(suite, i) for i in order))
+        weighted = [
+            WeightedSuite(s, ref.weight) for s, ref in zip(suites, self.cfg.tasks.suites, strict=True)
+        ]
+        epochs = self.cfg.tasks.epochs or self._epochs_needed(suites)
+        suite_store = SuiteStore(self.services["redis_url"])
+        try:
+            await suite_store.configure_sampler(
+                self.cfg.run, weighted, epochs=epochs, seed=self.cfg.tasks.seed
+            )
+        except StoreError as e:
+            raise SystemExit(
+                f"pqrl train: {e} (the config's tasks changed: start over with --fresh)"
+            ) from None
+        finally:
+            await suite_store.aclose()
 
     def _epochs_needed(self, suites: list[Any]) -> int:
-        groups = self.cfg.train.steps * self.cfg.train.groups_per_step * 2  # room for dropped groups
-        return -(-groups // max(sum(len(s.tasks) for s in suites), 1))
+        groups = self.cfg.train.steps * self.cfg.train.groups_per_step * 2
+        return max(1, -(-groups // max(sum(len(s.tasks) for s in suites), 1)))
 
     async def _rollout_only(self, store: Any, engine: Any, env: Any, suites: list[Any]) -> dict[str, Any]:
         await self._queue_tasks(store, suites)
@@ -325,6 +336,9 @@ class _Job:
             evals["before"] = await self._evaluate(eval_suite, engine, env, writer, 0)
         rollout_task = None
         await self._queue_tasks(store, suites)  # the trainer owns the run's task plan (idempotent)
+        saved = trainer.state.sampler_position
+        if saved is not None and saved > await store.sampler_position():  # a Redis that lost its state
+            await store.set_sampler_position(saved)
         if self.role == "all":
             if cfg.embedded:
                 await _requeue_abandoned_leases(store)
@@ -347,7 +361,7 @@ class _Job:
                     rewards.append(last["rollout/reward_mean"])
                 timeout = deadline is not None and time.monotonic() > deadline
                 if step % cfg.checkpoint.every == 0 or step == t.steps or timeout or self.stopping.is_set():
-                    await trainer.checkpoint()
+                    await trainer.checkpoint(sampler_position=await store.sampler_position())
                 await self._status(store, trainer, last, rewards)
                 bar.update(1)
                 bar.set_postfix(
@@ -369,7 +383,7 @@ class _Job:
             bar.close()
             if trainer.state.unacked_entries:  # stopped mid-interval (error or signal): keep nothing unsaved
                 with contextlib.suppress(Exception):
-                    await trainer.checkpoint()
+                    await trainer.checkpoint(sampler_position=await store.sampler_position())
             if self.manager is not None:
                 self.manager.stop()
             if rollout_task is not None:
