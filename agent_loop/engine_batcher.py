@@ -19,6 +19,10 @@ admission order. So a request with a ``sampling_seed`` samples the same tokens w
 the batch (up to the float noise of different batch shapes), and a whole run is reproducible given
 the engine seed and the order of requests.
 
+New weights come from a checkpoint directory (``load_weights``) or as one broadcast per tensor from a
+trainer over a process group of their own (``new_weights_group``, ``receive_weights``: SGLang's NCCL
+path, which gloo carries on CPU); ``load_state`` checks a whole set before copying any of it.
+
 Deliberately left out: prefix caching (``flush_cache`` has nothing to flush), chunked prefill,
 paged KV memory, CUDA graphs, speculative decoding, input-token logprobs, penalties.
 
@@ -30,14 +34,27 @@ from __future__ import annotations
 
 import inspect
 import random
+from collections import Counter
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-__all__ = ["BatchEngine", "EngineStats", "SamplingParams", "Sequence", "load_state_dict", "sample_tokens"]
+__all__ = [
+    "BatchEngine",
+    "EngineStats",
+    "SamplingParams",
+    "Sequence",
+    "destroy_weights_group",
+    "load_state_dict",
+    "new_weights_group",
+    "parse_dtype",
+    "receive_weights",
+    "sample_tokens",
+]
 
 _GREEDY_EPS = 1e-6  # temperatures below this decode greedily (SGLang's threshold)
 _TRIM_MIN_COLUMNS = 32  # drop all-padding KV columns once this many pile up at the left
@@ -100,6 +117,91 @@ def load_state_dict(model_path: str | Path, device: torch.device) -> dict[str, t
     for f in files:
         state.update(load_file(str(f), device=str(device)))
     return state
+
+
+# -- weights broadcast by a trainer (SGLang's update_weights_from_distributed) ----------------------
+
+WEIGHTS_GROUP_TIMEOUT = timedelta(minutes=10)  # rendezvous and every collective of a weights group
+
+
+def new_weights_group(
+    master_address: str,
+    master_port: int,
+    *,
+    rank: int,
+    world_size: int,
+    group_name: str,
+    backend: str,
+    timeout: timedelta = WEIGHTS_GROUP_TIMEOUT,
+) -> Any:
+    """Joins a process group of its own, as SGLang's ``init_custom_process_group`` builds it.
+
+    Not the default group (this process may have none, or one of its own): a TCPStore rendezvous at
+    ``master_address:master_port`` (rank 0, the trainer, hosts the store), keys prefixed with
+    ``group_name``, so the trainer's side interoperates with SGLang's. Blocks until every rank joined.
+    """
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    store = dist.TCPStore(master_address, master_port, world_size, is_master=rank == 0, timeout=timeout)
+    # torch has no public call for a group outside the default one; every RL framework uses this one.
+    options = (
+        "backend_options"
+        if "backend_options" in inspect.signature(c10d._new_process_group_helper).parameters
+        else "pg_options"
+    )
+    group, _ = c10d._new_process_group_helper(
+        world_size,
+        rank,
+        [],
+        c10d.Backend(backend),
+        dist.PrefixStore(group_name, store),
+        group_name=group_name,
+        timeout=timeout,
+        **{options: None},
+    )
+    c10d._world.pg_group_ranks[group] = {i: i for i in range(world_size)}  # so dist.broadcast accepts it
+    return group
+
+
+def destroy_weights_group(group: Any) -> None:
+    import torch.distributed as dist
+
+    dist.destroy_process_group(group)
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    """``"bfloat16"`` (SGLang's wire form) or ``"torch.bfloat16"`` as a torch dtype."""
+    dtype = getattr(torch, name.removeprefix("torch."), None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"unknown dtype {name!r}")
+    return dtype
+
+
+def receive_weights(
+    group: Any,
+    names: list[str],
+    dtypes: list[torch.dtype],
+    shapes: list[list[int]],
+    device: torch.device | str,
+) -> dict[str, torch.Tensor]:
+    """Receives one broadcast from rank 0 per ``(name, dtype, shape)``, in that order.
+
+    Everything is received before anything is checked, so the sender never waits on a rejected
+    update; then ``ValueError`` if a name repeats.
+    """
+    import torch.distributed as dist
+
+    tensors = [
+        torch.empty(shape, dtype=dtype, device=device) for dtype, shape in zip(dtypes, shapes, strict=True)
+    ]
+    handles = [dist.broadcast(t, src=0, group=group, async_op=True) for t in tensors]
+    for handle in handles:
+        handle.wait()
+    repeated = sorted(n for n, k in Counter(names).items() if k > 1)
+    if repeated:
+        raise ValueError(f"tensor names sent more than once: {repeated[:5]}")
+    return dict(zip(names, tensors, strict=True))
 
 
 def sample_tokens(
@@ -233,19 +335,36 @@ class BatchEngine:
         """
         if load_format not in (None, "auto", "safetensors"):
             raise ValueError(f"load_format {load_format!r} is not supported (use 'auto' or 'safetensors')")
-        new = load_state_dict(model_path, self.device)
+        self.load_state(load_state_dict(model_path, self.device), source=str(model_path), complete=True)
+
+    def check_state(self, new: dict[str, torch.Tensor], *, source: str, complete: bool) -> None:
+        """Raises ValueError unless ``new`` fits the model: known names (as in ``state_dict()``), same
+        shapes and, when ``complete``, every tensor present (tied ones may be left out)."""
         own = self.model.state_dict()
         unknown = sorted(set(new) - set(own))
         if unknown:
-            raise ValueError(f"{model_path}: tensors the model does not have: {unknown[:5]}")
-        bad = [k for k, t in new.items() if t.shape != own[k].shape]
+            raise ValueError(f"{source}: tensors the model does not have: {unknown[:5]}")
+        bad = [
+            f"{k} {tuple(t.shape)} != {tuple(own[k].shape)}"
+            for k, t in new.items()
+            if t.shape != own[k].shape
+        ]
         if bad:
-            raise ValueError(f"{model_path}: shape mismatch for {bad[:5]}")
-        # A tensor may be absent only when it shares storage with a loaded one (tied embeddings).
-        loaded = {own[k].data_ptr() for k in new}
-        missing = sorted(k for k in set(own) - set(new) if own[k].data_ptr() not in loaded)
-        if missing:
-            raise ValueError(f"{model_path}: tensors missing from the checkpoint: {missing[:5]}")
+            raise ValueError(f"{source}: shape mismatch for {bad[:5]}")
+        if complete:
+            # A tensor may be absent only when it shares storage with a loaded one (tied embeddings).
+            loaded = {own[k].data_ptr() for k in new}
+            missing = sorted(k for k in set(own) - set(new) if own[k].data_ptr() not in loaded)
+            if missing:
+                raise ValueError(f"{source}: tensors missing from the checkpoint: {missing[:5]}")
+
+    def load_state(
+        self, new: dict[str, torch.Tensor], *, source: str = "weights", complete: bool = False
+    ) -> None:
+        """Checks ``new`` (``check_state``), then copies it into the model in place (converting dtype and
+        device), so a bad set of tensors leaves the model as it was."""
+        self.check_state(new, source=source, complete=complete)
+        own = self.model.state_dict()
         with torch.no_grad():
             for k, t in new.items():
                 own[k].copy_(t)

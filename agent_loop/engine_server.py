@@ -5,6 +5,11 @@ real SGLang server alike:
 
     POST /generate                  {input_ids | text, sampling_params, return_logprob, stream, rid}
     POST /update_weights_from_disk  {model_path, load_format, abort_all_requests, weight_version, ...}
+    POST /init_weights_update_group {master_address, master_port, rank_offset, world_size, group_name,
+                                     backend}: join the trainer's process group ("gloo"; "nccl" on CUDA)
+    POST /update_weights_from_distributed  {names, dtypes, shapes, group_name, weight_version,
+                                     abort_all_requests, flush_cache}: one broadcast per tensor from rank 0
+    POST /destroy_weights_update_group     {group_name}
     GET  /get_weight_version        -> {"weight_version": "3"}
     POST /pause_generation          {"mode": "abort" | "retract" | "in_place"}
     POST /continue_generation
@@ -19,6 +24,11 @@ updates without abort). Errors are ``{"error": code, "detail": message}``; ``str
 rejected with 400 (only non-streaming generation is implemented). Batching, sampling and the logprob
 convention are documented in ``agent_loop.engine_batcher``; scheduling in ``agent_loop.engine_scheduler``.
 
+Distributed updates receive every tensor before checking any (the sender never waits on a rejected
+update), while generation goes on; then, between decode steps, they abort in-flight requests when
+asked, copy the tensors in and set the version. Unlike SGLang, a set that does not fit the model
+(unknown name, other shape) is refused whole: the served weights stay as they were.
+
 ``--backend sglang`` replaces this process with a real SGLang server (``sglang_command``).
 """
 
@@ -27,22 +37,31 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import hmac
 import importlib.util
 import os
 import sys
+import threading
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, NoReturn
+from typing import Annotated, Any, Literal, NoReturn, TypeVar
 
 from fastapi import APIRouter, Body, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from agent_loop.engine_batcher import BatchEngine, SamplingParams
+from agent_loop.engine_batcher import (
+    BatchEngine,
+    SamplingParams,
+    destroy_weights_group,
+    new_weights_group,
+    parse_dtype,
+    receive_weights,
+)
 from agent_loop.engine_batcher import Sequence as EngineSequence
 from agent_loop.engine_scheduler import EngineScheduler
 
@@ -57,6 +76,9 @@ __all__ = [
     "serve",
     "sglang_command",
 ]
+
+
+T = TypeVar("T")
 
 
 class SGLangNotInstalled(RuntimeError):
@@ -130,6 +152,32 @@ class UpdateWeightsFromDiskIn(_In):
     token_step: int = 0
 
 
+class InitWeightsUpdateGroupIn(_In):
+    master_address: str
+    master_port: int = Field(ge=1, le=65535)
+    rank_offset: int = Field(description="this engine's rank in the group (rank 0 is the trainer)")
+    world_size: int = Field(ge=2)
+    group_name: str = Field(default="weight_update_group", min_length=1)
+    backend: str = "nccl"
+
+
+class UpdateWeightsFromDistributedIn(_In):
+    names: list[str]
+    dtypes: list[str] = Field(description='torch dtype names, e.g. "bfloat16"')
+    shapes: list[list[Annotated[int, Field(ge=0)]]]
+    group_name: str = "weight_update_group"
+    flush_cache: bool = True
+    abort_all_requests: bool = False
+    weight_version: str | None = None
+    load_format: str | None = None
+    # Accepted for SGLang compatibility, no effect here:
+    torch_empty_cache: bool = False
+
+
+class DestroyWeightsUpdateGroupIn(_In):
+    group_name: str = "weight_update_group"
+
+
 class PauseIn(_In):
     mode: Literal["abort", "retract", "in_place"] = "abort"
 
@@ -162,6 +210,11 @@ class UpdateWeightsOut(BaseModel):
     success: bool
     message: str
     num_paused_requests: int = 0
+
+
+class ControlOut(BaseModel):
+    success: bool
+    message: str
 
 
 class _HttpError(Exception):
@@ -310,6 +363,8 @@ def create_app(engine: BatchEngine, *, api_key: str | None = None, model_path: s
         msg = f"loaded {body.model_path}; weight_version {engine.weight_version}"
         return JSONResponse(UpdateWeightsOut(success=True, message=msg, num_paused_requests=n).model_dump())
 
+    _add_weight_group_routes(api, engine, scheduler)
+
     @api.post("/pause_generation", operation_id="pause_generation")
     async def pause(body: Annotated[PauseIn | None, Body()] = None) -> dict[str, Any]:
         mode = (body or PauseIn()).mode
@@ -334,6 +389,126 @@ def create_app(engine: BatchEngine, *, api_key: str | None = None, model_path: s
 
     app.include_router(api)
     return app
+
+
+# -- weights from a trainer's process group (SGLang's NCCL path) ------------------------------------
+
+
+@dataclass(frozen=True)
+class _WeightsGroup:
+    group: Any  # a torch ProcessGroup
+    device: Any  # where broadcasts land: the model's CUDA device for nccl, the CPU for gloo
+
+
+def _add_weight_group_routes(api: APIRouter, engine: BatchEngine, scheduler: EngineScheduler) -> None:
+    """The routes of a trainer's weights group: init, update_weights_from_distributed, destroy.
+
+    Answers are SGLang's ``{"success", "message"}``, with status 400 on failure. One lock orders them:
+    collectives on a group must run in the same order on every rank.
+    """
+    groups: dict[str, _WeightsGroup] = {}
+    lock = asyncio.Lock()
+
+    @api.post("/init_weights_update_group", operation_id="init_weights_update_group")
+    async def init_group(body: InitWeightsUpdateGroupIn) -> JSONResponse:
+        if body.backend not in ("gloo", "nccl"):
+            return _control(False, f"backend {body.backend!r} is not supported (use 'nccl' or 'gloo')")
+        if body.backend == "nccl" and engine.device.type != "cuda":
+            return _control(
+                False, f"backend 'nccl' needs CUDA; this engine runs on {engine.device}: use 'gloo'"
+            )
+        if not 0 < body.rank_offset < body.world_size:
+            return _control(False, "rank_offset must be in [1, world_size): rank 0 is the trainer")
+        async with lock:
+            if body.group_name in groups:
+                return _control(False, f"group {body.group_name!r} exists: destroy it first")
+            make = functools.partial(
+                new_weights_group,
+                body.master_address,
+                body.master_port,
+                rank=body.rank_offset,  # the built-in engine is one rank
+                world_size=body.world_size,
+                group_name=body.group_name,
+                backend=body.backend,
+            )
+            try:
+                group = await _in_daemon_thread(make)
+            except Exception as e:  # rendezvous timeouts, refused connections, backend errors
+                return _control(False, f"Failed to initialize custom process group: {e}")
+            device = engine.device if body.backend == "nccl" else "cpu"
+            groups[body.group_name] = _WeightsGroup(group, device)
+        return _control(True, "Succeeded to initialize custom process group.")
+
+    @api.post("/update_weights_from_distributed", operation_id="update_weights_from_distributed")
+    async def update_from_distributed(body: UpdateWeightsFromDistributedIn) -> JSONResponse:
+        # Refusals before receiving leave the sender blocked until the group's timeout; every check
+        # against the model comes after receiving.
+        wg = groups.get(body.group_name)
+        if wg is None:
+            return _control(False, f"no group {body.group_name!r}: call /init_weights_update_group first")
+        if not len(body.names) == len(body.dtypes) == len(body.shapes):
+            return _control(False, "names, dtypes and shapes must have the same length")
+        if body.load_format not in (None, "auto"):
+            return _control(False, f"load_format {body.load_format!r} is not supported")
+        try:
+            dtypes = [parse_dtype(d) for d in body.dtypes]
+        except ValueError as e:
+            return _control(False, str(e))
+        async with lock:
+            receive = functools.partial(receive_weights, wg.group, body.names, dtypes, body.shapes, wg.device)
+            try:
+                tensors = await _in_daemon_thread(receive)
+                engine.check_state(tensors, source="update_weights_from_distributed", complete=False)
+                await scheduler.update_weights_from_tensors(
+                    tensors, weight_version=body.weight_version, abort_all_requests=body.abort_all_requests
+                )
+            except (ValueError, RuntimeError) as e:  # RuntimeError: torch.distributed's errors
+                return _control(False, f"Failed to update parameter online: {e}; the weights are unchanged")
+        return _control(True, f"Succeeded to update parameter online; weight_version {engine.weight_version}")
+
+    @api.post("/destroy_weights_update_group", operation_id="destroy_weights_update_group")
+    async def destroy_group(
+        body: Annotated[DestroyWeightsUpdateGroupIn | None, Body()] = None,
+    ) -> JSONResponse:
+        name = (body or DestroyWeightsUpdateGroupIn()).group_name
+        async with lock:
+            wg = groups.pop(name, None)
+            if wg is None:
+                return _control(False, f"no group {name!r} to destroy")
+            await asyncio.to_thread(destroy_weights_group, wg.group)
+        return _control(True, "Succeeded to destroy custom process group.")
+
+
+def _control(success: bool, message: str) -> JSONResponse:
+    return JSONResponse(
+        ControlOut(success=success, message=message).model_dump(), status_code=200 if success else 400
+    )
+
+
+async def _in_daemon_thread(fn: Callable[[], T]) -> T:
+    """Runs a blocking collective off the event loop, in a daemon thread: one stuck on a peer that never
+    comes (until the group's timeout) must not hold up shutdown, as an executor thread would."""
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[T] = loop.create_future()
+
+    def settle(result: Any, error: BaseException | None) -> None:
+        if fut.done():  # the caller went away
+            return
+        if error is not None:
+            fut.set_exception(error)
+        else:
+            fut.set_result(result)
+
+    def run() -> None:
+        try:
+            result, error = fn(), None
+        except BaseException as e:  # handed to the awaiting coroutine
+            result, error = None, e
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+            loop.call_soon_threadsafe(settle, result, error)
+
+    threading.Thread(target=run, name="engine-weights-group", daemon=True).start()
+    return await fut
 
 
 def _prompts(body: GenerateIn, engine: BatchEngine) -> tuple[list[list[int]], bool]:

@@ -1,6 +1,8 @@
 """One async client for SGLang's native HTTP API: the built-in engine and real SGLang servers alike.
 
-Rollouts call ``generate``; the trainer's weight sync calls ``update_weights_from_disk`` and friends.
+Rollouts call ``generate``; the trainer's weight sync calls ``update_weights_from_disk`` or, for SGLang's
+NCCL path, ``init_weights_update_group`` once and ``update_weights_from_distributed`` per version (the
+tensors themselves go by broadcast, see ``trainer.weight_sync``).
 
 Routing: a generation goes to the server with the fewest generations this client has in flight there
 (ties: the one picked least recently); every later call with the same ``rollout_id`` goes to the same
@@ -466,16 +468,117 @@ class EngineClient:
         if load_format is not None:
             body["load_format"] = load_format
         results = await self._on_all("POST", "/update_weights_from_disk", body)
-        failed = [
-            f"{s.url}: {r}" if isinstance(r, Exception) else f"{s.url}: {r.get('message')}"
-            for s, r in zip(self.servers, results, strict=True)
-            if isinstance(r, Exception) or not r.get("success", False)
-        ]
-        if failed:
-            raise WeightUpdateFailed("weight update failed on " + "; ".join(failed))
+        self._raise_failed("weight update", results)
         for s in self.servers:
             s.known_version = version
-        return results  # type: ignore[return-value]
+        return results
+
+    def weights_group_layout(self, ranks_per_server: int | Sequence[int] = 1) -> tuple[list[int], int]:
+        """The rank offset of each server in a weights group, and the group's world size.
+
+        The trainer is rank 0; server i holds ``ranks_per_server[i]`` ranks (its tensor-parallel
+        size; one int: the same for all) from its offset on.
+        """
+        ranks = (
+            [ranks_per_server] * len(self.servers) if isinstance(ranks_per_server, int) else ranks_per_server
+        )
+        if len(ranks) != len(self.servers) or any(r < 1 for r in ranks):
+            raise ValueError(f"need a rank count >= 1 for each of {len(self.servers)} servers, got {ranks}")
+        offsets = list(itertools.accumulate(ranks[:-1], initial=1))
+        return offsets, 1 + sum(ranks)
+
+    async def init_weights_update_group(
+        self,
+        master_address: str,
+        master_port: int,
+        *,
+        group_name: str = "weight_update_group",
+        backend: str = "nccl",
+        ranks_per_server: int | Sequence[int] = 1,
+    ) -> list[dict[str, Any]]:
+        """Every server joins the trainer's process group (rank 0 at ``master_address:master_port``).
+
+        Each call returns once every rank of the group joined, the trainer's included: run it
+        concurrently with the trainer's own join (``trainer.weight_sync.DistributedWeightSync`` does).
+
+        Raises:
+            WeightUpdateFailed: some server did not join; the message names each and why.
+        """
+        offsets, world_size = self.weights_group_layout(ranks_per_server)
+        bodies = [
+            {
+                "master_address": master_address,
+                "master_port": master_port,
+                "rank_offset": offset,
+                "world_size": world_size,
+                "group_name": group_name,
+                "backend": backend,
+            }
+            for offset in offsets
+        ]
+        results = await asyncio.gather(
+            *(
+                self._control(s, "POST", "/init_weights_update_group", b)
+                for s, b in zip(self.servers, bodies, strict=True)
+            ),
+            return_exceptions=True,
+        )
+        self._raise_failed("init_weights_update_group", results)
+        return results
+
+    async def update_weights_from_distributed(
+        self,
+        names: Sequence[str],
+        dtypes: Sequence[Any],
+        shapes: Sequence[Sequence[int]],
+        group_name: str,
+        weight_version: int,
+        *,
+        flush_cache: bool = True,
+        abort_all_requests: bool = True,
+    ) -> list[dict[str, Any]]:
+        """Every server receives one broadcast per ``(name, dtype, shape)`` from rank 0, in order, loads
+        the tensors and sets its weight version; returns once all answered.
+
+        The trainer must broadcast exactly these tensors concurrently (``DistributedWeightSync.push``).
+        With ``abort_all_requests`` (default) in-flight generations end with finish reason abort and
+        ``generate`` resumes them on the new weights, so per-token versions stay exact.
+
+        Args:
+            dtypes: torch dtypes or their names (``"bfloat16"``; a ``torch.`` prefix is dropped).
+
+        Raises:
+            WeightUpdateFailed: some server failed; the message names each and why.
+        """
+        body: dict[str, Any] = {
+            "names": list(names),
+            "dtypes": [str(d).removeprefix("torch.") for d in dtypes],
+            "shapes": [list(shape) for shape in shapes],
+            "group_name": group_name,
+            "weight_version": str(weight_version),
+            "flush_cache": flush_cache,
+            "abort_all_requests": abort_all_requests,
+        }
+        results = await self._on_all("POST", "/update_weights_from_distributed", body)
+        self._raise_failed("weight update", results)
+        for s in self.servers:
+            s.known_version = weight_version
+        return results
+
+    async def destroy_weights_update_group(self, group_name: str = "weight_update_group") -> None:
+        """Every server leaves the weights group ``group_name``."""
+        results = await self._on_all("POST", "/destroy_weights_update_group", {"group_name": group_name})
+        self._raise_failed("destroy_weights_update_group", results)
+
+    def _raise_failed(self, what: str, results: list[Any]) -> None:
+        """Raises WeightUpdateFailed naming each server whose answer was an error or ``success: false``."""
+        failed = [
+            f"{s.url}: {r}" if isinstance(r, BaseException) else f"{s.url}: {r.get('message')}"
+            for s, r in zip(self.servers, results, strict=True)
+            if isinstance(r, BaseException) or not r.get("success", False)
+        ]
+        if failed:
+            raise WeightUpdateFailed(f"{what} failed on " + "; ".join(failed))
 
     async def get_weight_version(self) -> dict[str, int]:
         """The weight version of every server."""
