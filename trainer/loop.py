@@ -7,9 +7,10 @@ One ``TrainerLoop.step()``:
 2. runs ``trainer.step.train_step`` on them at the current policy version (in a thread, so the
    event loop keeps serving Redis and the rollout manager); groups it drops (stale, no signal)
    are reported to the staleness gate with ``gate_reject``, so they free their places;
-3. saves the weights in Hugging Face format, asks every engine to load them with the next
-   version (``/update_weights_from_disk``, aborting in-flight requests so per-token versions stay
-   exact), and only then publishes that version in Redis.
+3. pushes the weights to every engine under the next version (``trainer.weight_sync``: saved in
+   Hugging Face format and loaded with ``/update_weights_from_disk`` by default, or broadcast over a
+   process group), aborting in-flight requests so per-token versions stay exact, and only then
+   publishes that version in Redis.
 
 Exactly-once training across crashes: a group is acknowledged in Redis only after the checkpoint
 that includes the step that used it (``checkpoint()``). A trainer killed before that checkpoint
@@ -23,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +34,7 @@ from pqrl.store import GroupEntry, TrajectoryStore
 from trainer.checkpoint import CheckpointState, save_checkpoint
 from trainer.metrics import rollout_metrics
 from trainer.step import StepConfig, train_step
+from trainer.weight_sync import DiskWeightSync, WeightSync
 
 __all__ = ["LoopConfig", "TrainerLoop"]
 
@@ -72,12 +73,16 @@ class TrainerLoop:
         tokenizer: Any = None,
         scheduler: Any = None,
         state: CheckpointState | None = None,
+        sync: WeightSync | None = None,
     ) -> None:
-        self.model, self.optimizer, self.store, self.engine = model, optimizer, store, engine
+        self.model, self.optimizer, self.store = model, optimizer, store
         self.tokenizer, self.scheduler = tokenizer, scheduler
         self.cfg = cfg or LoopConfig()
         self.state = state or CheckpointState()
-        self._published: list[Path] = []
+        # default: save to disk and have the engines load it (None: save only)
+        self.sync: WeightSync = sync or DiskWeightSync(
+            engine, self.cfg.weights_dir, keep=self.cfg.keep_weights, tokenizer=tokenizer
+        )
         self._redelivered: list[GroupEntry] | None = None  # own pending groups, read once
 
     async def resume(self) -> int:
@@ -161,17 +166,5 @@ class TrainerLoop:
         return entries
 
     async def _publish(self, version: int) -> int:
-        path = Path(self.cfg.weights_dir) / f"v{version}"
-        await asyncio.to_thread(self._save, path)
-        if self.engine is not None:  # engines first: a published version is one engines serve
-            await self.engine.update_weights_from_disk(str(path), version)
-        published = await self.store.publish_policy(str(path.resolve()), version=version)
-        self._published.append(path)
-        while len(self._published) > self.cfg.keep_weights:
-            shutil.rmtree(self._published.pop(0), ignore_errors=True)
-        return published
-
-    def _save(self, path: Path) -> None:
-        self.model.save_pretrained(path)
-        if self.tokenizer is not None:
-            self.tokenizer.save_pretrained(path)
+        await self.sync.push(self.model, version)  # engines first: a published version is one engines serve
+        return await self.store.publish_policy(self.sync.location(version), version=version)

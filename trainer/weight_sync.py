@@ -47,27 +47,35 @@ class WeightSync(Protocol):
         """
         ...
 
+    def location(self, version: int) -> str:
+        """Where ``version``'s weights can be found (recorded with the published policy version)."""
+        ...
+
 
 class DiskWeightSync:
     """Checkpoint to ``weights_dir/v{version}``, then ``/update_weights_from_disk`` on every engine.
 
     Args:
-        client: the engines.
+        client: the engines; None saves the weights only (engines that follow the policy in Redis).
         weights_dir: where checkpoints go (engines must read it under the same path).
         keep: most recent checkpoints kept on disk.
         tokenizer: saved with each checkpoint when given.
     """
 
     def __init__(
-        self, client: EngineClient, weights_dir: str | Path, *, keep: int = 2, tokenizer: Any = None
+        self, client: EngineClient | None, weights_dir: str | Path, *, keep: int = 2, tokenizer: Any = None
     ) -> None:
         self.client, self.weights_dir, self.keep, self.tokenizer = client, Path(weights_dir), keep, tokenizer
         self._saved: list[Path] = []
 
+    def location(self, version: int) -> str:
+        return str((self.weights_dir / f"v{version}").resolve())
+
     async def push(self, model: Any, version: int) -> None:
-        path = (self.weights_dir / f"v{version}").resolve()
+        path = Path(self.location(version))
         await asyncio.to_thread(self._save, model, path)
-        await self.client.update_weights_from_disk(str(path), version)
+        if self.client is not None:
+            await self.client.update_weights_from_disk(str(path), version)
         self._saved.append(path)
         while len(self._saved) > self.keep:
             shutil.rmtree(self._saved.pop(0), ignore_errors=True)
@@ -115,6 +123,9 @@ class DistributedWeightSync:
         self.last_push_s = float("nan")  # the last push until every engine answered (swap included)
         self._group: Any = None
         self._out_of_step = False
+
+    def location(self, version: int) -> str:
+        return f"{self.backend}://{self.master_address}:{self.master_port}/{self.group_name}@v{version}"
 
     async def __aenter__(self) -> DistributedWeightSync:
         await self.init()
