@@ -166,9 +166,8 @@ def _load_suite(ref: SuiteRef) -> Any:
     if ref.generate == "calc":
         from tasks.calc import calc_suite
 
-        return calc_suite(
-            ref.n, ref.seed, name=f"calc{ref.level}-s{ref.seed}", shots=ref.shots, level=ref.level
-        )
+        return calc_suite(ref.n, ref.seed, name=f"calc{ref.level}-s{ref.seed}", shots=ref.shots,
+                          level=ref.level, format_reward=ref.format_reward)  # fmt: skip
     from tasks.suite import load_suite
 
     return load_suite(ref.path)  # type: ignore[arg-type]

@@ -103,18 +103,31 @@ def make_calc_task(rng: random.Random, task_id: str, level: int = 2) -> CalcTask
             return CalcTask(id=task_id, question=story.format(**v), answer=_fmt(value), expression=expression)
 
 
-def calc_suite(n: int = 256, seed: int = 0, *, name: str = "calc", shots: int = 1, level: int = 2) -> Suite:
+def calc_suite(
+    n: int = 256,
+    seed: int = 0,
+    *,
+    name: str = "calc",
+    shots: int = 1,
+    level: int = 2,
+    format_reward: float = 0.0,
+) -> Suite:
     """``n`` tasks generated from ``seed``; disjoint seeds give disjoint task ids.
 
     ``level`` 2 (default): multi-step problems; level 1: one operation on two numbers.
+    ``format_reward``: partial credit for using the tools correctly without the right answer (see
+    ``CalcEnv.evaluate``); 0 keeps the reward exact-match only.
     """
+    if not 0.0 <= format_reward < 1.0:
+        raise ValueError(f"format_reward must be in [0, 1), got {format_reward}")
     if level not in (1, 2):
         raise ValueError(f"calc level must be 1 or 2, got {level}")
     rng = random.Random(seed)
     kind = "multi-step" if level == 2 else "one-step"
+    defaults: dict[str, Any] = {"shots": shots} | ({"format_reward": format_reward} if format_reward else {})
     manifest = SuiteManifest(
         name=name, version="1", env_id="calc-v1", kind="calc", reward="exact_match",
-        description=f"{n} {kind} arithmetic word problems (seed {seed})", defaults={"shots": shots},
+        description=f"{n} {kind} arithmetic word problems (seed {seed})", defaults=defaults,
     )  # fmt: skip
     prefix = "calc" if level == 2 else "calc1"
     return Suite(manifest, tuple(make_calc_task(rng, f"{prefix}-{seed}-{i}", level) for i in range(n)))
@@ -136,11 +149,12 @@ def demonstration() -> list[Message]:
 
 
 class CalcEnv(ToolEnvironment):
-    """Task: a CalcTask dict. Config: ``shots`` worked examples in the prompt (0 to 1)."""
+    """Task: a CalcTask dict. Config: ``shots`` worked examples in the prompt (0 to 1) and
+    ``format_reward`` (default 0): the reward of an episode that used the tools but missed."""
 
     async def reset(self, *, task: dict[str, Any], seed: int | None = None) -> Observation:
         t = CalcTask.model_validate(task)
-        self.expected, self.submitted = t.answer, None
+        self.expected, self.submitted, self.calculated = t.answer, None, False
         shots = int(self.config.get("shots", 1))
         messages = [Message(role="system", content=SYSTEM)]
         if shots > 0:
@@ -155,7 +169,9 @@ class CalcEnv(ToolEnvironment):
         Args:
             expression: for example "12 * (3 + 4)".
         """
-        return _fmt(safe_eval(expression))
+        value = _fmt(safe_eval(expression))
+        self.calculated = True
+        return value
 
     @tool(final=True)
     async def answer(self, value: str) -> str:
@@ -169,4 +185,10 @@ class CalcEnv(ToolEnvironment):
 
     async def evaluate(self) -> RewardResult:
         reward = exact_number_match(self.submitted, self.expected)
-        return RewardResult(reward=reward, info={"submitted": self.submitted, "expected": self.expected})
+        if reward < 1.0:
+            # Shaping for a policy that never solves a task yet: half the credit for a calculator
+            # call that ran, half for submitting a number. A correct answer alone scores 1.
+            fmt = float(self.config.get("format_reward", 0.0))
+            reward = max(reward, fmt * (0.5 * self.calculated + 0.5 * (self.submitted is not None)))
+        info = {"submitted": self.submitted, "expected": self.expected, "calculated": self.calculated}
+        return RewardResult(reward=reward, info=info)
