@@ -50,7 +50,9 @@ class ServicesSection(_Section):
 
 class SuiteRef(_Section):
     path: str | None = Field(None, description="a suite JSONL file")
-    generate: Literal["calc"] | None = Field(None, description="a built-in generated suite instead of a file")
+    generate: Literal["calc", "search", "coding"] | None = Field(
+        None, description="a built-in suite instead of a file (coding: the shipped 66 tasks; n, seed ignored)"
+    )
     n: int = Field(256, ge=1, description="generate: number of tasks")
     seed: int = Field(0, description="generate: task seed (keep training and eval seeds disjoint)")
     shots: int = Field(1, ge=0, description="generate: worked examples in each prompt")

@@ -163,6 +163,16 @@ def _engine_process(cfg: TrainConfig, port: int) -> Iterator[subprocess.Popen[by
 
 
 def _load_suite(ref: SuiteRef) -> Any:
+    if ref.generate == "search":
+        from tasks.search import search_suite
+
+        return search_suite(ref.n, ref.seed, name=f"search-s{ref.seed}")
+    if ref.generate == "coding":
+        from importlib.resources import files
+
+        from tasks.suite import load_suite
+
+        return load_suite(str(files("tasks.coding") / "suite.jsonl"))
     if ref.generate == "calc":
         from tasks.calc import calc_suite
 
