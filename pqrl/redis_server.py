@@ -53,7 +53,8 @@ class RedisServer:
     ) -> None:
         self.port = port or free_port()
         self._own_dir = data_dir is None
-        self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="pqrl-redis-"))
+        # absolute: redis-server changes into --dir before opening its log file
+        self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="pqrl-redis-")).resolve()
         self.appendfsync = appendfsync
         self.executable = executable
         self.proc: subprocess.Popen[bytes] | None = None
