@@ -50,6 +50,7 @@ def rollout(args: argparse.Namespace) -> int:
     from pqrl.store import TrajectoryStore
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request drowns the progress
     url = args.redis_url or os.environ.get("REDIS_URL")
     if not url:
         print("pqrl rollout: give --redis-url or set REDIS_URL", file=sys.stderr)

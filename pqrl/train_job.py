@@ -92,6 +92,7 @@ def train_command(args: argparse.Namespace) -> int:
         print("pqrl train: --role needs services.redis_url (distributed mode)", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request drowns the progress
     if args.fresh:
         shutil.rmtree(cfg.run_dir, ignore_errors=True)
     cfg.run_dir.mkdir(parents=True, exist_ok=True)
