@@ -1,29 +1,40 @@
-"""One GRPO optimizer step on Trajectory groups: the compute core of the trainer loop (issue #7).
+"""One GRPO training step on Trajectory groups: the compute core of the trainer loop (issue #7).
 
-Input: groups of Trajectory records as read from the store. Output: the model updated once and
-the step's metrics, namespaced as in CleanRL. What happens, in order:
+Input: groups of Trajectory records as read from the store. Output: the model updated
+``ppo_epochs x minibatches`` times and the step's metrics, namespaced as in CleanRL. In order:
 
 1. staleness: trajectories whose oldest generated token is more than ``max_staleness`` versions
    behind the current one are dropped (counted, never silently);
 2. advantages: GRPO per group over the valid members (``failed_infra`` and stale ones excluded),
    groups whose rewards are all equal carry no signal and are dropped (dynamic sampling);
-3. proximal logprobs: recomputed under the current weights, before the update (one epoch here,
-   so pi_prox is the current policy); the behaviour logprobs come from the engine;
+3. proximal logprobs: recomputed under the current weights once, before the first update. With
+   one epoch and one minibatch there is a single update, so pi_prox is exactly the policy of the
+   training forward and its detached logprobs are used (no second forward pass); the behaviour
+   logprobs come from the engine; reference logprobs (optional) from ``ref_model``;
 4. loss: ``w * max(-A r, -A clip(r))`` with ``r = pi_theta / pi_prox`` and the single capped,
-   detached weight ``w = min(pi_prox / pi_behavior, C)`` (DESIGN.md section 5), token-mean over
-   mask-1 tokens of the whole step, accumulated over micro-batches packed by a token budget;
-5. clip the gradient norm, step the optimizer.
+   detached weight ``w = min(pi_prox / pi_behavior, C)`` (DESIGN.md section 5), plus
+   ``kl_coef * KL(pi_theta || pi_ref)``; token-mean over the mask-1 tokens of the minibatch,
+   gradients accumulated over micro-batches of at most ``micro_batch_tokens`` tokens;
+5. per minibatch: clip the gradient norm, step the optimizer, then the scheduler.
 
-Deliberately left out here (the loop's job, next): reading from Redis, K epochs and minibatches,
-warm-up schedules, bf16 autocast, gradient checkpointing, FSDP2, KL to a reference model.
+Compute path: trajectories are packed end to end into rows without padding (``trainer.packing``),
+and log-probabilities are computed only for mask-1 tokens, from the final hidden states, in
+vocabulary chunks (``trainer.logprobs``); both can be switched off (``packing``,
+``fused_logprobs``), giving the same numbers. On CUDA the forward runs under bf16 autocast.
+
+Deliberately left out here (the loop's job): reading from Redis, warm-up schedules (pass a
+``scheduler``), FSDP2, an entropy bonus, sequence-level importance weights.
 """
 
 from __future__ import annotations
 
+import contextlib
+import math
+import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -31,7 +42,9 @@ from torch import Tensor
 
 from pqrl.trajectory import Status, Trajectory
 from trainer.advantages import grpo_advantages
-from trainer.losses import aggregate_loss, decoupled_ppo_loss, masked_mean
+from trainer.logprobs import full_logprobs, has_plain_head, head_logprobs
+from trainer.losses import decoupled_ppo_loss, kl_estimate, truncated_is_weights
+from trainer.packing import enable_packed_attention, first_fit_decreasing, pack_row, packed_model_kwargs
 
 __all__ = ["StepConfig", "token_logprobs", "train_step"]
 
@@ -44,7 +57,18 @@ class StepConfig:
     temperature: float = 1.0  # the sampling temperature: logprobs are log_softmax(logits / T)
     max_staleness: int = 1
     max_grad_norm: float = 1.0
-    micro_batch_tokens: int = 8192
+    micro_batch_tokens: int = 8192  # tokens per packed row (padded rows x longest without packing)
+    ppo_epochs: int = 1
+    minibatches: int = 1  # optimizer steps per epoch, each on a random share of the trajectories
+    packing: bool = True
+    fused_logprobs: bool = True
+    logprob_chunk_tokens: int = 2048
+    compile: bool = False  # torch.compile the fused vocabulary math (CUDA only)
+    dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"  # autocast on CUDA; "float32": none
+    gradient_checkpointing: bool = False
+    kl_coef: float = 0.0  # needs ref_model
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    seed: int = 0  # minibatch shuffling, mixed with the version and the epoch
 
 
 def token_logprobs(model: Any, tokens: Tensor, attention_mask: Tensor, temperature: float) -> Tensor:
@@ -56,21 +80,14 @@ def token_logprobs(model: Any, tokens: Tensor, attention_mask: Tensor, temperatu
 
 def _collate(trajs: Sequence[Trajectory], device: torch.device) -> dict[str, Tensor]:
     T = max(t.num_tokens for t in trajs)
-
-    def pad(name: str, dtype: torch.dtype, fill: float = 0) -> Tensor:
-        out = np.full((len(trajs), T), fill, dtype=np.float64)
-        for i, t in enumerate(trajs):
-            out[i, : t.num_tokens] = getattr(t, name)
-        return torch.tensor(out, dtype=dtype, device=device)
-
+    tokens = np.zeros((len(trajs), T), dtype=np.int64)
+    mask = np.zeros((len(trajs), T), dtype=np.int64)
+    for i, t in enumerate(trajs):
+        tokens[i, : t.num_tokens] = t.tokens
+        mask[i, : t.num_tokens] = 1
     return {
-        "tokens": pad("tokens", torch.long),
-        "attention_mask": torch.tensor(
-            [[1] * t.num_tokens + [0] * (T - t.num_tokens) for t in trajs], dtype=torch.long, device=device
-        ),
-        "loss_mask": pad("loss_mask", torch.float32),
-        "behavior_logprobs": pad("behavior_logprobs", torch.float32),
-        "versions": pad("versions", torch.long, -1),
+        "tokens": torch.from_numpy(tokens).to(device),
+        "attention_mask": torch.from_numpy(mask).to(device),
     }
 
 
@@ -87,13 +104,10 @@ def _micro_batches(trajs: list[Trajectory], budget: int) -> list[list[int]]:
     return [b for b in batches if b]
 
 
-def train_step(
-    model: Any, optimizer: torch.optim.Optimizer, groups: Sequence[Sequence[Trajectory]], version: int,
-    cfg: StepConfig | None = None,
-) -> dict[str, float]:  # fmt: skip
-    """One optimizer step on ``groups``; returns metrics (nothing is updated when no group is usable)."""
-    cfg = cfg or StepConfig()
-    device = next(model.parameters()).device
+def _select(
+    groups: Sequence[Sequence[Trajectory]], version: int, cfg: StepConfig
+) -> tuple[list[Trajectory], list[float], dict[str, float]]:
+    """The usable trajectories, their GRPO advantages, and the counts of what was dropped."""
     counts: Counter[str] = Counter()
     staleness: Counter[int] = Counter()
     used: list[Trajectory] = []
@@ -122,50 +136,248 @@ def train_step(
     metrics: dict[str, float] = {k: float(v) for k, v in counts.items()}
     metrics |= {f"offpolicy/staleness_{k}": float(v) for k, v in sorted(staleness.items())}
     metrics["rollout/trajectories_used"] = float(len(used))
+    return used, advantages, metrics
+
+
+class _Batch:
+    """The trajectories of one step and, per trajectory, its trained positions (mask 1, t >= 1)."""
+
+    def __init__(
+        self, trajs: list[Trajectory], advantages: list[float], cfg: StepConfig, device: torch.device
+    ):
+        self.trajs, self.cfg, self.device = trajs, cfg, device
+        # position 0 has no prefix to predict it from
+        self.positions = [np.flatnonzero(t.loss_mask[1:]) + 1 for t in trajs]
+        self.advantages = advantages
+
+    def micro_batches(self, members: Sequence[int]) -> list[list[int]]:
+        trajs = [self.trajs[i] for i in members]
+        if self.cfg.packing:
+            rows = first_fit_decreasing([t.num_tokens for t in trajs], self.cfg.micro_batch_tokens)
+        else:
+            rows = _micro_batches(trajs, self.cfg.micro_batch_tokens)
+        return [[members[j] for j in row] for row in rows]
+
+    def per_token(self, members: Sequence[int], name: str, dtype: torch.dtype) -> Tensor:
+        """A Trajectory array (or the advantage) at the trained positions of ``members``, concatenated."""
+        parts = [
+            np.full(len(self.positions[i]), self.advantages[i])
+            if name == "advantages"
+            else getattr(self.trajs[i], name)[self.positions[i]]
+            for i in members
+        ]
+        return torch.from_numpy(np.concatenate(parts)).to(self.device, dtype, non_blocking=True)
+
+
+def _logprobs(
+    model: Any, batch: _Batch, members: Sequence[int], mode: str | None, *, with_entropy: bool
+) -> tuple[Tensor, Tensor]:
+    """``(logp, entropy)`` of the trained tokens of ``members``, in member order, each ``[n]``."""
+    cfg, device = batch.cfg, batch.device
+    trajs = [batch.trajs[i] for i in members]
+    if mode is not None:  # one packed row, flattened: sequence k starts at offsets[k]
+        row = pack_row([t.tokens for t in trajs], device)
+        kwargs, starts = packed_model_kwargs(model, row, mode), row.offsets
+    else:  # padded [B, T], flattened: row b starts at b * T
+        mb = _collate(trajs, device)
+        kwargs = {"input_ids": mb["tokens"], "attention_mask": mb["attention_mask"], "use_cache": False}
+        starts = [b * mb["tokens"].shape[1] for b in range(len(trajs))]
+    # the hidden state at position p - 1 predicts the token at p
+    src = np.concatenate([s + batch.positions[i] - 1 for s, i in zip(starts, members, strict=True)])
+    src_t = torch.from_numpy(src).to(device)
+    target = kwargs["input_ids"].reshape(-1)[src_t + 1]
+    if cfg.fused_logprobs and has_plain_head(model):
+        hidden = model.base_model(**kwargs).last_hidden_state
+        return head_logprobs(
+            model, hidden.reshape(-1, hidden.shape[-1])[src_t], target, temperature=cfg.temperature,
+            chunk_tokens=cfg.logprob_chunk_tokens, compile=cfg.compile, with_entropy=with_entropy,
+        )  # fmt: skip
+    logits = model(**kwargs).logits
+    return full_logprobs(logits.reshape(-1, logits.shape[-1])[src_t], target, cfg.temperature, with_entropy)
+
+
+def _autocast(device: torch.device, cfg: StepConfig) -> contextlib.AbstractContextManager:
+    if device.type != "cuda" or cfg.dtype == "float32":
+        return contextlib.nullcontext()
+    return torch.autocast("cuda", dtype=getattr(torch, cfg.dtype))
+
+
+@contextlib.contextmanager
+def _checkpointing(model: Any, on: bool) -> Iterator[None]:
+    """Gradient checkpointing for the training forward, without dropout.
+
+    transformers checkpoints only modules in training mode; only the flagged modules (layers, or
+    the base model in older versions) are switched, not their children, so dropout stays off.
+    """
+    flagged = [m for m in model.modules() if getattr(m, "gradient_checkpointing", False) is True]
+    if not (on or flagged):  # a caller's gradient_checkpointing_enable() counts too
+        yield
+        return
+    if not flagged:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        flagged = [m for m in model.modules() if getattr(m, "gradient_checkpointing", False) is True]
+    for m in flagged:
+        m.training = True
+    try:
+        yield
+    finally:
+        for m in flagged:
+            m.training = False
+
+
+def _offpolicy_sums(
+    prox: Tensor, behav: Tensor, versions: Tensor, version: int, cap: float
+) -> dict[str, Tensor]:
+    """Sums over tokens of the importance weight, split by engine mismatch (current version) and staleness."""
+    w = truncated_is_weights(prox, behav, torch.ones_like(prox), cap=cap)
+    current = (versions == version).float()
+    stale = 1.0 - current
+    k1 = behav - prox  # k1 estimate of KL(behaviour || prox)
+    return {
+        "tis_weight": w.sum(),
+        "tis_weight_max": w.max(),
+        "tis_weight_clipped": ((prox - behav) > math.log(cap)).sum() if cap else w.new_zeros(()),
+        "current_tokens": current.sum(),
+        "mismatch_kl": (k1 * current).sum(),
+        "mismatch_tis_weight": (w * current).sum(),
+        "stale_tokens": stale.sum(),
+        "stale_kl": (k1 * stale).sum(),
+        "stale_tis_weight": (w * stale).sum(),
+        "staleness": (version - versions).float().sum(),
+    }
+
+
+def _add(sums: dict[str, Tensor], new: dict[str, Tensor]) -> None:
+    """Accumulates on the device (one synchronisation at the end of the step, not one per micro-batch)."""
+    for k, v in new.items():
+        v = v.detach().float()
+        if k not in sums:
+            sums[k] = v
+        else:
+            sums[k] = torch.maximum(sums[k], v) if k.endswith("_max") else sums[k] + v
+
+
+def train_step(
+    model: Any, optimizer: torch.optim.Optimizer, groups: Sequence[Sequence[Trajectory]], version: int,
+    cfg: StepConfig | None = None, *, scheduler: Any = None, ref_model: Any = None,
+) -> dict[str, float]:  # fmt: skip
+    """Trains on ``groups``; returns metrics (nothing is updated when no group is usable).
+
+    Args:
+        model: a transformers causal LM (packing switches its attention implementation, see
+            ``trainer.packing.enable_packed_attention``).
+        optimizer: stepped ``cfg.ppo_epochs * cfg.minibatches`` times.
+        groups: Trajectory groups, one per prompt.
+        version: the policy version of ``model``'s weights.
+        cfg: the step configuration.
+        scheduler: stepped after every optimizer step.
+        ref_model: the reference policy for the KL term (``cfg.kl_coef``) and ``losses/kl_ref``.
+    """
+    start = time.perf_counter()
+    cfg = cfg or StepConfig()
+    used, advantages, metrics = _select(groups, version, cfg)
     if not used:
         return metrics
-
-    batches = _micro_batches(used, cfg.micro_batch_tokens)
-    total_tokens = float(sum(int(t.loss_mask.sum()) for t in used))
+    device = next(model.parameters()).device
+    batch = _Batch(used, advantages, cfg, device)
+    mode = enable_packed_attention(model) if cfg.packing else None
+    everyone = list(range(len(used)))
+    one_pass = batch.micro_batches(everyone)
+    n_tokens = [len(p) for p in batch.positions]
+    # one epoch, one minibatch: a single update, so pi_prox is the training forward's own policy
+    on_policy = cfg.ppo_epochs == 1 and cfg.minibatches == 1
     model.eval()  # no dropout: proximal and trained logprobs come from the same function
-    with torch.no_grad():
-        prox = [
-            token_logprobs(model, mb["tokens"], mb["attention_mask"], cfg.temperature)
-            for mb in (_collate([used[i] for i in b], device) for b in batches)
-        ]
-    optimizer.zero_grad(set_to_none=True)
-    sums: Counter[str] = Counter()
-    for b, logp_prox in zip(batches, prox, strict=True):
-        mb = _collate([used[i] for i in b], device)
-        mask = mb["loss_mask"]
-        adv = torch.tensor([advantages[i] for i in b], device=device)[:, None].expand_as(mask)
-        logp = token_logprobs(model, mb["tokens"], mb["attention_mask"], cfg.temperature)
-        out = decoupled_ppo_loss(logp, logp_prox, mb["behavior_logprobs"], adv, mask,
-                                 eps_low=cfg.eps_low, eps_high=cfg.eps_high, is_cap=cfg.is_cap)  # fmt: skip
-        # token-mean over the whole step: every micro-batch divides by the step's token count
-        loss = aggregate_loss(out.loss, mask, "token-mean", normalizer=total_tokens)
-        loss.backward()
-        n = float(mask.sum())
-        sums["losses/pg_loss"] += float(loss.detach()) * total_tokens
-        sums["losses/clipfrac"] += float(masked_mean(out.clipped.float(), mask)) * n
-        sums["offpolicy/tis_weight_mean"] += float(masked_mean(out.is_weight, mask)) * n
-        sums["offpolicy/tis_weight_max"] = max(
-            sums["offpolicy/tis_weight_max"], float((out.is_weight * mask).max())
+    prox: dict[int, Tensor] = {}
+    ref: dict[int, Tensor] = {}
+    sums: dict[str, Tensor] = {}
+
+    def offpolicy(members: list[int], logp_prox: Tensor, entropy: Tensor) -> None:
+        if logp_prox.numel() == 0:  # every loss mask of the micro-batch is 0
+            return
+        behav = batch.per_token(members, "behavior_logprobs", torch.float32)
+        versions = batch.per_token(members, "versions", torch.long)
+        _add(
+            sums,
+            _offpolicy_sums(logp_prox, behav, versions, version, cfg.is_cap) | {"entropy": entropy.sum()},
         )
-        # engine vs trainer on tokens of the current version (k1 estimate of KL(behaviour || prox))
-        current = mask * (mb["versions"] == version)
-        sums["offpolicy/mismatch_kl"] += float(((mb["behavior_logprobs"] - logp_prox) * current).sum())
-        sums["_current_tokens"] += float(current.sum())
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
-    optimizer.step()
+
+    with torch.no_grad(), _autocast(device, cfg):
+        for members in [] if on_policy else one_pass:
+            logp, entropy = _logprobs(model, batch, members, mode, with_entropy=True)
+            offpolicy(members, logp, entropy)
+            prox |= dict(zip(members, logp.split([n_tokens[i] for i in members]), strict=True))
+        if ref_model is not None:
+            ref_model.eval()
+            ref_mode = enable_packed_attention(ref_model) if cfg.packing else None
+            for members in one_pass:
+                logp, _ = _logprobs(ref_model, batch, members, ref_mode, with_entropy=False)
+                ref |= dict(zip(members, logp.split([n_tokens[i] for i in members]), strict=True))
+
+    grad_norms = []
+    for epoch in range(cfg.ppo_epochs):
+        rng = np.random.default_rng([cfg.seed, version, epoch])
+        for minibatch in np.array_split(rng.permutation(len(used)), min(cfg.minibatches, len(used))):
+            mb_tokens = float(max(sum(n_tokens[i] for i in minibatch), 1))
+            optimizer.zero_grad(set_to_none=True)
+            for members in batch.micro_batches(sorted(minibatch.tolist())):
+                with _checkpointing(model, cfg.gradient_checkpointing):
+                    with _autocast(device, cfg):
+                        logp, entropy = _logprobs(model, batch, members, mode, with_entropy=on_policy)
+                    if on_policy:
+                        logp_prox = logp.detach()
+                        offpolicy(members, logp_prox, entropy)
+                    else:
+                        logp_prox = torch.cat([prox[i] for i in members])
+                    out = decoupled_ppo_loss(
+                        logp, logp_prox, batch.per_token(members, "behavior_logprobs", torch.float32),
+                        batch.per_token(members, "advantages", torch.float32), torch.ones_like(logp),
+                        eps_low=cfg.eps_low, eps_high=cfg.eps_high, is_cap=cfg.is_cap,
+                    )  # fmt: skip
+                    # token-mean over the minibatch: every micro-batch divides by its token count
+                    loss = out.loss.sum() / mb_tokens
+                    new = {
+                        "pg_loss": out.loss.sum(),
+                        "clipped": out.clipped.sum(),
+                        "trained": logp.new_tensor(len(logp)),
+                    }
+                    if ref_model is not None:
+                        kl = kl_estimate(logp, torch.cat([ref[i] for i in members]), cfg.kl_estimator)
+                        if cfg.kl_coef:
+                            loss = loss + cfg.kl_coef * kl.sum() / mb_tokens
+                        new["kl_ref"] = kl.sum()
+                    loss.backward()
+                _add(sums, new)
+            grad_norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm))
+            optimizer.step()
+            if scheduler is not None:
+                scheduler.step()
+
+    s = Counter({k: float(v) for k, v in sums.items()})
+    s["trained"] = max(s["trained"], 1.0)
+    total = float(max(sum(n_tokens), 1))
     metrics |= {
-        "losses/pg_loss": sums["losses/pg_loss"] / total_tokens,
-        "losses/clipfrac": sums["losses/clipfrac"] / total_tokens,
-        "offpolicy/tis_weight_mean": sums["offpolicy/tis_weight_mean"] / total_tokens,
-        "offpolicy/tis_weight_max": sums["offpolicy/tis_weight_max"],
-        "offpolicy/mismatch_kl": sums["offpolicy/mismatch_kl"] / max(sums["_current_tokens"], 1.0),
-        "losses/grad_norm": float(grad_norm),
-        "perf/tokens": total_tokens,
-        "perf/micro_batches": float(len(batches)),
+        "losses/pg_loss": s["pg_loss"] / s["trained"],
+        "losses/clipfrac": s["clipped"] / s["trained"],
+        "losses/grad_norm": float(torch.stack([g.float() for g in grad_norms]).mean()),
+        "policy/entropy": s["entropy"] / total,
+        "offpolicy/tis_weight_mean": s["tis_weight"] / total,
+        "offpolicy/tis_weight_max": s["tis_weight_max"],
+        "offpolicy/tis_weight_clipped_frac": s["tis_weight_clipped"] / total,
+        # engine vs trainer on tokens of the current version (k1 estimate of KL(behaviour || prox))
+        "offpolicy/mismatch_kl": s["mismatch_kl"] / max(s["current_tokens"], 1.0),
+        "offpolicy/mismatch_tis_weight_mean": s["mismatch_tis_weight"] / max(s["current_tokens"], 1.0),
+        # tokens of older versions: the weight is the decoupled-PPO behaviour correction
+        "offpolicy/stale_kl": s["stale_kl"] / max(s["stale_tokens"], 1.0),
+        "offpolicy/stale_tis_weight_mean": s["stale_tis_weight"] / max(s["stale_tokens"], 1.0),
+        "offpolicy/stale_token_frac": s["stale_tokens"] / total,
+        "offpolicy/staleness_mean": s["staleness"] / total,
+        "perf/tokens": float(sum(n_tokens)),
+        "perf/micro_batches": float(len(one_pass)),
+        "perf/optimizer_steps": float(len(grad_norms)),
     }
+    if ref_model is not None:
+        metrics["losses/kl_ref"] = s["kl_ref"] / s["trained"]
+    elapsed = time.perf_counter() - start  # after the float() conversions above: the GPU is done
+    metrics["perf/step_s"] = elapsed
+    metrics["perf/tokens_per_s"] = sum(t.num_tokens for t in used) * cfg.ppo_epochs / elapsed
     return metrics
