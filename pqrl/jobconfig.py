@@ -100,7 +100,17 @@ class TrainSection(_Section):
     eps_low: float = Field(0.2, ge=0, description="clip range below 1")
     eps_high: float = Field(0.28, ge=0, description="clip range above 1 (DAPO clip-higher)")
     is_cap: float = Field(2.0, gt=0, description="C: cap of the single off-policy weight")
-    micro_batch_tokens: int = Field(8192, ge=64, description="token budget of one micro-batch")
+    micro_batch_tokens: int = Field(8192, ge=64, description="token budget of one packed micro-batch")
+    ppo_epochs: int = Field(1, ge=1, description="K: passes over each step's trajectories")
+    minibatches: int = Field(1, ge=1, description="optimizer steps per pass (warm-up counts these)")
+    max_extra_reads: int = Field(
+        3,
+        ge=0,
+        description="dynamic sampling: extra reads while fewer than groups_per_step groups carry signal",
+    )
+    kl_coef: float = Field(0.0, ge=0, description="weight of the KL term to the initial model (0: off)")
+    kl_estimator: Literal["k1", "k2", "k3"] = Field("k3", description="KL estimator (DESIGN.md section 5)")
+    compile: bool = Field(False, description="torch.compile the vocabulary math (CUDA only)")
     max_time_min: float | None = Field(None, gt=0, description="stop after this many minutes (checkpointed)")
     read_timeout_s: float = Field(1800.0, gt=0, description="fail when no group arrives for this long")
 

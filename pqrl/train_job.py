@@ -305,33 +305,33 @@ class _Job:
         torch.manual_seed(cfg.seed)
         ckpt_dir = cfg.run_dir / "checkpoints"
         latest = latest_checkpoint(ckpt_dir)
-        model, tokenizer = _load_policy(str(latest / "model") if latest else cfg.model.name)
-        if cfg.model.gradient_checkpointing:
-            model.gradient_checkpointing_enable()
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        model, tokenizer = _load_policy(str(latest / "model") if latest else cfg.model.name, device)
+        ref_model = (
+            _load_policy(cfg.model.name, device)[0].eval().requires_grad_(False) if t.kl_coef else None
+        )
         optimizer = torch.optim.AdamW(model.parameters(), lr=t.lr, betas=t.betas, weight_decay=t.weight_decay)
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lambda s: min(1.0, (s + 1) / (t.warmup_steps + 1))
         )
         state = load_checkpoint(latest, optimizer=optimizer, scheduler=scheduler) if latest else None
         step_cfg = StepConfig(
-            eps_low=t.eps_low,
-            eps_high=t.eps_high,
-            is_cap=t.is_cap,
-            temperature=cfg.rollout.temperature,
-            max_staleness=cfg.rollout.max_staleness,
-            max_grad_norm=t.max_grad_norm,
-            micro_batch_tokens=t.micro_batch_tokens,
-        )
+            eps_low=t.eps_low, eps_high=t.eps_high, is_cap=t.is_cap, temperature=cfg.rollout.temperature,
+            max_staleness=cfg.rollout.max_staleness, max_grad_norm=t.max_grad_norm,
+            micro_batch_tokens=t.micro_batch_tokens, ppo_epochs=t.ppo_epochs, minibatches=t.minibatches,
+            kl_coef=t.kl_coef, kl_estimator=t.kl_estimator, compile=t.compile, seed=cfg.seed,
+            dtype="float32" if cfg.model.dtype == "float32" else "bfloat16",
+            gradient_checkpointing=cfg.model.gradient_checkpointing,
+        )  # fmt: skip
         loop_cfg = LoopConfig(
-            groups_per_step=t.groups_per_step,
-            weights_dir=str(cfg.run_dir / "weights"),
-            ckpt_dir=str(ckpt_dir),
-            keep_checkpoints=cfg.checkpoint.keep,
+            groups_per_step=t.groups_per_step, weights_dir=str(cfg.run_dir / "weights"),
+            ckpt_dir=str(ckpt_dir), keep_checkpoints=cfg.checkpoint.keep, max_extra_reads=t.max_extra_reads,
             step=step_cfg,
-        )
+        )  # fmt: skip
         trainer = TrainerLoop(
-            model, optimizer, store, engine, loop_cfg, tokenizer=tokenizer, scheduler=scheduler, state=state
-        )
+            model, optimizer, store, engine, loop_cfg, tokenizer=tokenizer, scheduler=scheduler, state=state,
+            ref_model=ref_model,
+        )  # fmt: skip
         writer = MetricsWriter(cfg.run_dir, tensorboard=cfg.tensorboard)
         if latest is not None:
             version = await trainer.resume()
@@ -463,12 +463,13 @@ class _Job:
         )
 
 
-def _load_policy(name_or_dir: str) -> tuple[Any, Any]:
+def _load_policy(name_or_dir: str, device: str = "cpu") -> tuple[Any, Any]:
     import torch
 
     from pqrl.model_cache import load_model, load_tokenizer
 
-    return load_model(name_or_dir, dtype=torch.float32), load_tokenizer(name_or_dir)
+    # float32 master weights; bf16 comes from autocast on GPUs
+    return load_model(name_or_dir, dtype=torch.float32).to(device), load_tokenizer(name_or_dir)
 
 
 async def _first(step_task: asyncio.Task[Any], rollout_task: asyncio.Task[Any] | None) -> None:

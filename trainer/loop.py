@@ -3,7 +3,8 @@
 One ``TrainerLoop.step()``:
 
 1. reads ``groups_per_step`` finished groups through the ``trainer`` consumer group (first the
-   groups this consumer took before a restart and never covered by a checkpoint);
+   groups this consumer took before a restart and never covered by a checkpoint), and with
+   ``max_extra_reads`` keeps reading while fewer than that many carry signal (DAPO);
 2. runs ``trainer.step.train_step`` on them at the current policy version (in a thread, so the
    event loop keeps serving Redis and the rollout manager); groups it drops (stale, no signal)
    are reported to the staleness gate with ``gate_reject``, so they free their places;
@@ -33,7 +34,7 @@ from pqrl.engine_client import EngineClient
 from pqrl.store import GroupEntry, TrajectoryStore
 from trainer.checkpoint import CheckpointState, save_checkpoint
 from trainer.metrics import rollout_metrics
-from trainer.step import StepConfig, train_step
+from trainer.step import StepConfig, screen_group, train_step
 from trainer.weight_sync import DiskWeightSync, WeightSync
 
 __all__ = ["LoopConfig", "TrainerLoop"]
@@ -50,6 +51,9 @@ class LoopConfig:
     read_block_ms: int = 1000
     ckpt_dir: str | None = None  # None: acknowledge each step's groups at once (no resume)
     keep_checkpoints: int = 2
+    # DAPO dynamic sampling: read more groups while fewer than groups_per_step carry signal, up to
+    # this many extra reads of groups_per_step each (0: train on whatever the first read gave)
+    max_extra_reads: int = 0
     step: StepConfig = field(default_factory=StepConfig)
 
 
@@ -74,9 +78,10 @@ class TrainerLoop:
         scheduler: Any = None,
         state: CheckpointState | None = None,
         sync: WeightSync | None = None,
+        ref_model: Any = None,
     ) -> None:
         self.model, self.optimizer, self.store = model, optimizer, store
-        self.tokenizer, self.scheduler = tokenizer, scheduler
+        self.tokenizer, self.scheduler, self.ref_model = tokenizer, scheduler, ref_model
         self.cfg = cfg or LoopConfig()
         self.state = state or CheckpointState()
         # default: save to disk and have the engines load it (None: save only)
@@ -100,16 +105,21 @@ class TrainerLoop:
     async def step(self, *, timeout_s: float | None = None) -> dict[str, float]:
         """One step; returns its metrics (with ``policy/version`` after publication)."""
         await self.store.create_consumer_group(_GROUP)
-        entries = await self._read(timeout_s)
-        _failpoint("read", self.state.step + 1)
+        gps = self.cfg.groups_per_step
+        entries = await self._read(gps, timeout_s)
         version = (await self.store.get_policy()).version
+        for _ in range(self.cfg.max_extra_reads):
+            missing = gps - sum(self._has_signal(e, version) for e in entries)
+            if missing <= 0:
+                break
+            entries += await self._read(missing, timeout_s)
+        _failpoint("read", self.state.step + 1)
         groups = [e.trajectories for e in entries]
         t0 = time.perf_counter()
         metrics = await asyncio.to_thread(
-            train_step, self.model, self.optimizer, groups, version, self.cfg.step
-        )
-        if self.scheduler is not None:
-            self.scheduler.step()
+            train_step, self.model, self.optimizer, groups, version, self.cfg.step, scheduler=self.scheduler,
+            ref_model=self.ref_model,
+        )  # fmt: skip
         _failpoint("trained", self.state.step + 1)
         metrics["perf/train_s"] = time.perf_counter() - t0
         metrics |= rollout_metrics(groups)
@@ -147,19 +157,22 @@ class TrainerLoop:
         self.state.unacked_entries = []
         return path
 
-    async def _read(self, timeout_s: float | None) -> list[GroupEntry]:
+    def _has_signal(self, entry: GroupEntry, version: int) -> bool:
+        return screen_group(entry.trajectories, version, self.cfg.step.max_staleness)[1] is None
+
+    async def _read(self, n: int, timeout_s: float | None) -> list[GroupEntry]:
         if self._redelivered is None:
-            self._redelivered = await self.store.read_own_pending(_GROUP, self.cfg.consumer)
+            self._redelivered = await self.store.read_own_pending(_GROUP, self.cfg.consumer, count=10_000)
             held = set(self.state.unacked_entries)  # taken since the last checkpoint, not crashed
             self._redelivered = [e for e in self._redelivered if e.entry_id not in held]
-        entries = self._redelivered[: self.cfg.groups_per_step]
+        entries = self._redelivered[:n]
         self._redelivered = self._redelivered[len(entries) :]
         loop = asyncio.get_running_loop()
         deadline = None if timeout_s is None else loop.time() + timeout_s
-        while len(entries) < self.cfg.groups_per_step:
+        while len(entries) < n:
             if deadline is not None and loop.time() > deadline:
-                raise TimeoutError(f"only {len(entries)} of {self.cfg.groups_per_step} groups arrived")
-            missing = self.cfg.groups_per_step - len(entries)
+                raise TimeoutError(f"only {len(entries)} of {n} groups arrived")
+            missing = n - len(entries)
             entries += await self.store.read_groups(
                 _GROUP, self.cfg.consumer, count=missing, block_ms=self.cfg.read_block_ms
             )

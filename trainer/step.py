@@ -46,7 +46,7 @@ from trainer.logprobs import full_logprobs, has_plain_head, head_logprobs
 from trainer.losses import decoupled_ppo_loss, kl_estimate, truncated_is_weights
 from trainer.packing import enable_packed_attention, first_fit_decreasing, pack_row, packed_model_kwargs
 
-__all__ = ["StepConfig", "token_logprobs", "train_step"]
+__all__ = ["StepConfig", "screen_group", "token_logprobs", "train_step"]
 
 
 @dataclass(frozen=True)
@@ -104,6 +104,31 @@ def _micro_batches(trajs: list[Trajectory], budget: int) -> list[list[int]]:
     return [b for b in batches if b]
 
 
+def screen_group(
+    group: Sequence[Trajectory], version: int, max_staleness: int
+) -> tuple[list[Trajectory], str | None, Counter[str], list[int]]:
+    """A group's trainable members; why the whole group is dropped (None: it is used); the counts of
+    dropped members; the staleness (versions behind ``version``) of every scored member."""
+    counts: Counter[str] = Counter()
+    ages: list[int] = []
+    valid = []
+    for t in group:
+        if t.status is Status.FAILED_INFRA or t.num_generated == 0:
+            counts["dropped/failed_infra"] += 1
+            continue
+        age = version - int(t.versions[t.generated.astype(bool)].min())
+        ages.append(age)
+        if age > max_staleness:
+            counts["dropped/stale"] += 1
+            continue
+        valid.append(t)
+    if len(valid) < 2:
+        return valid, "groups_too_few_valid", counts, ages
+    if len({t.reward for t in valid}) == 1:  # every advantage would be 0 (DAPO dynamic sampling)
+        return valid, "no_signal_groups", counts, ages
+    return valid, None, counts, ages
+
+
 def _select(
     groups: Sequence[Sequence[Trajectory]], version: int, cfg: StepConfig
 ) -> tuple[list[Trajectory], list[float], dict[str, float]]:
@@ -113,26 +138,16 @@ def _select(
     used: list[Trajectory] = []
     advantages: list[float] = []
     for group in groups:
-        valid = []
-        for t in group:
-            if t.status is Status.FAILED_INFRA or t.num_generated == 0:
-                counts["dropped/failed_infra"] += 1
-                continue
-            age = version - int(t.versions[t.generated.astype(bool)].min())
-            staleness[age] += 1
-            if age > cfg.max_staleness:
-                counts["dropped/stale"] += 1
-                continue
-            valid.append(t)
-        rewards = torch.tensor([[t.reward for t in valid]], dtype=torch.float32)
-        if len(valid) < 2:
-            counts["dropped/groups_too_few_valid"] += 1
-            continue
-        if bool((rewards == rewards[0, 0]).all()):  # every advantage would be 0 (DAPO dynamic sampling)
-            counts["dropped/no_signal_groups"] += 1
+        valid, dropped, member_counts, ages = screen_group(group, version, cfg.max_staleness)
+        counts.update(member_counts)
+        staleness.update(ages)
+        if dropped is not None:
+            counts[f"dropped/{dropped}"] += 1
             continue
         used += valid
-        advantages += grpo_advantages(rewards)[0].tolist()
+        advantages += grpo_advantages(torch.tensor([[t.reward for t in valid]], dtype=torch.float32))[
+            0
+        ].tolist()
     metrics: dict[str, float] = {k: float(v) for k, v in counts.items()}
     metrics |= {f"offpolicy/staleness_{k}": float(v) for k, v in sorted(staleness.items())}
     metrics["rollout/trajectories_used"] = float(len(used))

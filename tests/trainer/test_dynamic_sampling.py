@@ -1,0 +1,66 @@
+"""DAPO dynamic sampling in the trainer loop: groups without signal are read past (bounded),
+counted, acknowledged and returned to the staleness gate; the step trains on groups with signal."""
+
+from __future__ import annotations
+
+import torch
+
+from pqrl.store import TrajectoryStore
+from tests.conftest import make_trajectory
+from trainer.loop import LoopConfig, TrainerLoop
+
+
+def _tiny():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=49152,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=64,
+    )
+    return LlamaForCausalLM(cfg)
+
+
+def _group(name: str, rewards: list[float]) -> list:
+    return [
+        make_trajectory(run_id="ds", group_id=name, index=i, seed=i, reward=r) for i, r in enumerate(rewards)
+    ]
+
+
+async def test_the_loop_reads_past_signal_free_groups_up_to_its_bound(redis_server, tmp_path):
+    model = _tiny()
+    async with TrajectoryStore(redis_server.url, "ds") as store:
+        await store.create_consumer_group("trainer")
+        for name, rewards in [
+            ("flat1", [0, 0, 0]),
+            ("good1", [0, 1, 0]),
+            ("flat2", [1, 1, 1]),
+            ("good2", [1, 0, 0]),
+            ("good3", [0, 0, 1]),
+        ]:
+            await store.put_group(_group(name, rewards))
+        cfg = LoopConfig(groups_per_step=2, weights_dir=str(tmp_path / "w"), max_extra_reads=2)
+        loop = TrainerLoop(model, torch.optim.SGD(model.parameters(), lr=0.1), store, None, cfg)
+        m = await loop.step(timeout_s=10)
+        assert loop.state.trained_groups == ["flat1", "good1", "flat2", "good2"], "read until 2 carry signal"
+        assert m["dropped/no_signal_groups"] == 2 and m["rollout/trajectories_used"] == 6
+        assert (await store.gate_state())["rejected"] == 2
+        assert await store.backlog() == 1, "the four consumed groups are acknowledged; good3 waits"
+
+        bounded = TrainerLoop(
+            model,
+            torch.optim.SGD(model.parameters(), lr=0.1),
+            store,
+            None,
+            LoopConfig(groups_per_step=2, weights_dir=str(tmp_path / "w2"), consumer="t1"),
+        )
+        for name in ("flat3", "flat4"):
+            await store.put_group(_group(name, [0, 0, 0]))
+        m = await bounded.step(timeout_s=10)
+        assert bounded.state.trained_groups == ["good3", "flat3"], "max_extra_reads=0 trains what it read"
+        assert m["dropped/no_signal_groups"] == 1 and m["rollout/trajectories_used"] == 3
