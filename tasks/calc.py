@@ -54,9 +54,12 @@ _EASY_TEMPLATES = [
     ("A bus carries {a} people on each trip. How many people does it carry in {b} trips?", "{a} * {b}"),
 ]  # fmt: skip
 
-_DEMO_QUESTION = (
-    "A school has 23 classes with 27 students each. 58 students leave. How many students are left?"
-)
+# Worked examples rendered into the prompt as earlier turns: (question, expression, answer).
+_DEMOS = (
+    ("A school has 23 classes with 27 students each. 58 students leave. How many students are left?",
+     "23 * 27 - 58", "563"),
+    ("A crate holds 24 bottles. How many bottles are in 37 crates?", "24 * 37", "888"),
+)  # fmt: skip
 
 
 def safe_eval(expression: str) -> int | float:
@@ -124,7 +127,10 @@ def calc_suite(
         raise ValueError(f"calc level must be 1 or 2, got {level}")
     rng = random.Random(seed)
     kind = "multi-step" if level == 2 else "one-step"
-    defaults: dict[str, Any] = {"shots": shots} | ({"format_reward": format_reward} if format_reward else {})
+    if not 0 <= shots <= len(_DEMOS):
+        raise ValueError(f"shots must be 0 to {len(_DEMOS)}, got {shots}")
+    defaults: dict[str, Any] = {"shots": shots} | ({"level": 1} if level == 1 else {})
+    defaults |= {"format_reward": format_reward} if format_reward else {}
     manifest = SuiteManifest(
         name=name, version="1", env_id="calc-v1", kind="calc", reward="exact_match",
         description=f"{n} {kind} arithmetic word problems (seed {seed})", defaults=defaults,
@@ -137,19 +143,24 @@ def _call(name: str, **arguments: Any) -> str:
     return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
 
 
-def demonstration() -> list[Message]:
-    """One worked example of the call-and-answer exchange."""
-    return [
-        Message(role="user", content=_DEMO_QUESTION),
-        Message(role="assistant", content=_call("calculator", expression="23 * 27 - 58")),
-        Message(role="tool", name="calculator", content="563"),
-        Message(role="assistant", content=_call("answer", value="563")),
-        Message(role="tool", name="answer", content="submitted"),
-    ]
+def demonstration(shots: int = 1, level: int = 2) -> list[Message]:
+    """``shots`` worked examples of the call-and-answer exchange, the one closest to ``level`` first."""
+    demos = _DEMOS if level == 2 else _DEMOS[::-1]
+    out: list[Message] = []
+    for question, expression, value in demos[:shots]:
+        out += [
+            Message(role="user", content=question),
+            Message(role="assistant", content=_call("calculator", expression=expression)),
+            Message(role="tool", name="calculator", content=value),
+            Message(role="assistant", content=_call("answer", value=value)),
+            Message(role="tool", name="answer", content="submitted"),
+        ]
+    return out
 
 
 class CalcEnv(ToolEnvironment):
-    """Task: a CalcTask dict. Config: ``shots`` worked examples in the prompt (0 to 1) and
+    """Task: a CalcTask dict. Config: ``shots`` worked examples in the prompt (0 to 2), ``level``
+    (which example comes first) and
     ``format_reward`` (default 0): the reward of an episode that used the tools but missed."""
 
     async def reset(self, *, task: dict[str, Any], seed: int | None = None) -> Observation:
@@ -157,8 +168,7 @@ class CalcEnv(ToolEnvironment):
         self.expected, self.submitted, self.calculated = t.answer, None, False
         shots = int(self.config.get("shots", 1))
         messages = [Message(role="system", content=SYSTEM)]
-        if shots > 0:
-            messages += demonstration()
+        messages += demonstration(shots, int(self.config.get("level", 2)))
         messages.append(Message(role="user", content=t.question))
         return self.observation(messages)
 
