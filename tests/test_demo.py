@@ -1,4 +1,4 @@
-"""The README's main command end to end: real model, private Redis, task queue, stream, consumer group."""
+"""`pqrl demo`, the tour of the data path: real model, private Redis, task queue, stream, consumer group."""
 
 from __future__ import annotations
 
