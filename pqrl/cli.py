@@ -13,9 +13,7 @@ from collections.abc import Callable, Sequence
 __all__ = ["build_parser", "main"]
 
 # subcommand path -> the issue that delivers it
-PLANNED: dict[tuple[str, ...], str] = {
-    ("sft",): "#7 (trainer)",
-}
+PLANNED: dict[tuple[str, ...], str] = {}
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -209,6 +207,13 @@ def _cmd_status(args: argparse.Namespace) -> int:
     return status_command(args)
 
 
+def _cmd_sft(args: argparse.Namespace) -> int:
+    from agent_loop.demonstrations import resolve_demonstrations
+    from trainer.sft import sft_command
+
+    return sft_command(args, load_demonstrations=resolve_demonstrations)
+
+
 def _planned(path: tuple[str, ...]) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
         print(f"pqrl {' '.join(path)}: not yet implemented (issue {PLANNED[path]})", file=sys.stderr)
@@ -340,6 +345,15 @@ def build_parser() -> argparse.ArgumentParser:
     st = sub.add_parser("status", help="a running job's step, version, queue, staleness, reward trend")
     add_status_arguments(st)
     st.set_defaults(func=_cmd_status)
+
+    sft = sub.add_parser("sft", help="cold start: fine-tune on demonstration trajectories (mask-1 tokens)")
+    sft.add_argument("config", help="YAML file with the SFTConfig fields (trainer/sft.py)")
+    sft.add_argument("--output-dir", help="override output_dir")
+    sft.add_argument("--demonstrations", help="override demonstrations (a file or calc:N[:SEED])")
+    sft.add_argument("--max-steps", type=int, help="override max_steps")
+    sft.add_argument("--device", help="override device")
+    sft.add_argument("--no-progress", action="store_true", help="no progress bar")
+    sft.set_defaults(func=_cmd_sft)
 
     for path, issue in PLANNED.items():
         parent = sub if len(path) == 1 else group(path[0], f"{path[0]} commands")

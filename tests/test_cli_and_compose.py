@@ -27,10 +27,15 @@ def _subcommand_paths(parser) -> set[tuple[str, ...]]:
     return paths
 
 
-def test_planned_subcommands_say_not_yet_implemented(capsys):
-    for path in PLANNED:
-        assert main([*path]) == 2
-        assert "not yet implemented (issue #7" in capsys.readouterr().err
+def test_train_without_a_config_is_a_usage_error_and_explain_lists_fields(capsys, tmp_path):
+    assert main(["train"]) == 2
+    assert "give a CONFIG" in capsys.readouterr().err
+    assert main(["train", "--explain"]) == 0
+    assert "train.groups_per_step: int" in capsys.readouterr().out
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("run: x\ntasks: {suites: [{generate: calc}]}\nrolout: {}\n")
+    assert main(["train", str(bad)]) == 2
+    assert "rolout" in capsys.readouterr().err
 
 
 def test_unknown_subcommand_is_a_usage_error():
