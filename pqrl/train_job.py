@@ -224,19 +224,20 @@ class _Job:
 
     # ---------------------------------------------------------------- rollout side
 
-    def _manager(self, store: Any, engine: Any, env: Any) -> Any:
+    def _episode_config(self) -> Any:
         from agent_loop.agent import EpisodeConfig
+
+        r = self.cfg.rollout
+        return EpisodeConfig(max_turns=r.max_turns, max_new_tokens=r.max_new_tokens,
+                             max_total_tokens=r.max_total_tokens, temperature=r.temperature)  # fmt: skip
+
+    def _manager(self, store: Any, engine: Any, env: Any) -> Any:
         from agent_loop.manager import ManagerConfig, RolloutManager
         from loss_masking import ChatRenderer
         from pqrl.model_cache import load_tokenizer
 
         r = self.cfg.rollout
-        episode = EpisodeConfig(
-            max_turns=r.max_turns,
-            max_new_tokens=r.max_new_tokens,
-            max_total_tokens=r.max_total_tokens,
-            temperature=r.temperature,
-        )
+        episode = self._episode_config()
         mcfg = ManagerConfig(
             group_size=r.group_size,
             groups_per_step=self.cfg.train.groups_per_step,
@@ -417,18 +418,11 @@ class _Job:
         return summary
 
     async def _evaluate(self, suite: Any, engine: Any, env: Any, writer: Any, step: int) -> Any:
-        from agent_loop.agent import EpisodeConfig
         from agent_loop.evaluation import evaluate
         from loss_masking import ChatRenderer
         from pqrl.model_cache import load_tokenizer
 
-        r = self.cfg.rollout
-        episode = EpisodeConfig(
-            max_turns=r.max_turns,
-            max_new_tokens=r.max_new_tokens,
-            max_total_tokens=r.max_total_tokens,
-            temperature=r.temperature,
-        )
+        episode = self._episode_config()
         t0 = time.monotonic()
         metrics, solved = await evaluate(
             suite,
