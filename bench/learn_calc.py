@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-async def _greedy_pass(model: str, n: int, seed: int, level: int, cfg: dict) -> dict[str, bool]:
+async def _greedy_pass(model: str, n: int, seed: int, level: int, shots: int, cfg: dict) -> dict[str, bool]:
     from agent_loop.agent import EpisodeConfig
     from agent_loop.commands import local_engine
     from agent_loop.evaluation import evaluate
@@ -40,7 +40,7 @@ async def _greedy_pass(model: str, n: int, seed: int, level: int, cfg: dict) -> 
     from pqrl.model_cache import load_tokenizer
     from tasks.calc import calc_suite
 
-    suite = calc_suite(n, seed, level=level)
+    suite = calc_suite(n, seed, level=level, shots=shots)
     episode = EpisodeConfig(max_turns=cfg["max_turns"], max_new_tokens=cfg["max_new_tokens"],
                             max_total_tokens=cfg["max_total_tokens"])  # fmt: skip
     with local_engine(model) as url:
@@ -73,9 +73,10 @@ def main() -> None:
     train_seeds = {s.seed for s in cfg.tasks.suites}
     assert held_out.seed not in train_seeds, "held-out tasks must come from another seed"
     r = cfg.rollout.model_dump()
+    task_args = (held_out.seed, held_out.level, held_out.shots)
 
     t0 = time.monotonic()
-    before = asyncio.run(_greedy_pass(cfg.model.name, args.eval_tasks, held_out.seed, held_out.level, r))
+    before = asyncio.run(_greedy_pass(cfg.model.name, args.eval_tasks, *task_args, r))
     print(f"before: {sum(before.values())}/{len(before)} ({time.monotonic() - t0:.0f}s)", file=sys.stderr)
 
     cmd = [sys.executable, "-m", "pqrl.cli", "train", args.config, "--fresh", "--quiet",
@@ -91,7 +92,7 @@ def main() -> None:
     final = run_dir / "checkpoints" / (run_dir / "checkpoints" / "latest").read_text().strip() / "model"
 
     t2 = time.monotonic()
-    after = asyncio.run(_greedy_pass(str(final), args.eval_tasks, held_out.seed, held_out.level, r))
+    after = asyncio.run(_greedy_pass(str(final), args.eval_tasks, *task_args, r))
     print(f"after: {sum(after.values())}/{len(after)} ({time.monotonic() - t2:.0f}s)", file=sys.stderr)
 
     rows = [m for m in read_metrics(run_dir / "metrics.jsonl") if "rollout/groups" in m]
