@@ -20,14 +20,14 @@ the batch (up to the float noise of different batch shapes), and a whole run is 
 the engine seed and the order of requests.
 
 New weights come from a checkpoint directory (``load_weights``) or as one broadcast per tensor from a
-trainer over a process group of their own (``new_weights_group``, ``receive_weights``: SGLang's NCCL
-path, which gloo carries on CPU); ``load_state`` checks a whole set before copying any of it.
+trainer over a process group of their own (``pqrl.collective.init_weights_group``, ``receive_weights``:
+SGLang's NCCL path, which gloo carries on CPU); ``load_state`` checks a whole set before copying any of it.
 
 Deliberately left out: prefix caching (``flush_cache`` has nothing to flush), chunked prefill,
 paged KV memory, CUDA graphs, speculative decoding, input-token logprobs, penalties.
 
-Imports only torch, transformers (and safetensors, which transformers requires) and the standard
-library, so it runs on a bare GPU box.
+Imports only torch, transformers (and safetensors, which transformers requires), the standard library
+and ``pqrl.collective`` (standard library only), so it runs on a bare GPU box.
 """
 
 from __future__ import annotations
@@ -36,21 +36,20 @@ import inspect
 import random
 from collections import Counter
 from dataclasses import dataclass, field
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from pqrl.collective import broadcast_from_rank0
+
 __all__ = [
     "BatchEngine",
     "EngineStats",
     "SamplingParams",
     "Sequence",
-    "destroy_weights_group",
     "load_state_dict",
-    "new_weights_group",
     "parse_dtype",
     "receive_weights",
     "sample_tokens",
@@ -121,54 +120,6 @@ def load_state_dict(model_path: str | Path, device: torch.device) -> dict[str, t
 
 # -- weights broadcast by a trainer (SGLang's update_weights_from_distributed) ----------------------
 
-WEIGHTS_GROUP_TIMEOUT = timedelta(minutes=10)  # rendezvous and every collective of a weights group
-
-
-def new_weights_group(
-    master_address: str,
-    master_port: int,
-    *,
-    rank: int,
-    world_size: int,
-    group_name: str,
-    backend: str,
-    timeout: timedelta = WEIGHTS_GROUP_TIMEOUT,
-) -> Any:
-    """Joins a process group of its own, as SGLang's ``init_custom_process_group`` builds it.
-
-    Not the default group (this process may have none, or one of its own): a TCPStore rendezvous at
-    ``master_address:master_port`` (rank 0, the trainer, hosts the store), keys prefixed with
-    ``group_name``, so the trainer's side interoperates with SGLang's. Blocks until every rank joined.
-    """
-    import torch.distributed as dist
-    from torch.distributed import distributed_c10d as c10d
-
-    store = dist.TCPStore(master_address, master_port, world_size, is_master=rank == 0, timeout=timeout)
-    # torch has no public call for a group outside the default one; every RL framework uses this one.
-    options = (
-        "backend_options"
-        if "backend_options" in inspect.signature(c10d._new_process_group_helper).parameters
-        else "pg_options"
-    )
-    group, _ = c10d._new_process_group_helper(
-        world_size,
-        rank,
-        [],
-        c10d.Backend(backend),
-        dist.PrefixStore(group_name, store),
-        group_name=group_name,
-        timeout=timeout,
-        **{options: None},
-    )
-    c10d._world.pg_group_ranks[group] = {i: i for i in range(world_size)}  # so dist.broadcast accepts it
-    return group
-
-
-def destroy_weights_group(group: Any) -> None:
-    import torch.distributed as dist
-
-    dist.destroy_process_group(group)
-
 
 def parse_dtype(name: str) -> torch.dtype:
     """``"bfloat16"`` (SGLang's wire form) or ``"torch.bfloat16"`` as a torch dtype."""
@@ -190,14 +141,10 @@ def receive_weights(
     Everything is received before anything is checked, so the sender never waits on a rejected
     update; then ``ValueError`` if a name repeats.
     """
-    import torch.distributed as dist
-
     tensors = [
         torch.empty(shape, dtype=dtype, device=device) for dtype, shape in zip(dtypes, shapes, strict=True)
     ]
-    handles = [dist.broadcast(t, src=0, group=group, async_op=True) for t in tensors]
-    for handle in handles:
-        handle.wait()
+    broadcast_from_rank0(group, tensors)
     repeated = sorted(n for n, k in Counter(names).items() if k > 1)
     if repeated:
         raise ValueError(f"tensor names sent more than once: {repeated[:5]}")

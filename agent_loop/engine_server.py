@@ -42,12 +42,11 @@ import hmac
 import importlib.util
 import os
 import sys
-import threading
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, NoReturn, TypeVar
+from typing import Annotated, Any, Literal, NoReturn
 
 from fastapi import APIRouter, Body, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -57,13 +56,12 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from agent_loop.engine_batcher import (
     BatchEngine,
     SamplingParams,
-    destroy_weights_group,
-    new_weights_group,
     parse_dtype,
     receive_weights,
 )
 from agent_loop.engine_batcher import Sequence as EngineSequence
 from agent_loop.engine_scheduler import EngineScheduler
+from pqrl import collective
 
 __all__ = [
     "SERVE_DEFAULTS",
@@ -76,9 +74,6 @@ __all__ = [
     "serve",
     "sglang_command",
 ]
-
-
-T = TypeVar("T")
 
 
 class SGLangNotInstalled(RuntimeError):
@@ -423,7 +418,7 @@ def _add_weight_group_routes(api: APIRouter, engine: BatchEngine, scheduler: Eng
             if body.group_name in groups:
                 return _control(False, f"group {body.group_name!r} exists: destroy it first")
             make = functools.partial(
-                new_weights_group,
+                collective.init_weights_group,
                 body.master_address,
                 body.master_port,
                 rank=body.rank_offset,  # the built-in engine is one rank
@@ -432,7 +427,7 @@ def _add_weight_group_routes(api: APIRouter, engine: BatchEngine, scheduler: Eng
                 backend=body.backend,
             )
             try:
-                group = await _in_daemon_thread(make)
+                group = await collective.in_daemon_thread(make, name="engine-weights-group")
             except Exception as e:  # rendezvous timeouts, refused connections, backend errors
                 return _control(False, f"Failed to initialize custom process group: {e}")
             device = engine.device if body.backend == "nccl" else "cpu"
@@ -457,7 +452,7 @@ def _add_weight_group_routes(api: APIRouter, engine: BatchEngine, scheduler: Eng
         async with lock:
             receive = functools.partial(receive_weights, wg.group, body.names, dtypes, body.shapes, wg.device)
             try:
-                tensors = await _in_daemon_thread(receive)
+                tensors = await collective.in_daemon_thread(receive, name="engine-weights-group")
                 engine.check_state(tensors, source="update_weights_from_distributed", complete=False)
                 await scheduler.update_weights_from_tensors(
                     tensors, weight_version=body.weight_version, abort_all_requests=body.abort_all_requests
@@ -475,7 +470,7 @@ def _add_weight_group_routes(api: APIRouter, engine: BatchEngine, scheduler: Eng
             wg = groups.pop(name, None)
             if wg is None:
                 return _control(False, f"no group {name!r} to destroy")
-            await asyncio.to_thread(destroy_weights_group, wg.group)
+            await asyncio.to_thread(collective.destroy_group, wg.group)
         return _control(True, "Succeeded to destroy custom process group.")
 
 
@@ -483,32 +478,6 @@ def _control(success: bool, message: str) -> JSONResponse:
     return JSONResponse(
         ControlOut(success=success, message=message).model_dump(), status_code=200 if success else 400
     )
-
-
-async def _in_daemon_thread(fn: Callable[[], T]) -> T:
-    """Runs a blocking collective off the event loop, in a daemon thread: one stuck on a peer that never
-    comes (until the group's timeout) must not hold up shutdown, as an executor thread would."""
-    loop = asyncio.get_running_loop()
-    fut: asyncio.Future[T] = loop.create_future()
-
-    def settle(result: Any, error: BaseException | None) -> None:
-        if fut.done():  # the caller went away
-            return
-        if error is not None:
-            fut.set_exception(error)
-        else:
-            fut.set_result(result)
-
-    def run() -> None:
-        try:
-            result, error = fn(), None
-        except BaseException as e:  # handed to the awaiting coroutine
-            result, error = None, e
-        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-            loop.call_soon_threadsafe(settle, result, error)
-
-    threading.Thread(target=run, name="engine-weights-group", daemon=True).start()
-    return await fut
 
 
 def _prompts(body: GenerateIn, engine: BatchEngine) -> tuple[list[list[int]], bool]:

@@ -20,22 +20,17 @@ at ``init``: a new engine needs ``init`` again, and weights from disk until the 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
-import inspect
 import shutil
-import threading
 import time
-from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
+from pqrl.collective import broadcast_from_rank0, destroy_group, in_daemon_thread, init_weights_group
 from pqrl.engine_client import EngineClient, WeightUpdateFailed
 
 __all__ = ["DiskWeightSync", "DistributedWeightSync", "WeightSync", "init_weights_group"]
-
-T = TypeVar("T")
 
 
 class WeightSync(Protocol):
@@ -153,7 +148,7 @@ class DistributedWeightSync:
             backend=self.backend,
             timeout=self.timeout,
         )
-        mine = _in_daemon_thread(join)
+        mine = in_daemon_thread(join)
         theirs = asyncio.ensure_future(
             self.client.init_weights_update_group(
                 self.master_address,
@@ -188,7 +183,7 @@ class DistributedWeightSync:
         names, tensors = zip(*((n, self._wire(p)) for n, p in model.named_parameters()), strict=True)
         self.last_broadcast_s = self.last_push_s = float("nan")
         start = time.perf_counter()
-        sent = _in_daemon_thread(functools.partial(_broadcast, self._group, list(tensors)))
+        sent = in_daemon_thread(functools.partial(broadcast_from_rank0, self._group, list(tensors)))
         sent.add_done_callback(lambda _: setattr(self, "last_broadcast_s", time.perf_counter() - start))
         answered = asyncio.ensure_future(
             self.client.update_weights_from_distributed(
@@ -218,7 +213,7 @@ class DistributedWeightSync:
             await self.client.destroy_weights_update_group(self.group_name)
         finally:
             if not self._out_of_step:  # a group with a broadcast stuck in it is left to its timeout
-                await asyncio.to_thread(_destroy, group)
+                await asyncio.to_thread(destroy_group, group)
 
     def _wire(self, p: Any) -> Any:
         """A parameter as the backend sends it: detached, contiguous, on the CPU for gloo."""
@@ -230,83 +225,5 @@ class DistributedWeightSync:
         return t.contiguous()
 
 
-# -- the collective side ----------------------------------------------------------------------------
-
-
-def init_weights_group(
-    master_address: str,
-    master_port: int,
-    *,
-    rank: int,
-    world_size: int,
-    group_name: str,
-    backend: str,
-    timeout: timedelta,
-) -> Any:
-    """Joins (rank 0: creates, hosting the TCPStore) a process group outside the default one, built as
-    SGLang's ``init_custom_process_group`` builds it, so the store keys match on both sides. Blocks
-    until all ``world_size`` ranks joined. The built-in engine's side is
-    ``agent_loop.engine_batcher.new_weights_group`` (trainer and engine share no module to hold one)."""
-    import torch.distributed as dist
-    from torch.distributed import distributed_c10d as c10d
-
-    store = dist.TCPStore(master_address, master_port, world_size, is_master=rank == 0, timeout=timeout)
-    # torch has no public call for a group outside the default one; every RL framework uses this one.
-    helper = c10d._new_process_group_helper
-    options = "backend_options" if "backend_options" in inspect.signature(helper).parameters else "pg_options"
-    group, _ = helper(
-        world_size,
-        rank,
-        [],
-        c10d.Backend(backend),
-        dist.PrefixStore(group_name, store),
-        group_name=group_name,
-        timeout=timeout,
-        **{options: None},
-    )
-    c10d._world.pg_group_ranks[group] = {i: i for i in range(world_size)}  # so dist.broadcast accepts it
-    return group
-
-
-def _broadcast(group: Any, tensors: list[Any]) -> None:
-    import torch.distributed as dist
-
-    handles = [dist.broadcast(t, src=0, group=group, async_op=True) for t in tensors]
-    for handle in handles:
-        handle.wait()
-
-
-def _destroy(group: Any) -> None:
-    import torch.distributed as dist
-
-    dist.destroy_process_group(group)
-
-
 def _as_update_failed(e: BaseException) -> WeightUpdateFailed:
     return e if isinstance(e, WeightUpdateFailed) else WeightUpdateFailed(f"{type(e).__name__}: {e}")
-
-
-def _in_daemon_thread(fn: Callable[[], T]) -> asyncio.Future[T]:
-    """Runs a blocking collective in a daemon thread: a broadcast whose receivers never come waits out
-    the group's timeout, and must not hold up the process's exit as an executor thread would."""
-    loop = asyncio.get_running_loop()
-    fut: asyncio.Future[T] = loop.create_future()
-
-    def settle(result: Any, error: BaseException | None) -> None:
-        if fut.done():  # cancelled: nobody waits any more
-            return
-        if error is not None:
-            fut.set_exception(error)
-        else:
-            fut.set_result(result)
-
-    def run() -> None:
-        try:
-            result, error = fn(), None
-        except BaseException as e:  # handed to the awaiting coroutine
-            result, error = None, e
-        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-            loop.call_soon_threadsafe(settle, result, error)
-
-    threading.Thread(target=run, name="weights-group", daemon=True).start()
-    return fut

@@ -17,17 +17,7 @@ import pytest
 import torch
 
 from tests.trainer import dist_worker as w
-from trainer.distributed import (
-    DistContext,
-    all_reduce_scalar,
-    broadcast_groups,
-    equalize_passes,
-    init_from_env,
-    rank_normalizer,
-    shard,
-    shard_of,
-    shutdown,
-)
+from trainer import distributed
 
 ROOT = Path(__file__).resolve().parents[2]
 WORLD = 2
@@ -119,34 +109,40 @@ def test_raw_fsdp2_averages_on_gloo_so_shard_must_sum(two_rank_step):
 
 
 def test_world_of_one_is_a_pass_through():
-    ctx = init_from_env({})
+    ctx = distributed.init_from_env({})
     assert (ctx.rank, ctx.world_size, ctx.is_main, ctx.distributed) == (0, 1, True, False)
     assert not torch.distributed.is_initialized()
     model = torch.nn.Linear(2, 2)
-    assert shard(model, ctx) is model and not hasattr(model.weight, "full_tensor")
+    assert distributed.shard(model, ctx) is model and not hasattr(model.weight, "full_tensor")
     groups = w.make_groups()
-    got = broadcast_groups(groups, ctx)
+    got = distributed.broadcast_groups(groups, ctx)
     assert [[t.id for t in g] for g in got] == [[t.id for t in g] for g in groups]
     assert got[0][0] is groups[0][0]
-    assert broadcast_groups(None, ctx) == []
-    assert shard_of(list("abcde"), ctx) == list("abcde")
-    assert shard_of(list("abcde"), ctx, cost=len) == list("abcde")
-    assert all_reduce_scalar(7.0, ctx) == 7.0 and all_reduce_scalar(7.0, ctx, "max") == 7.0
-    assert equalize_passes([[1], [2]], ctx) == [[1], [2]]
-    shutdown(ctx)
-    assert init_from_env({"WORLD_SIZE": "1", "RANK": "0"}).world_size == 1
+    assert distributed.broadcast_groups(None, ctx) == []
+    assert distributed.shard_of(list("abcde"), ctx) == list("abcde")
+    assert distributed.shard_of(list("abcde"), ctx, cost=len) == list("abcde")
+    assert (
+        distributed.all_reduce_scalar(7.0, ctx) == 7.0
+        and distributed.all_reduce_scalar(7.0, ctx, "max") == 7.0
+    )
+    assert distributed.equalize_passes([[1], [2]], ctx) == [[1], [2]]
+    distributed.shutdown(ctx)
+    assert distributed.init_from_env({"WORLD_SIZE": "1", "RANK": "0"}).world_size == 1
 
 
 def test_a_world_without_a_master_address_fails_loudly():
     with pytest.raises(RuntimeError, match="MASTER_ADDR"):
-        init_from_env({"WORLD_SIZE": "2", "RANK": "1"})
+        distributed.init_from_env({"WORLD_SIZE": "2", "RANK": "1"})
 
 
 # --- pure rules --------------------------------------------------------------------------------
 
 
 def _shares(items, world, **kw):
-    return [shard_of(items, DistContext(rank=r, world_size=world), **kw) for r in range(world)]
+    return [
+        distributed.shard_of(items, distributed.DistContext(rank=r, world_size=world), **kw)
+        for r in range(world)
+    ]
 
 
 def test_shares_partition_the_items_in_order():
@@ -167,9 +163,9 @@ def test_normalizer_makes_reduced_rank_gradients_the_token_mean_gradient():
     S, n = torch.tensor([3.0, 5.0, 1.0]), torch.tensor([4.0, 7.0, 2.0])
     N = float(n.sum())
     want = float(S.sum()) / N
-    by_sum = float((S / rank_normalizer(N, 3, "sum")).sum())
-    by_avg = float((S / rank_normalizer(N, 3, "avg")).mean())
+    by_sum = float((S / distributed.rank_normalizer(N, 3, "sum")).sum())
+    by_avg = float((S / distributed.rank_normalizer(N, 3, "avg")).mean())
     assert by_sum == pytest.approx(want) and by_avg == pytest.approx(want)
     assert float((S / n.sum()).mean()) != pytest.approx(want)  # global count under AVG: W times too small
     with pytest.raises(ValueError):
-        rank_normalizer(N, 3, "mean")
+        distributed.rank_normalizer(N, 3, "mean")

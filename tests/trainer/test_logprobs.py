@@ -6,16 +6,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from tests.trainer.one_thread import one_torch_thread  # noqa: F401 (autouse: torch on one thread)
 from trainer.logprobs import full_logprobs, fused_logprobs, has_plain_head, head_logprobs
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    # small matmuls on shared CPUs: a second OpenMP thread spin-waits far more than it helps
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _inputs(n=37, h=16, v=300, seed=0, dtype=torch.float32):

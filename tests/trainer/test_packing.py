@@ -11,6 +11,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
+from tests.trainer.one_thread import one_torch_thread  # noqa: F401 (autouse: torch on one thread)
 from trainer.packing import (
     block_causal_mask,
     enable_packed_attention,
@@ -18,16 +19,6 @@ from trainer.packing import (
     pack_row,
     packed_model_kwargs,
 )
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    # small matmuls on shared CPUs: a second OpenMP thread spin-waits far more than it helps
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 VOCAB = 101
 SIZES = dict(

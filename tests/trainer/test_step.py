@@ -16,17 +16,9 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from pqrl.demo import DemoConfig, sample_group
 from pqrl.model_cache import load_model, load_tokenizer
 from pqrl.trajectory import Status, Trajectory
+from tests.trainer.one_thread import one_torch_thread  # noqa: F401 (autouse: torch on one thread)
 from trainer.losses import entropy_from_logits
 from trainer.step import StepConfig, token_logprobs, train_step
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    # small matmuls on shared CPUs: a second OpenMP thread spin-waits far more than it helps
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
