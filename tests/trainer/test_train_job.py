@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from pqrl.cli import main
@@ -38,6 +39,7 @@ def _train(config: Path, *extra: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.timeout(900)  # two whole jobs: about 90 s on 2 idle cores, several times that on a busy one
 def test_embedded_job_trains_checkpoints_evaluates_and_resumes(tmp_path):
     config = _job(tmp_path)
     first = _train(config)
