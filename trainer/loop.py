@@ -108,10 +108,15 @@ class TrainerLoop:
         gps = self.cfg.groups_per_step
         entries = await self._read(gps, timeout_s)
         version = (await self.store.get_policy()).version
+        rejected = 0  # groups already returned to the staleness gate
         for _ in range(self.cfg.max_extra_reads):
-            missing = gps - sum(self._has_signal(e, version) for e in entries)
+            flat = sum(not self._has_signal(e, version) for e in entries)
+            missing = gps - (len(entries) - flat)
             if missing <= 0:
                 break
+            if flat > rejected:  # they will be dropped: free their places now, or the gate stays full
+                await self.store.gate_reject(flat - rejected)  # and no group with signal can come
+                rejected = flat
             entries += await self._read(missing, timeout_s)
         _failpoint("read", self.state.step + 1)
         groups = [e.trajectories for e in entries]
@@ -126,8 +131,8 @@ class TrainerLoop:
         dropped = int(
             metrics.get("dropped/groups_too_few_valid", 0) + metrics.get("dropped/no_signal_groups", 0)
         )
-        if dropped:
-            await self.store.gate_reject(dropped)
+        if dropped > rejected:
+            await self.store.gate_reject(dropped - rejected)
         if metrics.get("rollout/trajectories_used", 0) > 0:
             metrics["policy/version"] = float(await self._publish(version + 1))
         else:

@@ -64,3 +64,29 @@ async def test_the_loop_reads_past_signal_free_groups_up_to_its_bound(redis_serv
         m = await bounded.step(timeout_s=10)
         assert bounded.state.trained_groups == ["good3", "flat3"], "max_extra_reads=0 trains what it read"
         assert m["dropped/no_signal_groups"] == 1 and m["rollout/trajectories_used"] == 3
+
+
+async def test_groups_read_past_free_their_gate_places_while_the_loop_waits(redis_server, tmp_path):
+    """Otherwise a full gate admits no new group and the loop waits for one that never comes."""
+    import asyncio
+
+    model = _tiny()
+    async with TrajectoryStore(redis_server.url, "ds") as store:
+        await store.create_consumer_group("trainer")
+        for name in ("flat1", "flat2"):
+            await store.put_group(_group(name, [0, 0, 0]))
+        cfg = LoopConfig(
+            groups_per_step=2, weights_dir=str(tmp_path / "w"), max_extra_reads=1, read_block_ms=100
+        )
+        loop = TrainerLoop(model, torch.optim.SGD(model.parameters(), lr=0.1), store, None, cfg)
+        step = asyncio.create_task(loop.step(timeout_s=30))
+        for _ in range(100):
+            if (await store.gate_state())["rejected"] == 2:
+                break
+            await asyncio.sleep(0.05)
+        assert (await store.gate_state())["rejected"] == 2 and not step.done(), "freed while still reading"
+        for name in ("good1", "good2"):
+            await store.put_group(_group(name, [0, 1, 1]))
+        m = await step
+        assert m["dropped/no_signal_groups"] == 2 and m["rollout/trajectories_used"] == 6
+        assert (await store.gate_state())["rejected"] == 2, "not counted twice"
