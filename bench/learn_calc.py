@@ -99,7 +99,7 @@ def main() -> None:
     hist: collections.Counter[int] = collections.Counter()
     for m in rows:
         for k, v in m.items():
-            if k.startswith("offpolicy/staleness_"):
+            if k.startswith("offpolicy/staleness_") and k.rsplit("_", 1)[1].isdigit():
                 hist[int(k.rsplit("_", 1)[1])] += int(v)
     kl = [m["offpolicy/mismatch_kl"] for m in rows if "offpolicy/mismatch_kl" in m]
     mean, low, _ = paired_improvement(before, after)

@@ -22,6 +22,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -440,7 +441,8 @@ class _Job:
     async def _status(self, store: Any, trainer: Any, last: dict[str, float], rewards: list[float]) -> None:
         gate = await store.gate_state()
         failures = dict(self.manager.stats.failures) if self.manager is not None else {}
-        stale = {k.rsplit("_", 1)[1]: v for k, v in last.items() if k.startswith("offpolicy/staleness_")}
+        numbered = (k for k in last if re.fullmatch(r"offpolicy/staleness_\d+", k))
+        stale = {k.rsplit("_", 1)[1]: last[k] for k in numbered}
         await store.set_status(
             {
                 "phase": "training",
