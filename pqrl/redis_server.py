@@ -29,6 +29,16 @@ class RedisServerError(RuntimeError):
     """``redis-server`` is missing or did not come up; the message carries its log tail."""
 
 
+def die_with_parent() -> None:
+    """``preexec_fn``: the child gets SIGTERM when the process that started it dies (Linux), so a
+    job killed with SIGKILL leaves no server behind. Start such children from the main thread."""
+    import ctypes
+    import signal
+
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""
     with socket.socket() as s:
@@ -50,6 +60,7 @@ class RedisServer:
         data_dir: str | os.PathLike[str] | None = None,
         appendfsync: AppendFsync = "everysec",
         executable: str = "redis-server",
+        die_with_parent: bool = False,
     ) -> None:
         self.port = port or free_port()
         self._own_dir = data_dir is None
@@ -57,6 +68,7 @@ class RedisServer:
         self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="pqrl-redis-")).resolve()
         self.appendfsync = appendfsync
         self.executable = executable
+        self.die_with_parent = die_with_parent  # a job's private server must not outlive a killed job
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -86,7 +98,11 @@ class RedisServer:
             "--daemonize", "no",
             "--logfile", str(self.log_path),
         ]  # fmt: skip
-        self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, start_new_session=True)
+        # its own log file; inheriting our stdout would keep a caller's pipe open after we die
+        self.proc = subprocess.Popen(
+            args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True, preexec_fn=die_with_parent if self.die_with_parent else None,
+        )  # fmt: skip
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

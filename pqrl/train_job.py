@@ -116,7 +116,7 @@ def _services(cfg: TrainConfig) -> Iterator[dict[str, Any]]:
     from pqrl.redis_server import RedisServer, free_port
 
     with contextlib.ExitStack() as stack:
-        redis = stack.enter_context(RedisServer(data_dir=cfg.run_dir / "redis"))
+        redis = stack.enter_context(RedisServer(data_dir=cfg.run_dir / "redis", die_with_parent=True))
         engines = list(cfg.services.engines)
         if not engines:
             port = free_port()
@@ -131,6 +131,8 @@ def _services(cfg: TrainConfig) -> Iterator[dict[str, Any]]:
 
 @contextlib.contextmanager
 def _engine_process(cfg: TrainConfig, port: int) -> Iterator[subprocess.Popen[bytes]]:
+    from pqrl.redis_server import die_with_parent
+
     threads = str(cfg.services.engine_threads)
     env = os.environ | {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
     cmd = [
@@ -149,7 +151,8 @@ def _engine_process(cfg: TrainConfig, port: int) -> Iterator[subprocess.Popen[by
         str(cfg.seed),
     ]
     with open(cfg.run_dir / "engine.log", "ab") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True, preexec_fn=die_with_parent)  # fmt: skip
     try:
         yield proc
     finally:
