@@ -47,7 +47,8 @@ def test_embedded_job_trains_checkpoints_evaluates_and_resumes(tmp_path):
     assert first["steps"] == 1 and 0.0 <= first["eval_before"] <= 1.0 and "eval_after" in first
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     train_rows = [r for r in rows if "rollout/groups" in r]
-    assert [r["step"] for r in train_rows] == [1] and train_rows[0]["rollout/groups"] == 1
+    # dynamic sampling reads past signal-free groups: 1 group, up to 3 extra reads (the default)
+    assert [r["step"] for r in train_rows] == [1] and 1 <= train_rows[0]["rollout/groups"] <= 4
     assert {"losses/pg_loss", "rollout/trajectories_used"} & set(train_rows[0]) or train_rows[0].get(
         "dropped/no_signal_groups"
     ), "a step either trains or says why it did not"
@@ -61,7 +62,8 @@ def test_embedded_job_trains_checkpoints_evaluates_and_resumes(tmp_path):
     assert second["steps"] == 2
     assert second["policy_version"] > first["policy_version"], "resume serves the checkpoint as a new version"
     state = json.loads((run / "checkpoints" / "step-000002" / "state.json").read_text())
-    assert state["step"] == 2 and len(state["trained_groups"]) == 2
+    groups = state["trained_groups"]
+    assert state["step"] == 2 and 2 <= len(groups) <= 8 and len(set(groups)) == len(groups)
     assert "eval_before" not in second, "a resumed run does not evaluate the start again"
 
 
