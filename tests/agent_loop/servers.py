@@ -1,6 +1,33 @@
-"""Real HTTP in tests: the project's in-thread server and free-port helpers, re-exported."""
+"""Real HTTP in tests: the project's in-thread server and free-port helpers, re-exported, and the
+wait for a server started as a separate process."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Callable
+
+import httpx
+import pytest
 
 from agent_loop.serving import serve_in_thread
 from pqrl.redis_server import free_port
 
-__all__ = ["free_port", "serve_in_thread"]
+__all__ = ["free_port", "serve_in_thread", "wait_until_healthy"]
+
+
+def wait_until_healthy(
+    url: str, proc: subprocess.Popen, output: Callable[[], str], timeout_s: float = 120.0
+) -> None:
+    """Polls ``GET url/health`` until it answers 200; fails with the process's output if it exits
+    or never answers."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            pytest.fail(f"{url} did not become healthy:\n{output()[-3000:]}")
+        time.sleep(0.2)

@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
-
 from pqrl.redis_server import free_port
+from tests.agent_loop.servers import wait_until_healthy
 
 PQRL = str(Path(sys.executable).parent / "pqrl")
 
@@ -22,16 +20,7 @@ def test_engine_rollout_and_show(tmp_path, redis_server):
     )
     try:
         url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert engine.poll() is None, engine.stderr.read()
-            assert time.monotonic() < deadline, "engine did not become healthy"
-            time.sleep(0.2)
+        wait_until_healthy(url, engine, lambda: engine.stderr.read() if engine.poll() is not None else "")
         suite = tmp_path / "calc.jsonl"
         run = lambda *a: subprocess.run([PQRL, *a], capture_output=True, text=True, timeout=300)  # noqa: E731
         assert run("tasks", "generate", "calc", "--n", "2", "--seed", "9", "-o", str(suite)).returncode == 0

@@ -8,7 +8,6 @@ import asyncio
 import copy
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import torch
 from pqrl.engine_client import EngineClient, SamplingParams, WeightUpdateFailed
 from pqrl.redis_server import free_port
 from tests.agent_loop.conftest import chat_prompt, forced_logprobs, max_abs_diff
+from tests.agent_loop.servers import wait_until_healthy
 from trainer.weight_sync import DistributedWeightSync
 
 PQRL = str(Path(sys.executable).parent / "pqrl")
@@ -34,17 +34,7 @@ def engine_url(tmp_path_factory) -> Iterator[str]:
     proc = subprocess.Popen([*cmd, "--device", "cpu", "--dtype", "float32"], stderr=log)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                log.seek(0)
-                pytest.fail(f"engine did not become healthy:\n{log.read()[-3000:]}")
-            time.sleep(0.2)
+        wait_until_healthy(url, proc, lambda: (log.seek(0), log.read())[1])
         yield url
     finally:
         proc.terminate()
