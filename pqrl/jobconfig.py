@@ -35,6 +35,24 @@ class ModelSection(_Section):
     gradient_checkpointing: bool = Field(False, description="recompute activations in backward (GPU)")
 
 
+class WeightSyncSection(_Section):
+    method: Literal["disk", "distributed"] = Field(
+        "disk",
+        description="disk: save under output_dir, engines load it with /update_weights_from_disk (they must "
+        "see that path); distributed: broadcast to every engine over a process group "
+        "(SGLang's /update_weights_from_distributed)",
+    )
+    address: str = Field(
+        "127.0.0.1", description="distributed: an address of the trainer that every engine reaches"
+    )
+    port: int | None = Field(
+        None, ge=1, le=65535, description="distributed: a free port there; empty = pick one"
+    )
+    backend: Literal["nccl", "gloo"] | None = Field(
+        None, description="distributed: empty = nccl when the trainer has a GPU, else gloo"
+    )
+
+
 class ServicesSection(_Section):
     redis_url: str | None = Field(None, description="shared Redis; empty = a private one (embedded mode)")
     engines: list[str] = Field(
@@ -46,6 +64,9 @@ class ServicesSection(_Section):
     env_token: str | None = Field(None, description="bearer token of the env servers ($PQRL_ENV_TOKEN)")
     engine_threads: int = Field(1, ge=1, description="embedded: CPU threads of the engine process")
     trainer_threads: int = Field(1, ge=1, description="embedded: CPU threads of the trainer")
+    weight_sync: WeightSyncSection = Field(
+        default_factory=WeightSyncSection, description="how new weights reach the engines"
+    )
 
 
 class SuiteRef(_Section):

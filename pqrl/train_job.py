@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -94,14 +95,39 @@ def train_command(args: argparse.Namespace) -> int:
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request drowns the progress
-    if args.fresh:
-        shutil.rmtree(cfg.run_dir, ignore_errors=True)
-    cfg.run_dir.mkdir(parents=True, exist_ok=True)
-    (cfg.run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
-    with _services(cfg) as services:
-        summary = asyncio.run(_Job(cfg, services, role=args.role, quiet=args.quiet).run())
+    ctx = _trainer_ranks()
+    if ctx.distributed and args.role == "rollout":
+        print("pqrl train: --role rollout runs one process; do not start it with torchrun", file=sys.stderr)
+        return 2
+    from trainer.distributed import barrier, shutdown
+
+    try:
+        if not ctx.is_main:
+            barrier(ctx)  # rank 0 has prepared the run directory
+            return _follow(cfg, ctx)
+        if args.fresh:
+            shutil.rmtree(cfg.run_dir, ignore_errors=True)
+        cfg.run_dir.mkdir(parents=True, exist_ok=True)
+        dump = yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+        (cfg.run_dir / "config.yaml").write_text(dump)
+        barrier(ctx)
+        with _services(cfg) as services:
+            summary = asyncio.run(_Job(cfg, services, role=args.role, quiet=args.quiet, ctx=ctx).run())
+    finally:
+        shutdown(ctx)
     print(json.dumps(summary))
     return 0
+
+
+def _trainer_ranks() -> Any:
+    """Under torchrun, this process's place among the trainer ranks (FSDP2); else a world of one."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        from trainer.distributed import DistContext
+
+        return DistContext()
+    from trainer.distributed import init_from_env
+
+    return init_from_env()
 
 
 # -- services -------------------------------------------------------------------------------------
@@ -189,8 +215,13 @@ def _load_suite(ref: SuiteRef) -> Any:
 
 
 class _Job:
-    def __init__(self, cfg: TrainConfig, services: dict[str, Any], *, role: str, quiet: bool) -> None:
+    def __init__(
+        self, cfg: TrainConfig, services: dict[str, Any], *, role: str, quiet: bool, ctx: Any = None
+    ) -> None:
+        from trainer.distributed import DistContext
+
         self.cfg, self.services, self.role, self.quiet = cfg, services, role, quiet
+        self.ctx = ctx or DistContext()
         self.stopping = asyncio.Event()
         self.manager: Any = None
 
@@ -297,46 +328,56 @@ class _Job:
     # ---------------------------------------------------------------- trainer side
 
     async def _train(self, store: Any, engine: Any, env: Any, suites: list[Any]) -> dict[str, Any]:
-        import torch
-
-        from trainer.checkpoint import latest_checkpoint, load_checkpoint
         from trainer.loop import LoopConfig, TrainerLoop
-        from trainer.metrics import MetricsWriter, plot_curves
-        from trainer.step import StepConfig
+        from trainer.ranks import Leader
 
         cfg, t = self.cfg, self.cfg.train
-        if cfg.embedded:
-            torch.set_num_threads(cfg.services.trainer_threads)
-        torch.manual_seed(cfg.seed)
+        parts = _trainer_parts(cfg, self.ctx)
+        if parts.latest is not None:
+            log.info("loaded checkpoint %s", parts.latest)
         ckpt_dir = cfg.run_dir / "checkpoints"
-        latest = latest_checkpoint(ckpt_dir)
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-        model, tokenizer = _load_policy(str(latest / "model") if latest else cfg.model.name, device)
-        ref_model = (
-            _load_policy(cfg.model.name, device)[0].eval().requires_grad_(False) if t.kl_coef else None
-        )
-        optimizer = torch.optim.AdamW(model.parameters(), lr=t.lr, betas=t.betas, weight_decay=t.weight_decay)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda s: min(1.0, (s + 1) / (t.warmup_steps + 1))
-        )
-        state = load_checkpoint(latest, optimizer=optimizer, scheduler=scheduler) if latest else None
-        step_cfg = StepConfig(
-            eps_low=t.eps_low, eps_high=t.eps_high, is_cap=t.is_cap, temperature=cfg.rollout.temperature,
-            max_staleness=cfg.rollout.max_staleness, max_grad_norm=t.max_grad_norm,
-            micro_batch_tokens=t.micro_batch_tokens, ppo_epochs=t.ppo_epochs, minibatches=t.minibatches,
-            kl_coef=t.kl_coef, kl_estimator=t.kl_estimator, compile=t.compile, seed=cfg.seed,
-            dtype="float32" if cfg.model.dtype == "float32" else "bfloat16",
-            gradient_checkpointing=cfg.model.gradient_checkpointing,
-        )  # fmt: skip
         loop_cfg = LoopConfig(
             groups_per_step=t.groups_per_step, weights_dir=str(cfg.run_dir / "weights"),
             ckpt_dir=str(ckpt_dir), keep_checkpoints=cfg.checkpoint.keep, max_extra_reads=t.max_extra_reads,
-            step=step_cfg,
+            step=parts.step_cfg,
         )  # fmt: skip
+        leader = Leader(self.ctx) if self.ctx.distributed else None
+        if leader is not None:
+            log.info("training on %d FSDP2 ranks (%s)", self.ctx.world_size, self.ctx.device.type)
+        sync = await self._weight_sync(engine, parts.model)
         trainer = TrainerLoop(
-            model, optimizer, store, engine, loop_cfg, tokenizer=tokenizer, scheduler=scheduler, state=state,
-            ref_model=ref_model,
+            parts.model, parts.optimizer, store, engine, loop_cfg, tokenizer=parts.tokenizer,
+            scheduler=parts.scheduler, state=parts.state, ref_model=parts.ref_model, leader=leader, sync=sync,
         )  # fmt: skip
+        try:
+            return await self._train_loop(store, engine, env, suites, trainer, parts.latest, leader)
+        finally:
+            if sync is not None:
+                await sync.close()
+
+    async def _weight_sync(self, engine: Any, model: Any) -> Any:
+        """The configured distributed weight sync, its group formed with every engine; None: disk."""
+        from pqrl.redis_server import free_port
+        from trainer.weight_sync import DistributedWeightSync
+
+        ws = self.cfg.services.weight_sync
+        if ws.method == "disk":
+            return None
+        if engine is None:
+            raise SystemExit("pqrl train: services.weight_sync.method 'distributed' needs engines")
+        on_gpu = next(model.parameters()).device.type == "cuda"
+        sync = DistributedWeightSync(engine, master_address=ws.address, master_port=ws.port or free_port(),
+                                     backend=ws.backend or ("nccl" if on_gpu else "gloo"))  # fmt: skip
+        await sync.init()
+        log.info("weights go to the engines over %s (%s)", sync.backend, sync.location(0).rsplit("@", 1)[0])
+        return sync
+
+    async def _train_loop(
+        self, store: Any, engine: Any, env: Any, suites: list[Any], trainer: Any, latest: Any, leader: Any
+    ) -> dict[str, Any]:
+        from trainer.metrics import MetricsWriter, plot_curves
+
+        cfg, t = self.cfg, self.cfg.train
         writer = MetricsWriter(cfg.run_dir, tensorboard=cfg.tensorboard)
         if latest is not None:
             version = await trainer.resume()
@@ -396,7 +437,9 @@ class _Job:
                     break
         finally:
             bar.close()
-            if trainer.state.unacked_entries:  # stopped mid-interval (error or signal): keep nothing unsaved
+            # stopped mid-interval (error or signal): keep nothing unsaved. Not with other ranks: after
+            # an error they may sit in another collective; the last checkpoint covers what was acked.
+            if trainer.state.unacked_entries and leader is None:
                 with contextlib.suppress(Exception):
                     await trainer.checkpoint(sampler_position=await store.sampler_position())
             if self.manager is not None:
@@ -404,6 +447,8 @@ class _Job:
             if rollout_task is not None:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(rollout_task, timeout=120)
+        if leader is not None:
+            await asyncio.to_thread(leader.stop)  # the other ranks' work is done
         if eval_suite is not None:
             evals["after"] = await self._evaluate(eval_suite, engine, env, writer, trainer.state.step)
         writer.close()
@@ -462,13 +507,70 @@ class _Job:
         )
 
 
-def _load_policy(name_or_dir: str, device: str = "cpu") -> tuple[Any, Any]:
+def _load_policy(name_or_dir: str, device: Any = "cpu") -> tuple[Any, Any]:
     import torch
 
     from pqrl.model_cache import load_model, load_tokenizer
 
     # float32 master weights; bf16 comes from autocast on GPUs
     return load_model(name_or_dir, dtype=torch.float32).to(device), load_tokenizer(name_or_dir)
+
+
+@dataclasses.dataclass
+class _TrainerParts:
+    model: Any
+    tokenizer: Any
+    ref_model: Any
+    optimizer: Any
+    scheduler: Any
+    state: Any  # CheckpointState, or None on a fresh start
+    step_cfg: Any
+    latest: Path | None
+
+
+def _trainer_parts(cfg: TrainConfig, ctx: Any) -> _TrainerParts:
+    """The model (sharded under torchrun), optimizer, scheduler and step settings, restored from the
+    run's latest checkpoint when it has one. Every rank builds the same."""
+    import torch
+
+    from trainer.checkpoint import latest_checkpoint, load_checkpoint
+    from trainer.distributed import shard
+    from trainer.step import StepConfig
+
+    t = cfg.train
+    if cfg.embedded:
+        torch.set_num_threads(cfg.services.trainer_threads)
+    torch.manual_seed(cfg.seed)
+    latest = latest_checkpoint(cfg.run_dir / "checkpoints")
+    device = ctx.device if ctx.distributed else ("cuda" if torch.cuda.is_available() else "cpu")
+    model, tokenizer = _load_policy(str(latest / "model") if latest else cfg.model.name, device)
+    model = shard(model, ctx)
+    ref_model = _load_policy(cfg.model.name, device)[0].eval().requires_grad_(False) if t.kl_coef else None
+    optimizer = torch.optim.AdamW(model.parameters(), lr=t.lr, betas=t.betas, weight_decay=t.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: min(1.0, (s + 1) / (t.warmup_steps + 1))
+    )
+    state = load_checkpoint(latest, optimizer=optimizer, scheduler=scheduler, model=model) if latest else None
+    step_cfg = StepConfig(
+        eps_low=t.eps_low, eps_high=t.eps_high, is_cap=t.is_cap, temperature=cfg.rollout.temperature,
+        max_staleness=cfg.rollout.max_staleness, max_grad_norm=t.max_grad_norm,
+        micro_batch_tokens=t.micro_batch_tokens, ppo_epochs=t.ppo_epochs, minibatches=t.minibatches,
+        kl_coef=t.kl_coef, kl_estimator=t.kl_estimator, compile=t.compile, seed=cfg.seed,
+        dtype="float32" if cfg.model.dtype == "float32" else "bfloat16",
+        gradient_checkpointing=cfg.model.gradient_checkpointing,
+    )  # fmt: skip
+    return _TrainerParts(model, tokenizer, ref_model, optimizer, scheduler, state, step_cfg, latest)
+
+
+def _follow(cfg: TrainConfig, ctx: Any) -> int:
+    """A rank other than 0: train its share of every step rank 0 announces, until told to stop."""
+    from trainer.ranks import follow
+
+    parts = _trainer_parts(cfg, ctx)
+    steps = follow(parts.model, parts.optimizer, parts.step_cfg, ctx, scheduler=parts.scheduler,
+                   ref_model=parts.ref_model)  # fmt: skip
+    log.info("rank %d: %d steps trained", ctx.rank, steps)
+    return 0
 
 
 async def _first(step_task: asyncio.Task[Any], rollout_task: asyncio.Task[Any] | None) -> None:

@@ -67,8 +67,13 @@ def save_checkpoint(
     scheduler: Any = None,
     tokenizer: Any = None,
     keep: int = 2,
+    optimizer_state: Any = None,
 ) -> Path:
-    """Writes the checkpoint of ``state.step`` and points ``latest`` at it; returns its path."""
+    """Writes the checkpoint of ``state.step`` and points ``latest`` at it; returns its path.
+
+    ``optimizer_state``: the state keyed by parameter name, whole tensors (a sharded trainer's
+    ``trainer.distributed.full_optimizer_state``); by default ``optimizer.state_dict()``.
+    """
     ckpt_dir = Path(ckpt_dir)
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     final = ckpt_dir / f"step-{state.step:06d}"
@@ -79,7 +84,8 @@ def save_checkpoint(
         tokenizer.save_pretrained(tmp / "model")
     torch.save(
         {
-            "optimizer": optimizer.state_dict(),
+            "optimizer": optimizer.state_dict() if optimizer_state is None else optimizer_state,
+            "optimizer_keys": "index" if optimizer_state is None else "name",
             "scheduler": scheduler.state_dict() if scheduler is not None else None,
             "rng": _rng_state(),
         },
@@ -108,12 +114,23 @@ def latest_checkpoint(ckpt_dir: str | Path) -> Path | None:
 
 
 def load_checkpoint(
-    path: str | Path, *, optimizer: torch.optim.Optimizer, scheduler: Any = None
+    path: str | Path, *, optimizer: torch.optim.Optimizer, scheduler: Any = None, model: Any = None
 ) -> CheckpointState:
-    """Restores optimizer, scheduler and RNG states (the model is loaded from ``path/model``)."""
+    """Restores optimizer, scheduler and RNG states (the model is loaded from ``path/model``).
+
+    A checkpoint of a sharded trainer keys its optimizer state by parameter name and loads into
+    ``model``'s optimizer whether or not it is sharded now (every rank calls this).
+    """
     path = Path(path)
     blob = torch.load(path / "trainer_state.pt", weights_only=False)
-    optimizer.load_state_dict(blob["optimizer"])
+    if blob.get("optimizer_keys", "index") == "name":
+        from trainer.distributed import load_full_optimizer_state
+
+        if model is None:
+            raise ValueError(f"{path} keys its optimizer state by parameter name: pass the model")
+        load_full_optimizer_state(model, optimizer, blob["optimizer"])
+    else:
+        optimizer.load_state_dict(blob["optimizer"])
     if scheduler is not None and blob["scheduler"] is not None:
         scheduler.load_state_dict(blob["scheduler"])
     _set_rng_state(blob["rng"])

@@ -9,7 +9,13 @@ unconditionally. The pieces, in the order a step uses them:
 - ``shard_of`` / ``equalize_passes``: which trajectories a rank trains on, and enough empty
   micro-batches that every rank runs the same number of forward/backward passes (each FSDP pass
   is a collective: a rank that stops early deadlocks the others).
-- ``all_reduce_scalar`` + ``rank_normalizer``: the step's token-mean across ranks.
+- ``all_reduce_scalar`` + ``rank_normalizer``: the step's token-mean across ranks;
+  ``all_reduce_sums``: the step's metric sums.
+- ``full_model_state`` / ``full_optimizer_state`` / ``load_full_optimizer_state``: whole tensors
+  on rank 0 for Hugging Face checkpoints and weight publication, and back into shards on resume.
+
+``trainer.ranks`` runs these in lock step: rank 0 announces each collective operation, the other
+ranks follow.
 
 Why SUM, not FSDP's default average: the loss is a token-mean over the whole step, so each rank
 divides its summed token loss by the global token count and the step gradient is the plain sum of
@@ -20,7 +26,8 @@ average (tests/trainer/test_distributed.py measures both), but a SUM reduction n
 factor at all and every backend implements it, so ``shard`` forces it.
 
 Deliberately left out: tensor/sequence/pipeline parallelism, HSDP meshes, CPU offload, sharded
-checkpoints (``torch.distributed.checkpoint``) and gathering weights for the engine's weight sync.
+checkpoints (each checkpoint holds whole tensors gathered on rank 0, which bounds the model size by
+rank 0's CPU memory) and the NCCL weight sync from a sharded model (weights go through disk).
 """
 
 from __future__ import annotations
@@ -28,7 +35,8 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal, TypeVar
+from datetime import timedelta
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 import torch
@@ -47,9 +55,15 @@ __all__ = [
     "DistContext",
     "Reduction",
     "all_reduce_scalar",
+    "all_reduce_sums",
+    "barrier",
     "broadcast_groups",
+    "broadcast_int",
     "equalize_passes",
+    "full_model_state",
+    "full_optimizer_state",
     "init_from_env",
+    "load_full_optimizer_state",
     "rank_normalizer",
     "shard",
     "shard_of",
@@ -79,7 +93,9 @@ class DistContext:
         return self.world_size > 1
 
 
-def init_from_env(env: Mapping[str, str] | None = None, *, backend: str | None = None) -> DistContext:
+def init_from_env(
+    env: Mapping[str, str] | None = None, *, backend: str | None = None, timeout_s: float = 6 * 3600
+) -> DistContext:
     """Joins the process group described by torchrun's variables, or returns a world of one.
 
     Reads ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` (and, through ``env://``, ``MASTER_ADDR`` /
@@ -88,6 +104,8 @@ def init_from_env(env: Mapping[str, str] | None = None, *, backend: str | None =
     Args:
         env: the environment to read; ``os.environ`` by default.
         backend: overrides the choice of ``nccl`` when CUDA is available, ``gloo`` otherwise.
+        timeout_s: how long a collective may wait. The other ranks wait in a broadcast while rank
+            0 waits for rollouts or evaluates, so the default is hours, not torch's 10 minutes.
 
     Returns:
         The ``DistContext``; its device is ``cuda:LOCAL_RANK`` (made current) or the CPU.
@@ -109,8 +127,15 @@ def init_from_env(env: Mapping[str, str] | None = None, *, backend: str | None =
             rank=rank,
             world_size=world_size,
             device_id=device if cuda else None,  # binds NCCL to this GPU up front
+            timeout=timedelta(seconds=timeout_s),
         )
     return DistContext(rank=rank, world_size=world_size, local_rank=local_rank, device=device)
+
+
+def barrier(ctx: DistContext) -> None:
+    """Waits until every rank gets here (no-op in a world of one)."""
+    if ctx.distributed:
+        dist.barrier()
 
 
 def shutdown(ctx: DistContext) -> None:
@@ -241,6 +266,64 @@ def all_reduce_scalar(x: float, ctx: DistContext, op: Literal["sum", "max"] = "s
     t = torch.tensor([x], dtype=torch.float64, device=ctx.device)
     dist.all_reduce(t, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
     return float(t)
+
+
+def all_reduce_sums(sums: Mapping[str, float], keys: Sequence[str], ctx: DistContext) -> dict[str, float]:
+    """``sums[k]`` added over ranks for every ``k`` in ``keys`` (a missing one counts 0); keys
+    ending in ``_max`` take the maximum instead. Every rank must pass the same ``keys``."""
+    if not ctx.distributed:
+        return {k: float(sums.get(k, 0.0)) for k in keys}
+    added = [k for k in keys if not k.endswith("_max")]
+    maxed = [k for k in keys if k.endswith("_max")]
+    out: dict[str, float] = {}
+    for names, op, missing in ((added, dist.ReduceOp.SUM, 0.0), (maxed, dist.ReduceOp.MAX, -np.inf)):
+        if not names:
+            continue
+        t = torch.tensor([float(sums.get(k, missing)) for k in names], dtype=torch.float64, device=ctx.device)
+        dist.all_reduce(t, op=op)
+        out |= {k: (float(v) if v != -np.inf else 0.0) for k, v in zip(names, t.tolist(), strict=True)}
+    return {k: out[k] for k in keys}
+
+
+def broadcast_int(x: int | None, ctx: DistContext) -> int:
+    """Rank 0's ``x`` on every rank (the others pass None)."""
+    if not ctx.distributed:
+        return int(x or 0)
+    t = torch.tensor([int(x) if ctx.is_main and x is not None else 0], dtype=torch.int64, device=ctx.device)
+    dist.broadcast(t, src=0)
+    return int(t)
+
+
+def _state_options() -> Any:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+def full_model_state(model: nn.Module, ctx: DistContext) -> dict[str, torch.Tensor] | None:
+    """The whole state dict on rank 0's CPU (a collective: every rank calls it); None elsewhere."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    if not ctx.distributed:
+        return None
+    state = get_model_state_dict(model, options=_state_options())
+    return state if ctx.is_main else None
+
+
+def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, ctx: DistContext) -> Any:
+    """The optimizer state keyed by parameter name, whole tensors on rank 0's CPU (a collective)."""
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    state = get_optimizer_state_dict(model, optimizer, options=_state_options())
+    return state if ctx.is_main else None
+
+
+def load_full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, state: Any) -> None:
+    """Loads ``full_optimizer_state``'s output into a (sharded or plain) optimizer; every rank
+    passes the whole state (a collective when sharded)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))
 
 
 def equalize_passes(batches: list[list[T]], ctx: DistContext) -> list[list[T]]:

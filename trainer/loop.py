@@ -19,6 +19,10 @@ resumes from the previous one and is re-delivered those groups (its own pending 
 killed between writing the checkpoint and acknowledging finds the entries in the checkpoint's
 ``unacked_entries`` and acknowledges them on ``resume()`` instead of training them again. With
 ``ckpt_dir=None`` (tests, throwaway runs) groups are acknowledged right after their step.
+
+Under ``torchrun`` this loop runs on rank 0 with a ``trainer.ranks.Leader``: the step's groups go
+to every rank, and whole weights are gathered from the shards for each publication and checkpoint
+(the other ranks run ``trainer.ranks.follow``).
 """
 
 from __future__ import annotations
@@ -34,10 +38,11 @@ from pqrl.engine_client import EngineClient
 from pqrl.store import GroupEntry, TrajectoryStore
 from trainer.checkpoint import CheckpointState, save_checkpoint
 from trainer.metrics import rollout_metrics
+from trainer.ranks import Leader
 from trainer.step import StepConfig, screen_group, train_step
 from trainer.weight_sync import DiskWeightSync, WeightSync
 
-__all__ = ["LoopConfig", "TrainerLoop"]
+__all__ = ["LoopConfig", "TrainerLoop", "WholeModel"]
 
 _GROUP = "trainer"  # consumer group of the trajectory stream
 
@@ -63,6 +68,20 @@ def _failpoint(name: str, step: int) -> None:
         os._exit(137)
 
 
+class WholeModel:
+    """A sharded model seen through its gathered state dict, for the weight syncs and checkpoints:
+    ``save_pretrained`` writes the whole tensors, ``named_parameters`` yields them."""
+
+    def __init__(self, model: Any, state: dict[str, Any]) -> None:
+        self.model, self.state = model, state
+
+    def save_pretrained(self, path: Any, **kwargs: Any) -> None:
+        self.model.save_pretrained(path, state_dict=self.state, **kwargs)
+
+    def named_parameters(self) -> Any:
+        return ((name, self.state[name]) for name, _ in self.model.named_parameters())
+
+
 class TrainerLoop:
     """Consumes groups and publishes weights for one run."""
 
@@ -79,8 +98,9 @@ class TrainerLoop:
         state: CheckpointState | None = None,
         sync: WeightSync | None = None,
         ref_model: Any = None,
+        leader: Leader | None = None,
     ) -> None:
-        self.model, self.optimizer, self.store = model, optimizer, store
+        self.model, self.optimizer, self.store, self.leader = model, optimizer, store, leader
         self.tokenizer, self.scheduler, self.ref_model = tokenizer, scheduler, ref_model
         self.cfg = cfg or LoopConfig()
         self.state = state or CheckpointState()
@@ -121,8 +141,9 @@ class TrainerLoop:
         _failpoint("read", self.state.step + 1)
         groups = [e.trajectories for e in entries]
         t0 = time.perf_counter()
+        train = train_step if self.leader is None else self.leader.train
         metrics = await asyncio.to_thread(
-            train_step, self.model, self.optimizer, groups, version, self.cfg.step, scheduler=self.scheduler,
+            train, self.model, self.optimizer, groups, version, self.cfg.step, scheduler=self.scheduler,
             ref_model=self.ref_model,
         )  # fmt: skip
         _failpoint("trained", self.state.step + 1)
@@ -153,9 +174,14 @@ class TrainerLoop:
         if self.cfg.ckpt_dir is None:
             raise ValueError("this loop has no ckpt_dir")
         self.state.sampler_position = sampler_position
+        model, optimizer_state = self.model, None
+        if self.leader is not None:
+            model = await self._whole_model()
+            optimizer_state = await asyncio.to_thread(self.leader.optimizer_state, self.model, self.optimizer)
         path = await asyncio.to_thread(
-            save_checkpoint, self.cfg.ckpt_dir, self.state, model=self.model, optimizer=self.optimizer,
+            save_checkpoint, self.cfg.ckpt_dir, self.state, model=model, optimizer=self.optimizer,
             scheduler=self.scheduler, tokenizer=self.tokenizer, keep=self.cfg.keep_checkpoints,
+            optimizer_state=optimizer_state,
         )  # fmt: skip
         _failpoint("checkpointed", self.state.step)
         await self.store.ack(_GROUP, self.state.unacked_entries)
@@ -183,6 +209,11 @@ class TrainerLoop:
             )
         return entries
 
+    async def _whole_model(self) -> Any:
+        assert self.leader is not None
+        return WholeModel(self.model, await asyncio.to_thread(self.leader.model_state, self.model))
+
     async def _publish(self, version: int) -> int:
-        await self.sync.push(self.model, version)  # engines first: a published version is one engines serve
+        model = self.model if self.leader is None else await self._whole_model()
+        await self.sync.push(model, version)  # engines first: a published version is one engines serve
         return await self.store.publish_policy(self.sync.location(version), version=version)

@@ -22,8 +22,14 @@ and log-probabilities are computed only for mask-1 tokens, from the final hidden
 vocabulary chunks (``trainer.logprobs``); both can be switched off (``packing``,
 ``fused_logprobs``), giving the same numbers. On CUDA the forward runs under bf16 autocast.
 
+Under FSDP2 (``ctx``, see ``trainer.distributed``) every rank passes the same groups; each trains
+its share of the trajectories (balanced by tokens), divides by the global token count of the
+minibatch, runs as many passes as the busiest rank (empty ones on a dummy row) and the step's
+metric sums are added over ranks. The fused head is bypassed there: it reads ``lm_head.weight``
+outside the root module's forward, where FSDP2 has not gathered it.
+
 Deliberately left out here (the loop's job): reading from Redis, warm-up schedules (pass a
-``scheduler``), FSDP2, an entropy bonus, sequence-level importance weights.
+``scheduler``), an entropy bonus, sequence-level importance weights.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ from torch import Tensor
 
 from pqrl.trajectory import Status, Trajectory
 from trainer.advantages import grpo_advantages
+from trainer.distributed import DistContext, all_reduce_sums, equalize_passes, shard_of
 from trainer.logprobs import full_logprobs, has_plain_head, head_logprobs
 from trainer.losses import decoupled_ppo_loss, kl_estimate, truncated_is_weights
 from trainer.packing import enable_packed_attention, first_fit_decreasing, pack_row, packed_model_kwargs
@@ -158,9 +165,10 @@ class _Batch:
     """The trajectories of one step and, per trajectory, its trained positions (mask 1, t >= 1)."""
 
     def __init__(
-        self, trajs: list[Trajectory], advantages: list[float], cfg: StepConfig, device: torch.device
-    ):
-        self.trajs, self.cfg, self.device = trajs, cfg, device
+        self, trajs: list[Trajectory], advantages: list[float], cfg: StepConfig, device: torch.device,
+        fused: bool,
+    ):  # fmt: skip
+        self.trajs, self.cfg, self.device, self.fused = trajs, cfg, device, fused
         # position 0 has no prefix to predict it from
         self.positions = [np.flatnonzero(t.loss_mask[1:]) + 1 for t in trajs]
         self.advantages = advantages
@@ -201,7 +209,7 @@ def _logprobs(
     src = np.concatenate([s + batch.positions[i] - 1 for s, i in zip(starts, members, strict=True)])
     src_t = torch.from_numpy(src).to(device)
     target = kwargs["input_ids"].reshape(-1)[src_t + 1]
-    if cfg.fused_logprobs and has_plain_head(model):
+    if batch.fused and has_plain_head(model):
         hidden = model.base_model(**kwargs).last_hidden_state
         return head_logprobs(
             model, hidden.reshape(-1, hidden.shape[-1])[src_t], target, temperature=cfg.temperature,
@@ -209,6 +217,25 @@ def _logprobs(
         )  # fmt: skip
     logits = model(**kwargs).logits
     return full_logprobs(logits.reshape(-1, logits.shape[-1])[src_t], target, cfg.temperature, with_entropy)
+
+
+def _empty_pass(model: Any, device: torch.device) -> Tensor:
+    """A forward on a 2-token dummy row, times 0: a rank with no micro-batch left runs it so that
+    FSDP2's all-gathers and reduce-scatters pair up with the other ranks' passes."""
+    logits = model(input_ids=torch.zeros(1, 2, dtype=torch.long, device=device), use_cache=False).logits
+    return logits.float().sum() * 0.0
+
+
+def _full(t: Tensor) -> Tensor:
+    return t.full_tensor() if hasattr(t, "full_tensor") else t  # a DTensor under FSDP2
+
+
+# the step's metric sums, added over ranks
+_SUMS = (
+    "pg_loss", "clipped", "trained", "entropy", "tis_weight", "tis_weight_max", "tis_weight_clipped",
+    "current_tokens", "mismatch_kl", "mismatch_tis_weight", "stale_tokens", "stale_kl", "stale_tis_weight",
+    "staleness", "kl_ref",
+)  # fmt: skip
 
 
 def _autocast(device: torch.device, cfg: StepConfig) -> contextlib.AbstractContextManager:
@@ -275,6 +302,7 @@ def _add(sums: dict[str, Tensor], new: dict[str, Tensor]) -> None:
 def train_step(
     model: Any, optimizer: torch.optim.Optimizer, groups: Sequence[Sequence[Trajectory]], version: int,
     cfg: StepConfig | None = None, *, scheduler: Any = None, ref_model: Any = None,
+    ctx: DistContext | None = None,
 ) -> dict[str, float]:  # fmt: skip
     """Trains on ``groups``; returns metrics (nothing is updated when no group is usable).
 
@@ -287,17 +315,20 @@ def train_step(
         cfg: the step configuration.
         scheduler: stepped after every optimizer step.
         ref_model: the reference policy for the KL term (``cfg.kl_coef``) and ``losses/kl_ref``.
+        ctx: under FSDP2, this rank (every rank calls ``train_step`` with the same groups).
     """
     start = time.perf_counter()
     cfg = cfg or StepConfig()
     used, advantages, metrics = _select(groups, version, cfg)
     if not used:
         return metrics
+    ctx = ctx or DistContext()
     device = next(model.parameters()).device
-    batch = _Batch(used, advantages, cfg, device)
+    batch = _Batch(used, advantages, cfg, device, fused=cfg.fused_logprobs and not ctx.distributed)
     mode = enable_packed_attention(model) if cfg.packing else None
-    everyone = list(range(len(used)))
-    one_pass = batch.micro_batches(everyone)
+    mine = shard_of(list(range(len(used))), ctx, cost=lambda i: used[i].num_tokens)
+    own = set(mine)
+    one_pass = equalize_passes(batch.micro_batches(mine), ctx)
     n_tokens = [len(p) for p in batch.positions]
     # one epoch, one minibatch: a single update, so pi_prox is the training forward's own policy
     on_policy = cfg.ppo_epochs == 1 and cfg.minibatches == 1
@@ -318,13 +349,16 @@ def train_step(
 
     with torch.no_grad(), _autocast(device, cfg):
         for members in [] if on_policy else one_pass:
+            if not members:
+                _empty_pass(model, device)
+                continue
             logp, entropy = _logprobs(model, batch, members, mode, with_entropy=True)
             offpolicy(members, logp, entropy)
             prox |= dict(zip(members, logp.split([n_tokens[i] for i in members]), strict=True))
         if ref_model is not None:
             ref_model.eval()
             ref_mode = enable_packed_attention(ref_model) if cfg.packing else None
-            for members in one_pass:
+            for members in filter(None, one_pass):  # the reference model is not sharded
                 logp, _ = _logprobs(ref_model, batch, members, ref_mode, with_entropy=False)
                 ref |= dict(zip(members, logp.split([n_tokens[i] for i in members]), strict=True))
 
@@ -332,9 +366,15 @@ def train_step(
     for epoch in range(cfg.ppo_epochs):
         rng = np.random.default_rng([cfg.seed, version, epoch])
         for minibatch in np.array_split(rng.permutation(len(used)), min(cfg.minibatches, len(used))):
+            # every rank divides by the whole minibatch's tokens: the reduced gradient is its mean
             mb_tokens = float(max(sum(n_tokens[i] for i in minibatch), 1))
             optimizer.zero_grad(set_to_none=True)
-            for members in batch.micro_batches(sorted(minibatch.tolist())):
+            passes = batch.micro_batches(sorted(i for i in minibatch.tolist() if i in own))
+            for members in equalize_passes(passes, ctx):
+                if not members:
+                    with _checkpointing(model, cfg.gradient_checkpointing), _autocast(device, cfg):
+                        _empty_pass(model, device).backward()
+                    continue
                 with _checkpointing(model, cfg.gradient_checkpointing):
                     with _autocast(device, cfg):
                         logp, entropy = _logprobs(model, batch, members, mode, with_entropy=on_policy)
@@ -362,12 +402,12 @@ def train_step(
                         new["kl_ref"] = kl.sum()
                     loss.backward()
                 _add(sums, new)
-            grad_norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm))
+            grad_norms.append(_full(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)))
             optimizer.step()
             if scheduler is not None:
                 scheduler.step()
 
-    s = Counter({k: float(v) for k, v in sums.items()})
+    s = Counter(all_reduce_sums({k: float(v) for k, v in sums.items()}, _SUMS, ctx))
     s["trained"] = max(s["trained"], 1.0)
     total = float(max(sum(n_tokens), 1))
     metrics |= {

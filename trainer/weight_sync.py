@@ -11,10 +11,13 @@ stay exact. Nothing may change the parameters while a push runs (call it between
   parameters' names, dtypes and shapes while broadcasting each tensor, in that order. ``nccl`` between
   GPUs; ``gloo`` on CPU, which the built-in engine also accepts (that is how the tests run it).
 
+A sharded (FSDP2) trainer passes ``trainer.loop.WholeModel``: whole tensors gathered on rank 0.
+``pqrl train`` picks the way from ``services.weight_sync``.
+
 Deliberately left out: buckets (one request carries every parameter, so an engine holds a second copy
-of the weights while receiving), SGLang's ``load_format="flattened_bucket"``, sharded models (FSDP or
-tensor parallel: gather full tensors on rank 0 first), and engines joining mid-run (a group is fixed
-at ``init``: a new engine needs ``init`` again, and weights from disk until the next push).
+of the weights while receiving), SGLang's ``load_format="flattened_bucket"``, and engines joining
+mid-run (a group is fixed at ``init``: a new engine needs ``init`` again, and weights from disk until
+the next push).
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Protocol
+
+import torch
 
 from pqrl.collective import broadcast_from_rank0, destroy_group, in_daemon_thread, init_weights_group
 from pqrl.engine_client import EngineClient, WeightUpdateFailed
@@ -221,7 +226,11 @@ class DistributedWeightSync:
         if self.backend == "gloo" and t.device.type != "cpu":
             t = t.cpu()
         elif self.backend == "nccl" and t.device.type != "cuda":
-            raise ValueError("backend 'nccl' broadcasts CUDA tensors: put the model on a GPU or use 'gloo'")
+            if not torch.cuda.is_available():
+                raise ValueError(
+                    "backend 'nccl' broadcasts CUDA tensors: put the model on a GPU or use 'gloo'"
+                )
+            t = t.cuda()  # whole tensors gathered from FSDP2 shards sit on the CPU
         return t.contiguous()
 
 

@@ -3,9 +3,12 @@ wait for a server started as a separate process."""
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -13,7 +16,7 @@ import pytest
 from agent_loop.serving import serve_in_thread
 from pqrl.redis_server import free_port
 
-__all__ = ["free_port", "serve_in_thread", "wait_until_healthy"]
+__all__ = ["engine_process", "free_port", "serve_in_thread", "wait_until_healthy"]
 
 
 def wait_until_healthy(
@@ -31,3 +34,19 @@ def wait_until_healthy(
         if proc.poll() is not None or time.monotonic() > deadline:
             pytest.fail(f"{url} did not become healthy:\n{output()[-3000:]}")
         time.sleep(0.2)
+
+
+@contextlib.contextmanager
+def engine_process(log_path: Path, *args: str) -> Iterator[str]:
+    """``pqrl engine serve --backend builtin ARGS`` in its own process, on a free port; yields its URL."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "pqrl.cli", "engine", "serve", "--backend", "builtin", "--port", str(port)]
+    with open(log_path, "w+") as log:
+        proc = subprocess.Popen([*cmd, *args], stdout=log, stderr=subprocess.STDOUT)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            wait_until_healthy(url, proc, lambda: (log.seek(0), log.read())[1])
+            yield url
+        finally:
+            proc.terminate()
+            proc.wait(30)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +17,7 @@ import torch
 from pqrl.engine_client import EngineClient, SamplingParams, WeightUpdateFailed
 from pqrl.redis_server import free_port
 from tests.agent_loop.conftest import chat_prompt, forced_logprobs, max_abs_diff
-from tests.agent_loop.servers import wait_until_healthy
+from tests.agent_loop.servers import engine_process
 from trainer.weight_sync import DistributedWeightSync
 
 PQRL = str(Path(sys.executable).parent / "pqrl")
@@ -28,18 +27,9 @@ MAX_LOGPROB_DIFF = 1e-4
 @pytest.fixture(scope="module")
 def engine_url(tmp_path_factory) -> Iterator[str]:
     """A built-in engine in its own process (fp32 on CPU, version 0)."""
-    port = free_port()
-    log = (tmp_path_factory.mktemp("engine") / "stderr.log").open("w+")
-    cmd = [PQRL, "engine", "serve", "--backend", "builtin", "--port", str(port)]
-    proc = subprocess.Popen([*cmd, "--device", "cpu", "--dtype", "float32"], stderr=log)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_until_healthy(url, proc, lambda: (log.seek(0), log.read())[1])
+    log = tmp_path_factory.mktemp("engine") / "engine.log"
+    with engine_process(log, "--device", "cpu", "--dtype", "float32") as url:
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(30)
-        log.close()
 
 
 def _perturbed(model):

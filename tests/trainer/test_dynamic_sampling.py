@@ -7,23 +7,12 @@ import torch
 
 from pqrl.store import TrajectoryStore
 from tests.conftest import make_trajectory
+from tests.trainer.conftest import tiny_llama
 from trainer.loop import LoopConfig, TrainerLoop
 
 
 def _tiny():
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=49152,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=64,
-    )
-    return LlamaForCausalLM(cfg)
+    return tiny_llama(49152, hidden_size=16, layers=1, heads=2, positions=64)
 
 
 def _group(name: str, rewards: list[float]) -> list:

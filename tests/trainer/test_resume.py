@@ -14,7 +14,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 import torch
 import yaml
 
@@ -23,30 +22,6 @@ from tests.conftest import make_trajectory
 
 GROUPS, PER_STEP = 12, 2
 STEPS = GROUPS // PER_STEP
-
-
-@pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory) -> Path:
-    """A random-init Llama with SmolLM2's tokenizer (real vocabulary, fast to train on CPU)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from pqrl.model_cache import load_tokenizer
-
-    tok = load_tokenizer()
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-    )
-    path = tmp_path_factory.mktemp("tiny")
-    LlamaForCausalLM(cfg).save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
 
 
 def _groups() -> list[list]:
@@ -79,15 +54,22 @@ def _config(path: Path, model: Path, redis_url: str, out: Path) -> Path:
     return path
 
 
-def _train(config: Path, *, failpoint: str | None = None, kill_after_s: float | None = None) -> int:
+def _train(
+    config: Path, *, failpoint: str | None = None, kill_after_s: float | None = None, ranks: int = 1
+) -> int:
+    """``pqrl train --role trainer``; with ``ranks`` > 1 under torchrun (FSDP2 on gloo)."""
     env = os.environ | {"PQRL_FAILPOINT": failpoint or "", "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "pqrl.cli", "train", str(config), "--role", "trainer", "--quiet"]
+    if ranks > 1:
+        torchrun = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}"]
+        cmd = [sys.executable, *torchrun, *cmd[1:]]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if kill_after_s is not None:
         time.sleep(kill_after_s)
         proc.send_signal(signal.SIGKILL)
     out, _ = proc.communicate(timeout=240)
-    if proc.returncode not in (0, 137, -9):
+    killed = (137, -9) if ranks == 1 else (1,)  # torchrun answers a dead rank with 1
+    if proc.returncode != 0 and not (proc.returncode in killed and (failpoint or kill_after_s)):
         raise AssertionError(f"trainer failed ({proc.returncode}):\n{out[-3000:]}")
     return proc.returncode
 
