@@ -13,6 +13,8 @@ import ast
 import json
 import operator
 import random
+import re
+from decimal import Decimal
 from typing import Any
 
 from env_server import Message, RewardResult, ToolEnvironment, tool
@@ -91,6 +93,14 @@ def safe_eval(expression: str) -> int | float:
     return ev(tree)
 
 
+_NUMBER = re.compile(r"\d+(?:\.\d+)?")
+
+
+def _numbers_in(text: str) -> set[Decimal]:
+    """The unsigned numbers written in ``text`` ("1,200" reads as 1 and 200: questions use no commas)."""
+    return {Decimal(m).normalize() for m in _NUMBER.findall(text)}
+
+
 def _fmt(value: int | float) -> str:
     return str(int(value)) if float(value).is_integer() else f"{value:.6g}"
 
@@ -118,8 +128,9 @@ def calc_suite(
     """``n`` tasks generated from ``seed``; disjoint seeds give disjoint task ids.
 
     ``level`` 2 (default): multi-step problems; level 1: one operation on two numbers.
-    ``format_reward``: partial credit for using the tools correctly without the right answer (see
-    ``CalcEnv.evaluate``); 0 keeps the reward exact-match only.
+    ``format_reward``: partial credit for submitting a number computed with the calculator from the
+    problem's quantities, when it is not the right answer (see ``CalcEnv.evaluate``); 0 keeps the
+    reward exact-match only.
     """
     if not 0.0 <= format_reward < 1.0:
         raise ValueError(f"format_reward must be in [0, 1), got {format_reward}")
@@ -161,11 +172,14 @@ def demonstration(shots: int = 1, level: int = 2) -> list[Message]:
 class CalcEnv(ToolEnvironment):
     """Task: a CalcTask dict. Config: ``shots`` worked examples in the prompt (0 to 2), ``level``
     (which example comes first) and
-    ``format_reward`` (default 0): the reward of an episode that used the tools but missed."""
+    ``format_reward`` (default 0): the reward of an episode that computed its answer with the
+    calculator from the problem's quantities but missed."""
 
     async def reset(self, *, task: dict[str, Any], seed: int | None = None) -> Observation:
         t = CalcTask.model_validate(task)
         self.expected, self.submitted, self.calculated = t.answer, None, False
+        self.known = _numbers_in(t.question)  # quantities an expression may combine
+        self.computed: list[str] = []  # results of calculator calls that combined known quantities
         shots = int(self.config.get("shots", 1))
         messages = [Message(role="system", content=SYSTEM)]
         messages += demonstration(shots, int(self.config.get("level", 2)))
@@ -181,6 +195,10 @@ class CalcEnv(ToolEnvironment):
         """
         value = _fmt(safe_eval(expression))
         self.calculated = True
+        operands = [Decimal(m).normalize() for m in _NUMBER.findall(expression)]
+        if len(operands) >= 2 and all(x in self.known for x in operands):
+            self.computed.append(value)
+        self.known |= _numbers_in(value)  # a multi-step solution builds on earlier results
         return value
 
     @tool(final=True)
@@ -195,10 +213,13 @@ class CalcEnv(ToolEnvironment):
 
     async def evaluate(self) -> RewardResult:
         reward = exact_number_match(self.submitted, self.expected)
+        grounded = any(exact_number_match(self.submitted, v) for v in self.computed)
         if reward < 1.0:
-            # Shaping for a policy that never solves a task yet: half the credit for a calculator
-            # call that ran, half for submitting a number. A correct answer alone scores 1.
+            # Shaping for a policy that never solves a task yet: half the credit for computing from
+            # the problem's numbers, half for submitting that result. Crediting a bare submission
+            # was gamed: the policy learned to submit a guess at once, without the calculator.
             fmt = float(self.config.get("format_reward", 0.0))
-            reward = max(reward, fmt * (0.5 * self.calculated + 0.5 * (self.submitted is not None)))
-        info = {"submitted": self.submitted, "expected": self.expected, "calculated": self.calculated}
+            reward = fmt * (0.5 * bool(self.computed) + 0.5 * grounded)
+        info = {"submitted": self.submitted, "expected": self.expected, "calculated": self.calculated,
+                "grounded": grounded}  # fmt: skip
         return RewardResult(reward=reward, info=info)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import re
 
 import pytest
 
@@ -65,6 +66,59 @@ async def test_gold_scores_one_and_wrong_or_missing_scores_zero(client, task):
     assert (await client.evaluate(wrong.session_id)).reward == 0.0
     silent = await client.create_session("calc-v1", task.model_dump())
     assert (await client.evaluate(silent.session_id)).reward == 0.0
+
+
+FORMAT = {"format_reward": 0.2}
+TASK = make_calc_task(random.Random(3), "calc1-x", level=1)  # "{a} op {b}" from the question's numbers
+
+
+async def _episode(client, calls: list[tuple[str, dict]]) -> float:
+    s = await client.create_session("calc-v1", TASK.model_dump(), env_kwargs=FORMAT)
+    for name, arguments in calls:
+        await client.step(s.session_id, [ToolCall(name=name, arguments=arguments)])
+    reward = (await client.evaluate(s.session_id)).reward
+    await client.close_session(s.session_id)
+    return reward
+
+
+async def test_format_reward_credits_computing_from_the_problem_and_submitting_the_result(client):
+    a, b = TASK.expression.split(" ")[::2]
+    other = f"{a} * {b}" if "*" not in TASK.expression else f"{a} + {b}"
+    wrong = str(int(safe_eval(other)))
+    assert wrong != TASK.answer
+    # the procedure with the wrong operation: both halves of the credit
+    assert (
+        await _episode(client, [("calculator", {"expression": other}), ("answer", {"value": wrong})]) == 0.2
+    )
+    # computed from the problem's numbers but submitted something else: half
+    assert await _episode(client, [("calculator", {"expression": other}), ("answer", {"value": "7"})]) == 0.1
+    assert await _episode(client, [("calculator", {"expression": other})]) == 0.1
+    # a guess submitted at once earns nothing (this was gamed when it did)
+    assert await _episode(client, [("answer", {"value": wrong})]) == 0.0
+    # a calculator call on numbers not in the problem, then its result: nothing
+    assert (
+        await _episode(client, [("calculator", {"expression": "1585"}), ("answer", {"value": "1585"})]) == 0.0
+    )
+    assert (
+        await _episode(client, [("calculator", {"expression": "3 * 7"}), ("answer", {"value": "21"})]) == 0.0
+    )
+    # an exact answer scores 1 however it was found
+    assert await _episode(client, [("answer", {"value": TASK.answer})]) == 1.0
+
+
+async def test_format_reward_follows_a_multi_step_computation(client):
+    task = SUITE.tasks[0]
+    first = re.search(r"\d+ \* \d+", task.expression).group()  # every template has a product a * b
+    s = await client.create_session("calc-v1", task.model_dump(), env_kwargs=FORMAT)
+    step = await client.step(s.session_id, [ToolCall(name="calculator", arguments={"expression": first})])
+    partial = step.messages[0].content
+    # an intermediate result is a known quantity for the next call
+    step = await client.step(
+        s.session_id,
+        [ToolCall(name="calculator", arguments={"expression": f"{partial} + {first.split()[0]}"})],
+    )
+    await client.step(s.session_id, [ToolCall(name="answer", arguments={"value": step.messages[0].content})])
+    assert (await client.evaluate(s.session_id)).reward == pytest.approx(0.2)
 
 
 async def test_prompt_carries_the_worked_example_only_when_asked(client):
