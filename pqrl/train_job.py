@@ -566,6 +566,10 @@ def _follow(cfg: TrainConfig, ctx: Any) -> int:
     """A rank other than 0: train its share of every step rank 0 announces, until told to stop."""
     from trainer.ranks import follow
 
+    # rank 0 leads the shutdown too (it finishes the step and checkpoints first); a follower stopped
+    # by torchrun's SIGTERM would break that step's collectives. If rank 0 dies, they fail at once.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
     parts = _trainer_parts(cfg, ctx)
     steps = follow(parts.model, parts.optimizer, parts.step_cfg, ctx, scheduler=parts.scheduler,
                    ref_model=parts.ref_model)  # fmt: skip
