@@ -3,7 +3,7 @@
 Everything real, in embedded mode: a private Redis, the built-in engine as its own process whose
 weights are replaced through ``/update_weights_from_disk`` after every step, the calc environment,
 the rollout manager with the quickstart's ``max_staleness`` (1) and the trainer. RL only: no SFT and
-no demonstrations beyond the suite's one worked example in the prompt.
+no demonstrations beyond the suite's two worked examples in the prompt.
 
 Measured here, not by the job: greedy pass@1 (exact answers) on ``--eval-tasks`` held-out calc
 tasks (the quickstart's eval seed, disjoint from its training seed), for the base model and for

@@ -79,7 +79,10 @@ class SuiteRef(_Section):
     shots: int = Field(1, ge=0, description="generate: worked examples in each prompt")
     level: Literal[1, 2] = Field(2, description="generate calc: 1 = one operation, 2 = multi-step")
     format_reward: float = Field(
-        0.0, ge=0, lt=1, description="generate calc: credit for using the tools without the right answer"
+        0.0,
+        ge=0,
+        lt=1,
+        description="generate calc: credit for a wrong answer computed from the problem's numbers",
     )
     weight: float = Field(1.0, gt=0, description="mixing weight among the run's suites")
 
