@@ -43,7 +43,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from pqrl.codec import decode_many, encode_many
 from pqrl.trajectory import Trajectory
 
 try:  # torch >= 2.6
@@ -210,6 +209,8 @@ def broadcast_groups(
     """
     if not ctx.distributed:
         return [list(g) for g in groups or ()]
+    from pqrl.codec import decode_many, encode_many  # msgpack: not needed by the compute path
+
     if ctx.is_main:
         if groups is None:
             raise ValueError("rank 0 must pass the groups it read")
