@@ -302,7 +302,8 @@ def _state_options() -> Any:
 
 
 def full_model_state(model: nn.Module, ctx: DistContext) -> dict[str, torch.Tensor] | None:
-    """The whole state dict on rank 0's CPU (a collective: every rank calls it); None elsewhere."""
+    """The whole state dict on rank 0's CPU (a collective: every rank calls it); None on the other
+    ranks, and in a world of one (where ``model.state_dict()`` is already whole)."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
     if not ctx.distributed:
