@@ -27,7 +27,7 @@ factor at all and every backend implements it, so ``shard`` forces it.
 
 Deliberately left out: tensor/sequence/pipeline parallelism, HSDP meshes, CPU offload, sharded
 checkpoints (each checkpoint holds whole tensors gathered on rank 0, which bounds the model size by
-rank 0's CPU memory) and the NCCL weight sync from a sharded model (weights go through disk).
+rank 0's CPU memory) and sharding the reference model of the KL term (each rank holds a copy).
 """
 
 from __future__ import annotations

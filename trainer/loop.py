@@ -109,6 +109,7 @@ class TrainerLoop:
             engine, self.cfg.weights_dir, keep=self.cfg.keep_weights, tokenizer=tokenizer
         )
         self._redelivered: list[GroupEntry] | None = None  # own pending groups, read once
+        self._gathered: WholeModel | None = None  # sharded: the weights last published, until they change
 
     async def resume(self) -> int:
         """After loading a checkpoint: acknowledge what it covers, serve its weights under a fresh
@@ -139,6 +140,7 @@ class TrainerLoop:
                 rejected = flat
             entries += await self._read(missing, timeout_s)
         _failpoint("read", self.state.step + 1)
+        self._gathered = None  # the step changes the weights
         groups = [e.trajectories for e in entries]
         t0 = time.perf_counter()
         train = train_step if self.leader is None else self.leader.train
@@ -209,9 +211,13 @@ class TrainerLoop:
             )
         return entries
 
-    async def _whole_model(self) -> Any:
+    async def _whole_model(self) -> WholeModel:
+        """The gathered weights; gathered once per set of weights (publication, then checkpoint)."""
         assert self.leader is not None
-        return WholeModel(self.model, await asyncio.to_thread(self.leader.model_state, self.model))
+        if self._gathered is None:
+            state = await asyncio.to_thread(self.leader.model_state, self.model)
+            self._gathered = WholeModel(self.model, state)
+        return self._gathered
 
     async def _publish(self, version: int) -> int:
         model = self.model if self.leader is None else await self._whole_model()
