@@ -23,11 +23,11 @@ from typing import Any, Literal
 import numpy as np
 
 from agent_loop.tool_parser import MalformedCall, ParsedCall, parse_tool_calls
+from engine.client import EngineClient, SamplingParams
 from env_server.client import EnvClient, EnvUnavailable
 from env_server.sessions import EnvServerError, InfraFailure
 from env_server.types import ToolCall as EnvToolCall
 from loss_masking import ChatRenderer, EpisodeBuilder, TruncationPolicy, describe_tools
-from pqrl.engine_client import EngineClient, SamplingParams
 from pqrl.trajectory import Status, ToolCall, Trajectory
 
 __all__ = ["EpisodeConfig", "failed_trajectory", "run_episode"]

@@ -43,9 +43,9 @@ def add_rollout_arguments(p: argparse.ArgumentParser) -> None:
 def rollout(args: argparse.Namespace) -> int:
     from agent_loop.agent import EpisodeConfig
     from agent_loop.manager import ManagerConfig, RolloutManager
+    from engine.client import EngineClient
     from env_server.client import HttpEnvClient, LocalEnvClient
     from loss_masking import ChatRenderer
-    from pqrl.engine_client import EngineClient
     from pqrl.model_cache import load_tokenizer
     from pqrl.store import TrajectoryStore
 
@@ -162,8 +162,8 @@ def _render(tokenizer: Any, t: Any) -> str:
 @contextlib.contextmanager
 def local_engine(model: str) -> Iterator[str]:
     """The built-in engine served on a free loopback port from a background thread; yields its URL."""
-    from agent_loop.engine_server import EngineConfig, build_engine, create_app
-    from agent_loop.serving import serve_in_thread
+    from engine.server import EngineConfig, build_engine, create_app
+    from engine.serving import serve_in_thread
 
     with serve_in_thread(create_app(build_engine(EngineConfig(model=model)), model_path=model)) as url:
         yield url
@@ -173,9 +173,9 @@ def filter_tasks(args: argparse.Namespace) -> int:
     """``pqrl tasks filter``: pass rates with the given policy, a filtered suite and a table."""
     from agent_loop.agent import EpisodeConfig
     from agent_loop.difficulty import estimate_rewards
+    from engine.client import EngineClient
     from env_server.client import LocalEnvClient
     from loss_masking import ChatRenderer
-    from pqrl.engine_client import EngineClient
     from pqrl.model_cache import load_tokenizer
     from tasks.difficulty import distribution_table, filter_suite, pass_rates
     from tasks.suite import SuiteInvalid, load_suite

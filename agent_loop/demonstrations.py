@@ -25,10 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from agent_loop.agent import EpisodeConfig, run_episode
+from engine.client import FinishReason, Generation, SamplingParams
 from env_server.client import EnvClient, LocalEnvClient
 from loss_masking import ChatRenderer
 from pqrl import codec
-from pqrl.engine_client import FinishReason, Generation, SamplingParams
 from pqrl.trajectory import Status, Trajectory
 from tasks.calc import calc_suite
 from tasks.storage import queued_task

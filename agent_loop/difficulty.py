@@ -7,9 +7,9 @@ from collections.abc import Callable
 from typing import Any
 
 from agent_loop.agent import EpisodeConfig, run_episode
+from engine.client import EngineClient
 from env_server.client import EnvClient
 from loss_masking import ChatRenderer
-from pqrl.engine_client import EngineClient
 from pqrl.trajectory import Status
 from tasks.storage import queued_task
 from tasks.suite import Suite

@@ -12,9 +12,9 @@ from typing import Any
 
 from agent_loop.agent import EpisodeConfig
 from agent_loop.difficulty import estimate_rewards
+from engine.client import EngineClient
 from env_server.client import EnvClient
 from loss_masking import ChatRenderer
-from pqrl.engine_client import EngineClient
 from tasks.suite import Suite
 
 __all__ = ["evaluate", "paired_improvement"]

@@ -28,9 +28,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent_loop.agent import EpisodeConfig, failed_trajectory, run_episode
+from engine.client import EngineClient, EngineError
 from env_server.client import EnvClient
 from loss_masking import ChatRenderer
-from pqrl.engine_client import EngineClient, EngineError
 from pqrl.store import TaskEntry, TrajectoryStore
 from pqrl.trajectory import Status, Trajectory
 from tasks.storage import RunSampler

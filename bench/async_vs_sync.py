@@ -50,9 +50,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agent_loop.agent import EpisodeConfig, run_episode
 from agent_loop.manager import ManagerConfig, RolloutManager
+from engine.client import FinishReason, Generation
 from env_server.types import Message, Observation, RewardResult, SessionInfo, StepResult
 from loss_masking import ChatRenderer
-from pqrl.engine_client import FinishReason, Generation
 from pqrl.model_cache import load_tokenizer
 from pqrl.redis_server import RedisServer
 from pqrl.store import TrajectoryStore

@@ -1,7 +1,7 @@
 """Built-in engine throughput: generated tokens/s at concurrency 1 and 16, in one run.
 
 Starts the built-in engine server (SmolLM2-135M-Instruct, CPU unless --device says otherwise) in a
-subprocess on a free loopback port and drives it over HTTP with ``pqrl.engine_client``:
+subprocess on a free loopback port and drives it over HTTP with ``engine.client``:
 
   c1:  one request at a time, ``--requests-c1`` requests back to back;
   c16: 16 requests at once (continuous batching shares every decode step among them).
@@ -29,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pqrl.engine_client import EngineClient, SamplingParams  # noqa: E402
+from engine.client import EngineClient, SamplingParams  # noqa: E402
 from pqrl.model_cache import load_tokenizer  # noqa: E402
 
 QUESTIONS = [
@@ -53,7 +53,7 @@ def _free_port() -> int:
 def _start_server(port: int, device: str) -> subprocess.Popen:
     code = (
         "import argparse, sys\n"
-        "from agent_loop.engine_server import add_serve_arguments, serve\n"
+        "from engine.server import add_serve_arguments, serve\n"
         "p = argparse.ArgumentParser(); add_serve_arguments(p)\n"
         "sys.exit(serve(p.parse_args(sys.argv[1:])))\n"
     )

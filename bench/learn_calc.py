@@ -34,9 +34,9 @@ async def _greedy_pass(model: str, n: int, seed: int, level: int, shots: int, cf
     from agent_loop.agent import EpisodeConfig
     from agent_loop.commands import local_engine
     from agent_loop.evaluation import evaluate
+    from engine.client import EngineClient
     from env_server.client import LocalEnvClient
     from loss_masking import ChatRenderer
-    from pqrl.engine_client import EngineClient
     from pqrl.model_cache import load_tokenizer
     from tasks.calc import calc_suite
 
@@ -56,7 +56,7 @@ async def _greedy_pass(model: str, n: int, seed: int, level: int, shots: int, cf
 
 def main() -> None:
     from agent_loop.evaluation import paired_improvement
-    from pqrl.jobconfig import load_config
+    from launcher.jobconfig import load_config
     from trainer.metrics import read_metrics
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -79,7 +79,7 @@ def main() -> None:
     before = asyncio.run(_greedy_pass(cfg.model.name, args.eval_tasks, *task_args, r))
     print(f"before: {sum(before.values())}/{len(before)} ({time.monotonic() - t0:.0f}s)", file=sys.stderr)
 
-    cmd = [sys.executable, "-m", "pqrl.cli", "train", args.config, "--fresh", "--quiet",
+    cmd = [sys.executable, "-m", "launcher.cli", "train", args.config, "--fresh", "--quiet",
            "--set", f"train.steps={args.steps}", "--set", f"train.max_time_min={args.minutes}",
            "--set", f"output_dir={args.output_dir}"]  # fmt: skip
     t1 = time.monotonic()

@@ -10,6 +10,7 @@ import pytest
 from pqrl.redis_server import RedisServer
 from pqrl.store import TrajectoryStore
 from pqrl.trajectory import ToolCall, Trajectory, Truncation, Turn
+from tests.models import served, smollm, tiny_model_dir, updatable  # noqa: F401  (fixtures for every package)
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ COMPUTE_MODULES = [
     "trainer.losses",
     "trainer.advantages",
     "trainer.step",
-    "agent_loop.engine_batcher",
+    "engine.batcher",
 ]
 
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pqrl.engine_client import EngineClient
+from engine.client import EngineClient
 from pqrl.store import GroupEntry, TrajectoryStore
 from trainer.checkpoint import CheckpointState, save_checkpoint
 from trainer.metrics import rollout_metrics

@@ -32,8 +32,8 @@ from typing import Any, Protocol
 
 import torch
 
+from engine.client import EngineClient, WeightUpdateFailed
 from pqrl.collective import broadcast_from_rank0, destroy_group, in_daemon_thread, init_weights_group
-from pqrl.engine_client import EngineClient, WeightUpdateFailed
 
 __all__ = ["DiskWeightSync", "DistributedWeightSync", "WeightSync", "init_weights_group"]
 

@@ -11,15 +11,15 @@ import pytest
 import torch
 
 from agent_loop.agent import EpisodeConfig, run_episode
+from engine.client import EngineClient
 from env_server.app import ServerSettings, create_app
 from env_server.client import HttpEnvClient
 from loss_masking import ChatRenderer
-from pqrl.engine_client import EngineClient
 from pqrl.store import TrajectoryStore
 from pqrl.trajectory import Status
 from tasks.calc import calc_suite, safe_eval
 from tasks.storage import queued_task
-from tests.agent_loop.servers import serve_in_thread
+from tests.servers import serve_in_thread
 
 CFG = EpisodeConfig(max_turns=4, max_new_tokens=48, max_total_tokens=1024, temperature=0.7, seed=7)
 

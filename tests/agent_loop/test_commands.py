@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from pqrl.redis_server import free_port
-from tests.agent_loop.servers import wait_until_healthy
+from tests.servers import wait_until_healthy
 
 PQRL = str(Path(sys.executable).parent / "pqrl")
 

@@ -9,9 +9,9 @@ import pytest
 
 from agent_loop.agent import EpisodeConfig
 from agent_loop.manager import ManagerConfig, RolloutManager
+from engine.client import EngineClient
 from env_server.client import LocalEnvClient
 from loss_masking import ChatRenderer
-from pqrl.engine_client import EngineClient
 from pqrl.store import TrajectoryStore
 from tasks.calc import calc_suite
 from tasks.storage import SuiteStore

@@ -10,9 +10,9 @@ import asyncio
 import numpy as np
 
 from agent_loop.agent import run_episode
+from engine.client import EngineClient
 from env_server.client import LocalEnvClient
 from loss_masking import ChatRenderer
-from pqrl.engine_client import EngineClient
 from tasks.calc import calc_suite
 from tasks.storage import queued_task
 from tests.agent_loop.test_agent_e2e import CFG, _forced_logprobs

@@ -7,7 +7,7 @@ import torch
 
 from pqrl.store import TrajectoryStore
 from tests.conftest import make_trajectory
-from tests.trainer.conftest import tiny_llama
+from tests.models import tiny_llama
 from trainer.loop import LoopConfig, TrainerLoop
 
 

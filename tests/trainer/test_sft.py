@@ -17,8 +17,8 @@ from pydantic import ValidationError
 
 from agent_loop.demonstrations import calc_demonstrations, resolve_demonstrations, write_demonstrations
 from agent_loop.tool_parser import ParsedCall, parse_tool_calls
+from launcher.cli import build_parser
 from loss_masking import ChatRenderer
-from pqrl.cli import build_parser
 from pqrl.model_cache import load_model, load_tokenizer
 from pqrl.trajectory import Trajectory
 from trainer.sft import (

@@ -13,7 +13,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from pqrl.demo import DemoConfig, sample_group
+from launcher.demo import DemoConfig, sample_group
 from pqrl.model_cache import load_model, load_tokenizer
 from pqrl.trajectory import Status, Trajectory
 from tests.trainer.one_thread import one_torch_thread  # noqa: F401 (autouse: torch on one thread)

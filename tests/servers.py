@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from agent_loop.serving import serve_in_thread
+from engine.serving import serve_in_thread
 from pqrl.redis_server import free_port
 
 __all__ = ["engine_process", "free_port", "serve_in_thread", "wait_until_healthy"]
@@ -40,7 +40,17 @@ def wait_until_healthy(
 def engine_process(log_path: Path, *args: str) -> Iterator[str]:
     """``pqrl engine serve --backend builtin ARGS`` in its own process, on a free port; yields its URL."""
     port = free_port()
-    cmd = [sys.executable, "-m", "pqrl.cli", "engine", "serve", "--backend", "builtin", "--port", str(port)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "launcher.cli",
+        "engine",
+        "serve",
+        "--backend",
+        "builtin",
+        "--port",
+        str(port),
+    ]
     with open(log_path, "w+") as log:
         proc = subprocess.Popen([*cmd, *args], stdout=log, stderr=subprocess.STDOUT)
         url = f"http://127.0.0.1:{port}"

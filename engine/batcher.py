@@ -5,7 +5,7 @@ given (left-padded, with an attention mask and explicit position ids, so every r
 own tokens at its own positions), merges their KV cache into the running batch, then runs one decode
 step for every running row. Rows finish individually (stop token, stop string, ``max_new_tokens``,
 context limit) and leave the batch; new rows join at the next call. Nothing here is asynchronous or
-thread-safe: the caller (``agent_loop.engine_scheduler``) serializes ``step`` with the control
+thread-safe: the caller (``engine.scheduler``) serializes ``step`` with the control
 operations (abort, retract, weight loading), so every control operation lands between decode steps.
 
 Logprob convention (SGLang's, DESIGN.md section 4): the logprob of a sampled token is

@@ -1,6 +1,6 @@
 """The built-in engine server (``pqrl engine serve``): SGLang's native HTTP API over transformers.
 
-The subset of DESIGN.md section 4, so one client (``pqrl.engine_client``) drives this server and a
+The subset of DESIGN.md section 4, so one client (``engine.client``) drives this server and a
 real SGLang server alike:
 
     POST /generate                  {input_ids | text, sampling_params, return_logprob, stream, rid}
@@ -22,7 +22,7 @@ Beyond SGLang, ``meta_info`` carries ``output_token_weight_versions``: the weigh
 each output token, exact even when weights change under a running request (retract / in_place pauses,
 updates without abort). Errors are ``{"error": code, "detail": message}``; ``stream: true`` is
 rejected with 400 (only non-streaming generation is implemented). Batching, sampling and the logprob
-convention are documented in ``agent_loop.engine_batcher``; scheduling in ``agent_loop.engine_scheduler``.
+convention are documented in ``engine.batcher``; scheduling in ``engine.scheduler``.
 
 Distributed updates receive every tensor before checking any (the sender never waits on a rejected
 update), while generation goes on; then, between decode steps, they abort in-flight requests when
@@ -53,14 +53,14 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from agent_loop.engine_batcher import (
+from engine.batcher import (
     BatchEngine,
     SamplingParams,
     parse_dtype,
     receive_weights,
 )
-from agent_loop.engine_batcher import Sequence as EngineSequence
-from agent_loop.engine_scheduler import EngineScheduler
+from engine.batcher import Sequence as EngineSequence
+from engine.scheduler import EngineScheduler
 from pqrl import collective
 
 __all__ = [

@@ -11,15 +11,15 @@ import httpx
 import pytest
 import torch
 
-from agent_loop.engine_batcher import SamplingParams, sample_tokens
-from agent_loop.engine_server import (
+from engine.batcher import SamplingParams, sample_tokens
+from engine.server import (
     SGLangNotInstalled,
     add_serve_arguments,
     launch_sglang,
     serve,
     sglang_command,
 )
-from tests.agent_loop.conftest import chat_prompt, forced_logprobs, max_abs_diff
+from tests.models import chat_prompt, forced_logprobs, max_abs_diff
 
 MAX_LOGPROB_DIFF = 1e-4
 
@@ -309,7 +309,7 @@ def test_compute_modules_import_without_web_stack():
         "import sys\n"
         "for name in ['fastapi', 'uvicorn', 'httpx', 'pydantic', 'starlette', 'redis', 'msgpack']:\n"
         "    sys.modules[name] = None\n"
-        "import agent_loop.engine_batcher, agent_loop.engine_scheduler\n"
+        "import engine.batcher, engine.scheduler\n"
         "print('ok')\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

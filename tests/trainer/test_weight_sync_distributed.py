@@ -14,10 +14,10 @@ import httpx
 import pytest
 import torch
 
-from pqrl.engine_client import EngineClient, SamplingParams, WeightUpdateFailed
+from engine.client import EngineClient, SamplingParams, WeightUpdateFailed
 from pqrl.redis_server import free_port
-from tests.agent_loop.conftest import chat_prompt, forced_logprobs, max_abs_diff
-from tests.agent_loop.servers import engine_process
+from tests.models import chat_prompt, forced_logprobs, max_abs_diff
+from tests.servers import engine_process
 from trainer.weight_sync import DistributedWeightSync
 
 PQRL = str(Path(sys.executable).parent / "pqrl")

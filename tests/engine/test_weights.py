@@ -8,9 +8,9 @@ import asyncio
 import httpx
 import pytest
 
-from agent_loop.engine_batcher import BatchEngine
-from pqrl.engine_client import EngineClient, SamplingParams, WeightUpdateFailed
-from tests.agent_loop.conftest import chat_prompt, forced_logprobs, max_abs_diff
+from engine.batcher import BatchEngine
+from engine.client import EngineClient, SamplingParams, WeightUpdateFailed
+from tests.models import chat_prompt, forced_logprobs, max_abs_diff
 
 MAX_LOGPROB_DIFF = 1e-4
 

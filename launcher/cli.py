@@ -17,7 +17,7 @@ PLANNED: dict[tuple[str, ...], str] = {}
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from pqrl.demo import DemoConfig, run_demo
+    from launcher.demo import DemoConfig, run_demo
 
     run_demo(
         DemoConfig(
@@ -172,7 +172,7 @@ def _cmd_tasks(args: argparse.Namespace) -> int:
 
 
 def _cmd_engine_serve(args: argparse.Namespace) -> int:
-    from agent_loop.engine_server import serve
+    from engine.server import serve
 
     return serve(args)
 
@@ -196,13 +196,13 @@ def _cmd_trajectories_show(args: argparse.Namespace) -> int:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from pqrl.train_job import train_command
+    from launcher.train_job import train_command
 
     return train_command(args)
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    from pqrl.train_job import status_command
+    from launcher.train_job import status_command
 
     return status_command(args)
 
@@ -337,7 +337,7 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--brief", action="store_true", help="figures only, no token streams")
     show.set_defaults(func=_cmd_trajectories_show)
 
-    from pqrl.train_job import add_status_arguments, add_train_arguments  # light: no torch until called
+    from launcher.train_job import add_status_arguments, add_train_arguments  # light: no torch until called
 
     tr = sub.add_parser("train", help="a whole training job from one YAML config (embedded or distributed)")
     add_train_arguments(tr)

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from pqrl.jobconfig import ConfigInvalid, TrainConfig, explain, load_config
+from launcher.jobconfig import ConfigInvalid, TrainConfig, explain, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 

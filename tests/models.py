@@ -1,4 +1,5 @@
-"""Fixtures for the built-in engine: the real SmolLM2-135M-Instruct, served over real loopback HTTP."""
+"""Model fixtures shared by every package's tests: the real SmolLM2-135M-Instruct (and its engine served
+over real loopback HTTP), and a tiny random-init Llama with SmolLM2's tokenizer for fast training."""
 
 from __future__ import annotations
 
@@ -10,10 +11,10 @@ from typing import Any
 import pytest
 import torch
 
-from agent_loop.engine_batcher import BatchEngine
-from agent_loop.engine_server import create_app
+from engine.batcher import BatchEngine
+from engine.server import create_app
 from pqrl.model_cache import load_model, load_tokenizer
-from tests.agent_loop.servers import serve_in_thread
+from tests.servers import serve_in_thread
 
 
 @pytest.fixture(scope="session")
@@ -66,3 +67,28 @@ def updatable(smollm, tmp_path_factory) -> Iterator[tuple[str, BatchEngine, Path
     engine = BatchEngine(copy.deepcopy(base), tok)
     with serve_in_thread(create_app(engine)) as url:
         yield url, engine, path, new
+
+
+def tiny_llama(vocab_size: int, hidden_size: int = 32, layers: int = 2, heads: int = 4, positions: int = 256):
+    """A random-init Llama (seed 0) small enough to train in seconds on a CPU."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+        num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=max(heads // 2, 1),
+        max_position_embeddings=positions,
+    )  # fmt: skip
+    return LlamaForCausalLM(cfg)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    """A random-init Llama with SmolLM2's tokenizer (real vocabulary, fast to train on CPU)."""
+    from pqrl.model_cache import load_tokenizer
+
+    tok = load_tokenizer()
+    path = tmp_path_factory.mktemp("tiny")
+    tiny_llama(len(tok)).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path

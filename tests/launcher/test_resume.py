@@ -59,7 +59,7 @@ def _train(
 ) -> int:
     """``pqrl train --role trainer``; with ``ranks`` > 1 under torchrun (FSDP2 on gloo)."""
     env = os.environ | {"PQRL_FAILPOINT": failpoint or "", "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "pqrl.cli", "train", str(config), "--role", "trainer", "--quiet"]
+    cmd = [sys.executable, "-m", "launcher.cli", "train", str(config), "--role", "trainer", "--quiet"]
     if ranks > 1:
         torchrun = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}"]
         cmd = [sys.executable, *torchrun, *cmd[1:]]

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pqrl.cli import main
+from launcher.cli import main
 from pqrl.store import TrajectoryStore
 
 
@@ -33,7 +33,7 @@ def _job(tmp_path: Path) -> Path:
 
 
 def _train(config: Path, *extra: str) -> dict:
-    cmd = [sys.executable, "-m", "pqrl.cli", "train", str(config), "--quiet", *extra]
+    cmd = [sys.executable, "-m", "launcher.cli", "train", str(config), "--quiet", *extra]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
     return json.loads(out.stdout.strip().splitlines()[-1])

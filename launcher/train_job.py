@@ -35,7 +35,7 @@ from typing import Any
 
 import yaml
 
-from pqrl.jobconfig import ConfigInvalid, SuiteRef, TrainConfig, explain, load_config
+from launcher.jobconfig import ConfigInvalid, SuiteRef, TrainConfig, explain, load_config
 
 __all__ = ["add_status_arguments", "add_train_arguments", "status_command", "train_command"]
 
@@ -164,7 +164,7 @@ def _engine_process(cfg: TrainConfig, port: int) -> Iterator[subprocess.Popen[by
     cmd = [
         sys.executable,
         "-m",
-        "pqrl.cli",
+        "launcher.cli",
         "engine",
         "serve",
         "--backend",
@@ -226,8 +226,8 @@ class _Job:
         self.manager: Any = None
 
     async def run(self) -> dict[str, Any]:
+        from engine.client import EngineClient
         from env_server.client import HttpEnvClient, LocalEnvClient
-        from pqrl.engine_client import EngineClient
         from pqrl.store import TrajectoryStore
 
         cfg = self.cfg

@@ -9,10 +9,10 @@ import dataclasses
 import numpy as np
 import torch
 
-from pqrl.demo import DemoConfig, sample_group
-from pqrl.engine_client import EngineClient, SamplingParams
+from engine.client import EngineClient, SamplingParams
+from launcher.demo import DemoConfig, sample_group
 from pqrl.store import TrajectoryStore
-from tests.agent_loop.conftest import chat_prompt, forced_logprobs
+from tests.models import chat_prompt, forced_logprobs
 from trainer.loop import LoopConfig, TrainerLoop
 
 

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from agent_loop.engine_batcher import BatchEngine, Sequence
+from engine.batcher import BatchEngine, Sequence
 
 if TYPE_CHECKING:
     import torch

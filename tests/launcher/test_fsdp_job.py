@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pqrl.engine_client import EngineClient, SamplingParams
+from engine.client import EngineClient, SamplingParams
 from pqrl.redis_server import RedisServer
-from tests.agent_loop.conftest import forced_logprobs, max_abs_diff
-from tests.agent_loop.servers import engine_process
-from tests.trainer.test_resume import GROUPS, STEPS, _config, _fill, _final, _redis_figures, _train
+from tests.launcher.test_resume import GROUPS, STEPS, _config, _fill, _final, _redis_figures, _train
+from tests.models import forced_logprobs, max_abs_diff
+from tests.servers import engine_process
 
 # FSDP2 sums the ranks' gradients in another order than one process, and the sharded step reads the
 # logits through the full head instead of the fused one: float32 round-off, far below one update.

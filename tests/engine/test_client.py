@@ -1,6 +1,6 @@
 """The engine client over real loopback HTTP against scripted SGLang-API servers: least-loaded choice,
 stickiness, retries only before sending, abort-resume with per-token versions, weight-sync helpers.
-(The client against the real built-in engine: tests/agent_loop/test_engine_weights.py.)"""
+(The client against the real built-in engine: tests/engine/test_weights.py.)"""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import pytest
 from fastapi import Body, FastAPI
 from fastapi.responses import JSONResponse
 
-from pqrl.engine_client import (
+from engine.client import (
     EngineClient,
     EngineError,
     EngineHTTPError,
@@ -26,7 +26,7 @@ from pqrl.engine_client import (
     SamplingParams,
     WeightUpdateFailed,
 )
-from tests.agent_loop.servers import free_port, serve_in_thread
+from tests.servers import free_port, serve_in_thread
 
 
 def _answer(body: dict[str, Any], ids: list[int], version: str, finish: dict[str, Any]) -> dict[str, Any]:
@@ -310,7 +310,7 @@ def test_the_client_is_a_floor_module():
         "import sys\n"
         "for name in ['torch', 'transformers', 'fastapi', 'uvicorn', 'redis', 'agent_loop', 'trainer']:\n"
         "    sys.modules[name] = None\n"
-        "import pqrl.engine_client\n"
+        "import engine.client\n"
         "print('ok')\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

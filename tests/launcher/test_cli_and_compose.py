@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pqrl.cli import PLANNED, build_parser, main
+from launcher.cli import PLANNED, build_parser, main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _subcommand_paths(parser) -> set[tuple[str, ...]]:
