@@ -18,35 +18,20 @@ import contextlib
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
+from agent_loop.config import EpisodeConfig
 from agent_loop.tool_parser import MalformedCall, ParsedCall, parse_tool_calls
 from engine.client import EngineClient, SamplingParams
 from env_server.client import EnvClient, EnvUnavailable
 from env_server.sessions import EnvServerError, InfraFailure
-from env_server.types import ToolCall as EnvToolCall
+from env_server.types import Message, ToolCallRequest
 from loss_masking import ChatRenderer, EpisodeBuilder, TruncationPolicy, describe_tools
-from pqrl.trajectory import Status, ToolCall, Trajectory
+from pqrl.trajectory import Status, ToolCall, ToolStatus, Trajectory
 
 __all__ = ["EpisodeConfig", "failed_trajectory", "run_episode"]
-
-
-@dataclass(frozen=True)
-class EpisodeConfig:
-    """Limits and sampling of one episode (RL defaults: top_p 1, top_k -1; DESIGN.md section 4)."""
-
-    max_turns: int = 8
-    max_total_tokens: int = 2048
-    max_new_tokens: int = 256  # per turn
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    max_invalid_turns: int = 2  # consecutive turns whose every call failed
-    truncation: Literal["stop_episode", "cut_tool_output"] = "cut_tool_output"
-    stop_token_ids: tuple[int, ...] = field(default=())
-    seed: int | None = None  # per-turn sampling seeds derived from it: reproducible whatever the batching
 
 
 @dataclass
@@ -89,7 +74,7 @@ async def run_episode(
         )
     record("env_s", t0)
 
-    messages = [m.model_dump(exclude_none=True) for m in session.observation.messages]
+    messages = [m.model_dump(exclude_none=True, exclude={"status"}) for m in session.observation.messages]
     tools = session.observation.tools
     if not renderer.supports_tools and tools and not any("<tool_call>" in m["content"] for m in messages):
         # NOTE: a template without a tools block gets the schemas in the system message instead.
@@ -135,7 +120,7 @@ async def run_episode(
             results, records, done = await _run_calls(env, session.session_id, calls, turn)
             record("env_s", t0)
             builder.set_tool_calls(records)
-            failed = all(r.status != "ok" for r in records)
+            failed = all(r.status is not ToolStatus.OK for r in records)
             invalid_streak = invalid_streak + 1 if failed else 0
             if done:
                 out.reason = "done"
@@ -182,24 +167,24 @@ async def _run_calls(
 ) -> tuple[list[dict[str, Any]], list[ToolCall], bool]:
     """Tool messages in call order, the records for the Trajectory, and whether the env is done."""
     valid = [(i, c) for i, c in enumerate(calls) if isinstance(c, ParsedCall)]
-    replies: dict[int, str] = {}
+    replies: dict[int, Message] = {}
     done = False
     if valid:
         step = await env.step(
             session_id,
-            [EnvToolCall(name=c.name, arguments=c.arguments, id=f"call-{turn}-{i}") for i, c in valid],
+            [ToolCallRequest(name=c.name, arguments=c.arguments, id=f"call-{turn}-{i}") for i, c in valid],
         )
-        replies = {i: m.content for (i, _), m in zip(valid, step.messages, strict=True)}
+        replies = {i: m for (i, _), m in zip(valid, step.messages, strict=True)}
         done = step.done
     messages, records = [], []
     for i, call in enumerate(calls):
         if isinstance(call, MalformedCall):
             messages.append({"role": "tool", "content": call.message})
-            records.append(ToolCall("<malformed>", {"raw": call.raw[:200]}, "invalid"))
+            records.append(ToolCall("<malformed>", {"raw": call.raw[:200]}, ToolStatus.INVALID))
             continue
-        content = replies[i]
-        messages.append({"role": "tool", "name": call.name, "content": content})
-        records.append(ToolCall(call.name, call.arguments, "error" if content.startswith("Error:") else "ok"))
+        reply = replies[i]
+        messages.append({"role": "tool", "name": call.name, "content": reply.content})
+        records.append(ToolCall(call.name, call.arguments, reply.status or ToolStatus.OK))
     return messages, records, done
 
 

@@ -19,6 +19,11 @@ __all__ = ["add_rollout_arguments", "filter_tasks", "local_engine", "rollout", "
 
 
 def add_rollout_arguments(p: argparse.ArgumentParser) -> None:
+    """Where to connect, plus one flag per setting of the manager and its episodes (declared there)."""
+    from agent_loop.config import EpisodeConfig, ManagerConfig
+    from pqrl.model_cache import DEFAULT_MODEL
+    from pqrl.settings import add_arguments
+
     p.add_argument("--redis-url", default=None, help="default: $REDIS_URL")
     p.add_argument("--run", required=True)
     p.add_argument("--engine", action="append", required=True, help="engine URL (repeatable)")
@@ -26,27 +31,22 @@ def add_rollout_arguments(p: argparse.ArgumentParser) -> None:
         "--env-server", action="append", default=[], help="env server URL (repeatable); default: in process"
     )
     p.add_argument("--env-token", default=None, help="default: $PQRL_ENV_TOKEN")
-    p.add_argument("--model", default="smollm2-135m-instruct", help="tokenizer / chat template of the policy")
-    p.add_argument("--group-size", type=int, default=8)
-    p.add_argument("--groups-per-step", type=int, default=4)
-    p.add_argument("--max-staleness", type=int, default=1)
-    p.add_argument("--max-concurrent-groups", type=int, default=4)
-    p.add_argument("--max-turns", type=int, default=8)
-    p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--max-total-tokens", type=int, default=2048)
-    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--model", default=DEFAULT_MODEL, help="tokenizer / chat template of the policy")
     p.add_argument(
         "--forever", action="store_true", help="keep waiting for tasks instead of stopping when empty"
     )
+    add_arguments(p, ManagerConfig)
+    add_arguments(p, EpisodeConfig)
 
 
 def rollout(args: argparse.Namespace) -> int:
-    from agent_loop.agent import EpisodeConfig
-    from agent_loop.manager import ManagerConfig, RolloutManager
+    from agent_loop.config import EpisodeConfig, ManagerConfig
+    from agent_loop.manager import RolloutManager
     from engine.client import EngineClient
     from env_server.client import HttpEnvClient, LocalEnvClient
     from loss_masking import ChatRenderer
     from pqrl.model_cache import load_tokenizer
+    from pqrl.settings import from_arguments
     from pqrl.store import TrajectoryStore
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
@@ -55,19 +55,7 @@ def rollout(args: argparse.Namespace) -> int:
     if not url:
         print("pqrl rollout: give --redis-url or set REDIS_URL", file=sys.stderr)
         return 2
-    episode = EpisodeConfig(
-        max_turns=args.max_turns,
-        max_new_tokens=args.max_new_tokens,
-        max_total_tokens=args.max_total_tokens,
-        temperature=args.temperature,
-    )
-    cfg = ManagerConfig(
-        group_size=args.group_size,
-        groups_per_step=args.groups_per_step,
-        max_staleness=args.max_staleness,
-        max_concurrent_groups=args.max_concurrent_groups,
-        episode=episode,
-    )
+    cfg = from_arguments(ManagerConfig, args, episode=from_arguments(EpisodeConfig, args))
 
     async def main() -> int:
         store = TrajectoryStore(url, args.run)
@@ -133,14 +121,16 @@ def show_trajectories(args: argparse.Namespace) -> int:
 
 
 def _figures(c: collections.Counter[str], t: Any) -> None:
+    from pqrl.trajectory import Status, ToolStatus
+
     c["trajectories"] += 1
     c["generated"] += t.num_generated
     c["turns"] += len(t.turns)
     c["truncated"] += t.truncation is not None
-    c["failed_infra"] += t.status.value == "failed_infra"
+    c["failed_infra"] += t.status is Status.FAILED_INFRA
     for u in t.turns:
         c["tool_calls"] += len(u.tool_calls)
-        c["tool_errors"] += sum(call.status != "ok" for call in u.tool_calls)
+        c["tool_errors"] += sum(call.status is not ToolStatus.OK for call in u.tool_calls)
 
 
 def _render(tokenizer: Any, t: Any) -> str:
@@ -171,12 +161,13 @@ def local_engine(model: str) -> Iterator[str]:
 
 def filter_tasks(args: argparse.Namespace) -> int:
     """``pqrl tasks filter``: pass rates with the given policy, a filtered suite and a table."""
-    from agent_loop.agent import EpisodeConfig
+    from agent_loop.config import EpisodeConfig
     from agent_loop.difficulty import estimate_rewards
     from engine.client import EngineClient
     from env_server.client import LocalEnvClient
     from loss_masking import ChatRenderer
     from pqrl.model_cache import load_tokenizer
+    from pqrl.settings import from_arguments
     from tasks.difficulty import distribution_table, filter_suite, pass_rates
     from tasks.suite import SuiteInvalid, load_suite
 
@@ -185,13 +176,7 @@ def filter_tasks(args: argparse.Namespace) -> int:
     except SuiteInvalid as e:
         print(e, file=sys.stderr)
         return 1
-    cfg = EpisodeConfig(
-        max_turns=args.max_turns,
-        max_new_tokens=args.max_new_tokens,
-        max_total_tokens=args.max_total_tokens,
-        temperature=args.temperature,
-        seed=args.seed,
-    )
+    cfg = from_arguments(EpisodeConfig, args)
 
     def progress(done: int, total: int) -> None:
         if done % max(1, total // 20) == 0 or done == total:

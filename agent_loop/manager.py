@@ -27,7 +27,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent_loop.agent import EpisodeConfig, failed_trajectory, run_episode
+from agent_loop.agent import failed_trajectory, run_episode
+from agent_loop.config import ManagerConfig
 from engine.client import EngineClient, EngineError
 from env_server.client import EnvClient
 from loss_masking import ChatRenderer
@@ -40,21 +41,6 @@ __all__ = ["ManagerConfig", "RolloutManager"]
 log = logging.getLogger(__name__)
 
 _GROUP = "rollout"  # consumer group of the task queue
-
-
-@dataclass(frozen=True)
-class ManagerConfig:
-    group_size: int = 8
-    groups_per_step: int = 4  # what the trainer consumes per optimizer step (sizes the gate)
-    max_staleness: int = 1
-    max_concurrent_groups: int = 4
-    infra_retries: int = 2
-    min_valid: int = 2
-    episode_deadline_s: float = 600.0
-    lease_timeout_s: float = 900.0
-    put_timeout_s: float = 600.0
-    progress_every_s: float = 10.0
-    episode: EpisodeConfig = field(default_factory=EpisodeConfig)
 
 
 @dataclass
@@ -75,12 +61,12 @@ class RolloutManager:
         engine: EngineClient,
         env: EnvClient,
         renderer: ChatRenderer,
-        cfg: ManagerConfig | None = None,
+        cfg: ManagerConfig,
         *,
         consumer: str | None = None,
     ) -> None:
         self.store, self.engine, self.env, self.renderer = store, engine, env, renderer
-        self.cfg = cfg or ManagerConfig()
+        self.cfg = cfg
         self.consumer = consumer or f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
         self.stats = _Stats()
         self._stopping = asyncio.Event()

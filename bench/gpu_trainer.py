@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import gc
 import json
 import logging
@@ -232,7 +233,7 @@ def main() -> int:
     per_step = [sum(t.num_tokens for g in b for t in g) for b in batches]
     n_seqs = [sum(len(g) for g in b) for b in batches]
     say(f"batches: {n_seqs} sequences, {per_step} real tokens per step")
-    step_cfg = StepConfig(micro_batch_tokens=args.micro_batch_tokens, max_staleness=10**9)
+    step_cfg = StepConfig(temperature=1.0, micro_batch_tokens=args.micro_batch_tokens, max_staleness=10**9)
 
     # baseline first, on a copy that is dropped: each contender gets the device's memory to itself
     baseline = run_baseline(model, batches, step_cfg, args.warmup, device)
@@ -243,7 +244,7 @@ def main() -> int:
     )
     results = {}
     for name, compile in variants:
-        cfg = StepConfig(**{**step_cfg.__dict__, "compile": compile})
+        cfg = dataclasses.replace(step_cfg, compile=compile)
         try:
             results[name] = measure(
                 name, lambda g, c=cfg: train_step(model, opt, g, 0, c), batches, args.warmup, device

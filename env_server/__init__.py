@@ -8,15 +8,16 @@ The public surface for environment authors::
 from env_server.environment import ToolEnvironment
 from env_server.registry import register_environment
 from env_server.tools import tool
-from env_server.types import Message, Observation, RewardResult, StepResult, ToolCall
+from env_server.types import Message, Observation, RewardResult, StepResult, ToolCallRequest, ToolStatus
 
 __all__ = [
     "Message",
     "Observation",
     "RewardResult",
     "StepResult",
-    "ToolCall",
+    "ToolCallRequest",
     "ToolEnvironment",
+    "ToolStatus",
     "register_environment",
     "tool",
 ]

@@ -37,7 +37,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from env_server.sessions import EnvServerError, SessionManager, TooManySessions
-from env_server.types import RewardResult, SessionInfo, StepResult, ToolCall
+from env_server.types import RewardResult, SessionInfo, StepResult, ToolCallRequest
 
 __all__ = ["ServerSettings", "create_app"]
 
@@ -102,7 +102,7 @@ class CreateSession(_In):
 
 
 class StepRequest(_In):
-    tool_calls: list[ToolCall] = Field(max_length=64)
+    tool_calls: list[ToolCallRequest] = Field(max_length=64)
     request_id: str | None = Field(default=None, max_length=128, description="retry-safe id of this step")
 
 

@@ -1,8 +1,7 @@
 """Conformance checker: the contract every registered environment must keep.
 
-Run over every registered environment by the test suite (tests/env_server/test_conformance.py).
-It drives the environment through the same SessionManager the server uses, so a sandboxed
-environment is checked with a real sandbox.
+The test suite runs it over every registered environment. It drives the environment through the
+same SessionManager the server uses, so a sandboxed environment is checked with a real sandbox.
 """
 
 from __future__ import annotations
@@ -15,7 +14,7 @@ from jsonschema.exceptions import SchemaError
 
 from env_server.registry import spec
 from env_server.sessions import SessionDone, SessionManager
-from env_server.types import ToolCall
+from env_server.types import ToolCallRequest, ToolStatus
 
 __all__ = ["ConformanceError", "check_environment"]
 
@@ -33,9 +32,9 @@ async def check_environment(env_id: str, *, manager: SessionManager | None = Non
 
     Rules: the class loads and its tool schemas are valid JSON Schema with unique names; reset
     gives at least one message and exactly the class's tools; invalid arguments and unknown
-    tools become error messages (one tool message per call, ids kept), not exceptions; evaluate
-    gives a finite reward; a final tool ends the episode and a later step is refused; with
-    ``deterministic`` set, the same task and seed give the same first observation.
+    tools become tool messages whose status is not ``ok`` (one per call, ids kept), not
+    exceptions; evaluate gives a finite reward; a final tool ends the episode and a later step is
+    refused; with ``deterministic`` set, the same task and seed give the same first observation.
     """
     s = spec(env_id)
     problems: list[str] = []
@@ -60,9 +59,9 @@ async def check_environment(env_id: str, *, manager: SessionManager | None = Non
             problems.append("reset returned no messages")
         if first.observation.tools != schemas:
             problems.append("reset's tools differ from the class's tool schemas")
-        calls = [ToolCall(name="no_such_tool_xyz", arguments={}, id="c1")]
+        calls = [ToolCallRequest(name="no_such_tool_xyz", arguments={}, id="c1")]
         calls += [
-            ToolCall(name=n, arguments={"no_such_argument_xyz": 1}, id=f"c{i + 2}")
+            ToolCallRequest(name=n, arguments={"no_such_argument_xyz": 1}, id=f"c{i + 2}")
             for i, n in enumerate(names)
         ]
         result = await manager.step(first.session_id, calls)
@@ -71,9 +70,9 @@ async def check_environment(env_id: str, *, manager: SessionManager | None = Non
         for call, msg in zip(calls, result.messages, strict=False):
             if msg.role != "tool" or msg.tool_call_id != call.id:
                 problems.append(f"reply to {call.name} is not a tool message with id {call.id}")
-            if "error" not in msg.content.lower():
+            if msg.status is ToolStatus.OK:
                 problems.append(
-                    f"invalid call to {call.name} did not produce an error message: {msg.content[:80]!r}"
+                    f"invalid call to {call.name} was answered as a success: {msg.content[:80]!r}"
                 )
         reward = await manager.evaluate(first.session_id)
         if not math.isfinite(reward.reward):
@@ -83,12 +82,12 @@ async def check_environment(env_id: str, *, manager: SessionManager | None = Non
             spec_final = cls.tools[final[0]]
             required = spec_final.args_model.model_json_schema().get("required", [])
             if not required:  # a final tool callable without arguments must end the episode
-                end = await manager.step(first.session_id, [ToolCall(name=final[0], arguments={})])
+                end = await manager.step(first.session_id, [ToolCallRequest(name=final[0], arguments={})])
                 if not end.done:
                     problems.append(f"calling final tool {final[0]} did not end the episode")
                 else:
                     try:
-                        await manager.step(first.session_id, [ToolCall(name=final[0], arguments={})])
+                        await manager.step(first.session_id, [ToolCallRequest(name=final[0], arguments={})])
                         problems.append("a step after done was accepted")
                     except SessionDone:
                         pass

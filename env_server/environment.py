@@ -27,7 +27,8 @@ Gymnasium-style and async::
 
 ``step`` is provided: it validates each call's arguments against the tool's signature and turns a
 bad call (unknown tool, invalid arguments, an exception in the tool) into an error message the
-model sees, never an exception in the server. Sandbox failures are the exception: they propagate
+model sees, with the call's ``ToolStatus`` (``invalid`` or ``error``), never an exception in the
+server. Sandbox failures are the exception: they propagate
 as ``SandboxError`` so the rollout records ``failed_infra``. Environments that set
 ``needs_sandbox = True`` get ``self.sandbox`` from the server's warm pool before ``reset``.
 """
@@ -38,7 +39,7 @@ import asyncio
 from typing import Any, ClassVar
 
 from env_server.tools import ToolSpec, collect_tools
-from env_server.types import Message, Observation, RewardResult, StepResult, ToolCall
+from env_server.types import Message, Observation, RewardResult, StepResult, ToolCallRequest, ToolStatus
 from sandboxes.protocol import Sandbox, SandboxError
 from sandboxes.settings import SandboxSettings
 
@@ -92,35 +93,39 @@ class ToolEnvironment:
     def tool_schemas(cls) -> list[dict[str, Any]]:
         return [spec.schema() for spec in cls.tools.values()]
 
-    async def step(self, tool_calls: list[ToolCall]) -> StepResult:
-        """Runs each call in order; one tool message per call. A final tool ends the episode, and
-        calls after it are answered without running."""
+    async def step(self, tool_calls: list[ToolCallRequest]) -> StepResult:
+        """Runs each call in order; one tool message per call, with its status. A final tool ends
+        the episode, and calls after it are answered without running (``skipped``)."""
         messages = []
         for call in tool_calls:
             if self.done:
                 content = f"Error: {call.name} was not run: the episode has ended"
+                status = ToolStatus.SKIPPED
             else:
-                content, ok = await self.call_tool(call)
+                content, status = await self.call_tool(call)
                 spec = self.tools.get(call.name)
-                if ok and spec is not None and spec.final:
+                if status is ToolStatus.OK and spec is not None and spec.final:
                     self.done = True
-            messages.append(Message(role="tool", name=call.name, tool_call_id=call.id, content=content))
+            messages.append(
+                Message(role="tool", name=call.name, tool_call_id=call.id, content=content, status=status)
+            )
         return StepResult(messages=messages, done=self.done, info={})
 
-    async def call_tool(self, call: ToolCall) -> tuple[str, bool]:
-        """(tool message content, whether the call succeeded). Only sandbox failures raise."""
+    async def call_tool(self, call: ToolCallRequest) -> tuple[str, ToolStatus]:
+        """(tool message content, how the call ended). Only sandbox failures raise."""
         spec = self.tools.get(call.name)
         if spec is None:
-            return f"Error: unknown tool {call.name!r}; available tools: {', '.join(self.tools)}", False
+            available = ", ".join(self.tools)
+            return f"Error: unknown tool {call.name!r}; available tools: {available}", ToolStatus.INVALID
         try:
             kwargs = spec.validate(call.arguments)
         except ValueError as e:
-            return f"Error: {e}", False
+            return f"Error: {e}", ToolStatus.INVALID
         try:
             # Through the class: a tool may share its name with an attribute (e.g. ``done``).
             result = await getattr(type(self), spec.method_name)(self, **kwargs)
         except (SandboxError, asyncio.CancelledError):
             raise
         except Exception as e:  # the model's call failed, not the server
-            return f"Error: {call.name} failed: {type(e).__name__}: {e}", False
-        return ("" if result is None else str(result)), True
+            return f"Error: {call.name} failed: {type(e).__name__}: {e}", ToolStatus.ERROR
+        return ("" if result is None else str(result)), ToolStatus.OK

@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from env_server.environment import ToolEnvironment
 from env_server.registry import UnknownEnvironment, make, registry, spec
-from env_server.types import RewardResult, SessionInfo, StepResult, ToolCall
+from env_server.types import RewardResult, SessionInfo, StepResult, ToolCallRequest
 from env_server.wrappers import Wrapper
 from sandboxes.docker import DockerSandbox
 from sandboxes.docker_api import DockerAPI
@@ -173,7 +173,7 @@ class SessionManager:
             self._creating -= 1
 
     async def step(
-        self, session_id: str, tool_calls: list[ToolCall], request_id: str | None = None
+        self, session_id: str, tool_calls: list[ToolCallRequest], request_id: str | None = None
     ) -> StepResult:
         s = self._get(session_id)
         async with s.lock:

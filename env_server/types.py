@@ -4,9 +4,19 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-__all__ = ["Message", "Observation", "RewardResult", "SessionInfo", "StepResult", "ToolCall"]
+from pqrl.trajectory import ToolStatus
+
+__all__ = [
+    "Message",
+    "Observation",
+    "RewardResult",
+    "SessionInfo",
+    "StepResult",
+    "ToolCallRequest",
+    "ToolStatus",
+]
 
 
 class _Model(BaseModel):
@@ -14,16 +24,28 @@ class _Model(BaseModel):
 
 
 class Message(_Model):
-    """One chat message; tool results are ``role="tool"`` with the call's id and tool name."""
+    """One chat message. A tool result is ``role="tool"`` with the call's id, the tool's name and
+    ``status``, how the call ended (``ok`` when not given); other roles carry no status."""
 
     role: Literal["system", "user", "assistant", "tool"]
     content: str
     name: str | None = None
     tool_call_id: str | None = None
+    status: ToolStatus | None = None
+
+    @model_validator(mode="after")
+    def _status_on_tool_results(self) -> Message:
+        if self.role == "tool" and self.status is None:
+            self.status = ToolStatus.OK
+        elif self.role != "tool" and self.status is not None:
+            raise ValueError(f"only tool messages carry a status, not a {self.role} message")
+        return self
 
 
-class ToolCall(_Model):
-    """A call the model made: the tool's name and its JSON arguments."""
+class ToolCallRequest(_Model):
+    """A call the model made, as the environment receives it: the tool's name, its JSON arguments
+    and the id its tool message will answer to. (``pqrl.trajectory.ToolCall`` is the record of the
+    call kept in the Trajectory.)"""
 
     name: str = Field(min_length=1, max_length=128)
     arguments: dict[str, Any] = Field(default_factory=dict)

@@ -6,7 +6,7 @@ import asyncio
 from typing import Any
 
 from env_server.environment import ToolEnvironment
-from env_server.types import Message, Observation, RewardResult, StepResult, ToolCall
+from env_server.types import Message, Observation, RewardResult, StepResult, ToolCallRequest, ToolStatus
 
 __all__ = ["ObservationCap", "ToolTimeout", "TurnLimit", "Wrapper"]
 
@@ -28,7 +28,7 @@ class Wrapper:
     async def reset(self, *, task: dict[str, Any], seed: int | None = None) -> Observation:
         return await self.env.reset(task=task, seed=seed)
 
-    async def step(self, tool_calls: list[ToolCall]) -> StepResult:
+    async def step(self, tool_calls: list[ToolCallRequest]) -> StepResult:
         return await self.env.step(tool_calls)
 
     async def evaluate(self) -> RewardResult:
@@ -52,7 +52,7 @@ class TurnLimit(Wrapper):
         self.turns = 0
         return await self.env.reset(task=task, seed=seed)
 
-    async def step(self, tool_calls: list[ToolCall]) -> StepResult:
+    async def step(self, tool_calls: list[ToolCallRequest]) -> StepResult:
         result = await self.env.step(tool_calls)
         self.turns += 1
         if self.turns >= self.max_turns and not result.done:
@@ -64,7 +64,8 @@ class TurnLimit(Wrapper):
 
 
 class ToolTimeout(Wrapper):
-    """Gives each tool call at most ``seconds``; a slow call becomes an error message."""
+    """Gives each tool call at most ``seconds``; a slow call becomes an error message with status
+    ``timeout``."""
 
     def __init__(self, env: ToolEnvironment | Wrapper, seconds: float) -> None:
         super().__init__(env)
@@ -72,26 +73,28 @@ class ToolTimeout(Wrapper):
             raise ValueError("seconds must be > 0")
         self.seconds = seconds
 
-    async def step(self, tool_calls: list[ToolCall]) -> StepResult:
+    async def step(self, tool_calls: list[ToolCallRequest]) -> StepResult:
         messages: list[Message] = []
         info: dict[str, Any] = {}
         done = False
         for call in tool_calls:  # one call at a time, so each gets its own deadline
             if done:
                 content = f"Error: {call.name} was not run: the episode has ended"
-                messages.append(Message(role="tool", name=call.name, tool_call_id=call.id, content=content))
+                messages.append(_tool_message(call, content, ToolStatus.SKIPPED))
                 continue
             try:
                 part = await asyncio.wait_for(self.env.step([call]), self.seconds)
             except TimeoutError:
                 content = f"Error: {call.name} timed out after {self.seconds:g}s"
-                part = StepResult(
-                    messages=[Message(role="tool", name=call.name, tool_call_id=call.id, content=content)]
-                )
+                part = StepResult(messages=[_tool_message(call, content, ToolStatus.TIMEOUT)])
             messages += part.messages
             info.update(part.info)
             done = done or part.done
         return StepResult(messages=messages, done=done, info=info)
+
+
+def _tool_message(call: ToolCallRequest, content: str, status: ToolStatus) -> Message:
+    return Message(role="tool", name=call.name, tool_call_id=call.id, content=content, status=status)
 
 
 class ObservationCap(Wrapper):
@@ -115,6 +118,6 @@ class ObservationCap(Wrapper):
         obs = await self.env.reset(task=task, seed=seed)
         return obs.model_copy(update={"messages": [self._cap(m) for m in obs.messages]})
 
-    async def step(self, tool_calls: list[ToolCall]) -> StepResult:
+    async def step(self, tool_calls: list[ToolCallRequest]) -> StepResult:
         result = await self.env.step(tool_calls)
         return result.model_copy(update={"messages": [self._cap(m) for m in result.messages]})

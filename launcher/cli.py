@@ -18,17 +18,9 @@ PLANNED: dict[tuple[str, ...], str] = {}
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     from launcher.demo import DemoConfig, run_demo
+    from pqrl.settings import from_arguments
 
-    run_demo(
-        DemoConfig(
-            tasks=args.tasks,
-            group_size=args.group_size,
-            max_new_tokens=args.max_new_tokens,
-            seed=args.seed,
-            model=args.model,
-            redis_url=args.redis_url,
-        )
-    )
+    run_demo(from_arguments(DemoConfig, args))
     return 0
 
 
@@ -202,7 +194,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    from launcher.train_job import status_command
+    from launcher.status import status_command
 
     return status_command(args)
 
@@ -223,6 +215,12 @@ def _planned(path: tuple[str, ...]) -> Callable[[argparse.Namespace], int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    # the settings classes are standard library only: building the parser imports no torch
+    from agent_loop.config import EpisodeConfig
+    from launcher.demo import DemoConfig
+    from pqrl.model_cache import DEFAULT_MODEL
+    from pqrl.settings import add_arguments
+
     parser = argparse.ArgumentParser(
         prog="pqrl", description="Agentic RL: rollouts in sandboxes, GRPO training."
     )
@@ -236,16 +234,11 @@ def build_parser() -> argparse.ArgumentParser:
         return groups[name]
 
     demo = sub.add_parser("demo", help="end-to-end demo: model -> trajectories -> Redis store -> consumer")
-    demo.add_argument("--tasks", type=int, default=4, help="number of tasks (one group each)")
-    demo.add_argument("--group-size", type=int, default=4, help="samples per task (G)")
-    demo.add_argument("--max-new-tokens", type=int, default=32)
-    demo.add_argument("--seed", type=int, default=0)
-    demo.add_argument("--model", default="smollm2-135m-instruct", help="built-in model name or a model dir")
-    demo.add_argument("--redis-url", default=None, help="use this Redis instead of a private one")
+    add_arguments(demo, DemoConfig)
     demo.set_defaults(func=_cmd_demo)
 
     prep = group("model", "offline model cache").add_parser("prepare", help="convert the GGUF model once")
-    prep.add_argument("--name", default="smollm2-135m-instruct")
+    prep.add_argument("--name", default=DEFAULT_MODEL)
     prep.set_defaults(func=_cmd_model_prepare)
 
     build = group("sandbox", "sandbox images").add_parser("build-image", help="build the base image offline")
@@ -291,16 +284,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = tasks.add_parser("filter", help="keep the tasks the policy sometimes solves (0 < pass rate < 1)")
     p.add_argument("suite", help="suite file")
     p.add_argument("-o", "--output", required=True, help="where the filtered suite goes")
-    p.add_argument("--model", default="smollm2-135m-instruct")
+    p.add_argument("--model", default=DEFAULT_MODEL)
     p.add_argument("--engine", default=None, help="engine URL (default: a built-in engine in this process)")
     p.add_argument("--samples", type=int, default=8)
     p.add_argument("--low", type=float, default=0.0)
     p.add_argument("--high", type=float, default=1.0)
-    p.add_argument("--max-turns", type=int, default=4)
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--max-total-tokens", type=int, default=1536)
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="episode sampling seed: the same pass rates every run")
+    add_arguments(p, EpisodeConfig, exclude=("seed",))
     for name, task_parser in tasks.choices.items():
         if name in ("submit", "list", "show"):
             task_parser.add_argument("--redis-url", default=None, help="default: $REDIS_URL")
@@ -333,11 +323,12 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--run", required=True)
     show.add_argument("--redis-url", default=None, help="default: $REDIS_URL")
     show.add_argument("--groups", type=int, default=2, help="the most recent N groups")
-    show.add_argument("--model", default="smollm2-135m-instruct", help="tokenizer to decode with")
+    show.add_argument("--model", default=DEFAULT_MODEL, help="tokenizer to decode with")
     show.add_argument("--brief", action="store_true", help="figures only, no token streams")
     show.set_defaults(func=_cmd_trajectories_show)
 
-    from launcher.train_job import add_status_arguments, add_train_arguments  # light: no torch until called
+    from launcher.status import add_status_arguments
+    from launcher.train_job import add_train_arguments  # light: no torch until called
 
     tr = sub.add_parser("train", help="a whole training job from one YAML config (embedded or distributed)")
     add_train_arguments(tr)

@@ -25,22 +25,22 @@ import numpy as np
 
 from pqrl.model_cache import DEFAULT_MODEL, load_model, load_tokenizer
 from pqrl.redis_server import RedisServer
+from pqrl.settings import Settings, setting
 from pqrl.store import TrajectoryStore
 from pqrl.trajectory import Trajectory, Turn
-from trainer.advantages import grpo_advantages
 
 __all__ = ["DemoConfig", "run_demo"]
 
 
-@dataclass(frozen=True)
-class DemoConfig:
-    tasks: int = 4
-    group_size: int = 4
-    max_new_tokens: int = 32
-    temperature: float = 0.7
-    seed: int = 0
-    model: str = DEFAULT_MODEL
-    redis_url: str | None = None
+@dataclass(frozen=True, kw_only=True)
+class DemoConfig(Settings):
+    tasks: int = setting(4, "number of tasks (one group each)", ge=1)
+    group_size: int = setting(4, "samples per task (G)", ge=2)
+    max_new_tokens: int = setting(32, "tokens per answer at most", ge=1)
+    temperature: float = setting(0.7, "sampling temperature", gt=0)
+    seed: int = setting(0, "task and sampling seed")
+    model: str = setting(DEFAULT_MODEL, "built-in model name or a model directory")
+    redis_url: str | None = setting(None, "use this Redis instead of a private one")
 
 
 def make_tasks(n: int, seed: int) -> list[dict[str, Any]]:
@@ -118,6 +118,8 @@ def sample_group(
 
 async def _run(cfg: DemoConfig, redis_url: str) -> dict[str, Any]:
     import torch
+
+    from trainer.advantages import grpo_advantages  # torch: imported when the demo runs, not for its flags
 
     torch.manual_seed(cfg.seed)
     run_id = f"demo-{int(time.time())}-{uuid.uuid4().hex[:6]}"

@@ -11,14 +11,31 @@ Only pydantic and the standard library here: reading a config needs nothing of t
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
-__all__ = ["ConfigInvalid", "TrainConfig", "explain", "load_config"]
+from agent_loop.config import EpisodeConfig, ManagerConfig
+from pqrl.model_cache import DEFAULT_MODEL
+from pqrl.settings import fields_of
+from trainer.config import LoopConfig, StepConfig
+
+__all__ = [
+    "ConfigInvalid",
+    "TrainConfig",
+    "episode_config",
+    "explain",
+    "explain_lines",
+    "explain_markdown",
+    "load_config",
+    "loop_config",
+    "manager_config",
+    "step_config",
+]
 
 
 class _Section(BaseModel):
@@ -26,13 +43,10 @@ class _Section(BaseModel):
 
 
 class ModelSection(_Section):
-    name: str = Field(
-        "smollm2-135m-instruct", description="built-in model name or a Hugging Face model directory"
-    )
+    name: str = Field(DEFAULT_MODEL, description="built-in model name or a Hugging Face model directory")
     dtype: Literal["auto", "float32", "bfloat16"] = Field(
         "auto", description="trainer weights: auto = float32 on CPU, bfloat16 autocast on GPU"
     )
-    gradient_checkpointing: bool = Field(False, description="recompute activations in backward (GPU)")
 
 
 class WeightSyncSection(_Section):
@@ -101,42 +115,58 @@ class TasksSection(_Section):
     seed: int = Field(0, description="shuffling seed of the task sampler")
 
 
-class RolloutSection(_Section):
-    group_size: int = Field(8, ge=2, description="G: episodes per task (one group)")
-    max_staleness: int = Field(1, ge=0, description="admit no group that lags the policy by more versions")
-    max_concurrent_groups: int = Field(4, ge=1, description="groups in flight per rollout manager")
-    max_turns: int = Field(4, ge=1, description="assistant turns per episode at most")
-    max_new_tokens: int = Field(64, ge=1, description="per assistant turn")
-    max_total_tokens: int = Field(1536, ge=16, description="context budget of one episode")
-    temperature: float = Field(1.0, gt=0, description="sampling temperature (the trainer uses the same)")
-    episode_deadline_s: float = Field(600.0, gt=0, description="wall-clock limit of one episode")
-    infra_retries: int = Field(2, ge=0, description="reruns of an episode whose infrastructure failed")
+def _component_fields(cls: type, *, exclude: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The job-config form of a component's settings: every field with a default, its description
+    and bounds taken from the component's own dataclass. Fields without a default are the ones the
+    job derives from another section (the trainer's temperature is the episode's), so they are left
+    out, as are nested settings and ``exclude``."""
+    out: dict[str, Any] = {}
+    for f, meta in zip(fields_of(cls), dataclasses.fields(cls), strict=True):
+        if f.required or f.name in exclude or dataclasses.is_dataclass(f.type):
+            continue
+        bounds = {k: meta.metadata[k] for k in ("ge", "gt", "le", "lt") if k in meta.metadata}
+        out[f.name] = (f.type, Field(f.default, description=f.description, **bounds))
+    return out
 
 
-class TrainSection(_Section):
+def _composed(name: str, base: type[_Section], *parts: dict[str, Any]) -> Any:
+    fields: dict[str, Any] = {}
+    for part in parts:
+        clash = (set(fields) | set(base.model_fields)) & set(part)
+        if clash:
+            raise TypeError(f"{name}: fields declared twice: {sorted(clash)}")
+        fields |= part
+    return create_model(name, __base__=base, __module__=__name__, **fields)
+
+
+class _RolloutBase(_Section):
+    pass
+
+
+# the rollout manager's settings and each episode's, side by side in one section
+RolloutSection = _composed(
+    "RolloutSection", _RolloutBase, _component_fields(ManagerConfig), _component_fields(EpisodeConfig)
+)
+
+
+class _TrainBase(_Section):
     steps: int = Field(20, ge=1, description="optimizer-step budget of the run (outer steps)")
-    groups_per_step: int = Field(4, ge=1, description="groups consumed per outer step")
     lr: float = Field(1e-6, gt=0, description="AdamW peak learning rate")
     warmup_steps: int = Field(0, ge=0, description="linear learning-rate warm-up")
     weight_decay: float = Field(0.0, ge=0, description="AdamW decoupled weight decay")
     betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW moment decay rates")
-    max_grad_norm: float = Field(1.0, gt=0, description="gradient-norm clip per optimizer step")
-    eps_low: float = Field(0.2, ge=0, description="clip range below 1")
-    eps_high: float = Field(0.28, ge=0, description="clip range above 1 (DAPO clip-higher)")
-    is_cap: float = Field(2.0, gt=0, description="C: cap of the single off-policy weight")
-    micro_batch_tokens: int = Field(8192, ge=64, description="token budget of one packed micro-batch")
-    ppo_epochs: int = Field(1, ge=1, description="K: passes over each step's trajectories")
-    minibatches: int = Field(1, ge=1, description="optimizer steps per pass (warm-up counts these)")
-    max_extra_reads: int = Field(
-        3,
-        ge=0,
-        description="dynamic sampling: extra reads while fewer than groups_per_step groups carry signal",
-    )
-    kl_coef: float = Field(0.0, ge=0, description="weight of the KL term to the initial model (0: off)")
-    kl_estimator: Literal["k1", "k2", "k3"] = Field("k3", description="KL estimator (DESIGN.md section 5)")
-    compile: bool = Field(False, description="torch.compile the vocabulary math (CUDA only)")
     max_time_min: float | None = Field(None, gt=0, description="stop after this many minutes (checkpointed)")
     read_timeout_s: float = Field(1800.0, gt=0, description="fail when no group arrives for this long")
+
+
+# the job's own training settings, the trainer loop's and the step's; where weights and
+# checkpoints go is the job's choice (the run directory), and the model section sets dtypes
+TrainSection = _composed(
+    "TrainSection",
+    _TrainBase,
+    _component_fields(LoopConfig, exclude=("weights_dir", "ckpt_dir", "keep_checkpoints", "consumer")),
+    _component_fields(StepConfig, exclude=("dtype", "seed")),
+)
 
 
 class CheckpointSection(_Section):
@@ -157,8 +187,8 @@ class TrainConfig(_Section):
     model: ModelSection = ModelSection()
     services: ServicesSection = ServicesSection()
     tasks: TasksSection
-    rollout: RolloutSection = RolloutSection()
-    train: TrainSection = TrainSection()
+    rollout: RolloutSection = Field(default_factory=RolloutSection)  # type: ignore[valid-type]
+    train: TrainSection = Field(default_factory=TrainSection)  # type: ignore[valid-type]
     checkpoint: CheckpointSection = CheckpointSection()
     eval: EvalSection = EvalSection()
     tensorboard: bool = Field(True, description="also write TensorBoard event files")
@@ -176,6 +206,36 @@ class TrainConfig(_Section):
     @property
     def run_dir(self) -> Path:
         return Path(self.output_dir) / self.run
+
+
+def _pick(cls: type, section: BaseModel, **given: Any) -> Any:
+    values = {
+        f.name: getattr(section, f.name) for f in fields_of(cls) if f.name in type(section).model_fields
+    }
+    return cls(**(values | given))
+
+
+def episode_config(cfg: TrainConfig) -> EpisodeConfig:
+    return _pick(EpisodeConfig, cfg.rollout)
+
+
+def manager_config(cfg: TrainConfig) -> ManagerConfig:
+    return _pick(
+        ManagerConfig, cfg.rollout, groups_per_step=cfg.train.groups_per_step, episode=episode_config(cfg)
+    )
+
+
+def step_config(cfg: TrainConfig) -> StepConfig:
+    """The trainer recomputes logprobs at the episodes' temperature and drops what the gate would not
+    have admitted: both come from the rollout section, never from a second setting."""
+    dtype = "float32" if cfg.model.dtype == "float32" else "bfloat16"
+    return _pick(StepConfig, cfg.train, temperature=cfg.rollout.temperature,
+                 max_staleness=cfg.rollout.max_staleness, seed=cfg.seed, dtype=dtype)  # fmt: skip
+
+
+def loop_config(cfg: TrainConfig) -> LoopConfig:
+    return _pick(LoopConfig, cfg.train, step=step_config(cfg), weights_dir=str(cfg.run_dir / "weights"),
+                 ckpt_dir=str(cfg.run_dir / "checkpoints"), keep_checkpoints=cfg.checkpoint.keep)  # fmt: skip
 
 
 class ConfigInvalid(ValueError):
@@ -206,15 +266,38 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Tr
         raise ConfigInvalid("\n".join(lines)) from None
 
 
-def explain(model: type[BaseModel] = TrainConfig, prefix: str = "") -> list[str]:
-    """One line per field: dotted path, type, default, description (``pqrl train --explain``)."""
+def explain(model: type[BaseModel] = TrainConfig, prefix: str = "") -> list[tuple[str, str, str, str]]:
+    """(dotted path, type, default, description) of every field, sections flattened."""
     out = []
     for name, f in model.model_fields.items():
         ann = f.annotation
-        if isinstance(ann, type) and issubclass(ann, BaseModel):
+        if isinstance(ann, type) and issubclass(ann, BaseModel) and ann is not SuiteRef:
             out += explain(ann, f"{prefix}{name}.")
             continue
-        default = "required" if f.is_required() else f"default {f.get_default(call_default_factory=True)!r}"
-        type_name = getattr(ann, "__name__", str(ann)).replace("typing.", "")
-        out.append(f"{prefix}{name}: {type_name} ({default}) {f.description or ''}".rstrip())
+        default = "required" if f.is_required() else repr(f.get_default(call_default_factory=True))
+        out.append((f"{prefix}{name}", _type_name(ann), default, f.description or ""))
     return out
+
+
+def explain_lines() -> list[str]:
+    """``pqrl train --explain``: one line per field."""
+    return [f"{path}: {tp} ({'required' if d == 'required' else 'default ' + d}) {desc}".rstrip()
+            for path, tp, d, desc in explain()]  # fmt: skip
+
+
+def explain_markdown() -> str:
+    """The job-config reference table of docs/config.md (a test keeps the file equal to this)."""
+    rows = ["| field | type | default | meaning |", "|---|---|---|---|"]
+    for path, tp, default, desc in explain():
+        cells = (f"`{path}`", f"`{tp}`", f"`{default}`", desc)
+        rows.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")  # a pipe ends a cell
+    return "\n".join(rows) + "\n"
+
+
+def _type_name(ann: Any) -> str:
+    if isinstance(ann, type) and get_origin(ann) is None:
+        return ann.__name__
+    if get_origin(ann) is Literal:
+        return " | ".join(repr(a) for a in get_args(ann))
+    text = str(ann).replace("typing.", "").replace("launcher.jobconfig.", "")
+    return re.sub(r"Optional\[(.*)\]", r"\1 | None", text)

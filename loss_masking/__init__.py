@@ -15,7 +15,7 @@ Packing several trajectories into training rows is not here yet; the trainer own
 from loss_masking.episode import EpisodeBuilder, ObservationInfo, TurnInfo
 from loss_masking.template import (
     ChatRenderer,
-    Message,
+    MessageDict,
     TemplateError,
     TemplateRewritesHistory,
     describe_tools,
@@ -25,7 +25,7 @@ from loss_masking.truncation import TruncationPolicy, cut_observation, summarize
 __all__ = [
     "ChatRenderer",
     "EpisodeBuilder",
-    "Message",
+    "MessageDict",
     "ObservationInfo",
     "TemplateError",
     "TemplateRewritesHistory",

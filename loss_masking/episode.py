@@ -21,9 +21,9 @@ from typing import Any, Literal
 
 import numpy as np
 
-from loss_masking.template import ChatRenderer, Message
+from loss_masking.template import ChatRenderer, MessageDict
 from loss_masking.truncation import TruncationPolicy, cut_observation, summarize
-from pqrl.trajectory import Status, ToolCall, Trajectory, Truncation, Turn
+from pqrl.trajectory import Status, ToolCall, Trajectory, Truncation, TruncationKind, Turn
 
 __all__ = ["EpisodeBuilder", "ObservationInfo", "TurnInfo"]
 
@@ -88,7 +88,7 @@ class EpisodeBuilder:
     def __init__(
         self,
         renderer: ChatRenderer,
-        messages: Sequence[Message],
+        messages: Sequence[MessageDict],
         tools: Sequence[Any] | None = None,
         *,
         max_total_tokens: int | None = None,
@@ -241,7 +241,7 @@ class EpisodeBuilder:
         self._tool_calls[index] = tuple(calls)
 
     def add_observation(
-        self, messages: Sequence[Message], *, add_generation_prompt: bool = True
+        self, messages: Sequence[MessageDict], *, add_generation_prompt: bool = True
     ) -> ObservationInfo:
         """Appends tool results / user messages as a template delta, within the context budget.
 
@@ -267,13 +267,13 @@ class EpisodeBuilder:
         cut = False
         if limit is not None and len(ids) > limit:
             found = None
-            if self.policy.kind == "cut_tool_output":
+            if self.policy.kind is TruncationKind.CUT_TOOL_OUTPUT:
                 found = cut_observation(self.renderer, msgs, ids, limit, self.policy, add_generation_prompt)
             if found is None:
                 self._stop(f"an observation of {len(ids)} tokens does not fit the {max(limit, 0)} left")
                 return ObservationInfo(start, start, msgs, cut=False, stopped=True)
             msgs, ids, offset, detail = found
-            self._events.append(Truncation("cut_tool_output", start + offset, detail))
+            self._events.append(Truncation(TruncationKind.CUT_TOOL_OUTPUT, start + offset, detail))
             cut = True
         # NOTE: observation tokens (tool outputs, user messages and the template glue around them,
         # including the next generation prompt) are loss mask 0: the policy did not produce them.
@@ -317,7 +317,7 @@ class EpisodeBuilder:
         ``completed`` otherwise (a cut tool output alone does not end the episode).
         """
         if status is None:
-            stopped = any(t.kind == "stop_episode" for t in self._events)
+            stopped = any(t.kind is TruncationKind.STOP_EPISODE for t in self._events)
             status = Status.TRUNCATED if stopped else Status.COMPLETED
         turns = tuple(
             Turn(t.start, t.end, t.finish_reason, calls)
@@ -377,4 +377,4 @@ class EpisodeBuilder:
 
     def _stop(self, detail: str) -> None:
         self.stopped = True
-        self._events.append(Truncation("stop_episode", len(self._tokens), detail))
+        self._events.append(Truncation(TruncationKind.STOP_EPISODE, len(self._tokens), detail))

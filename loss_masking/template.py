@@ -32,13 +32,15 @@ from typing import Any
 
 __all__ = [
     "ChatRenderer",
-    "Message",
+    "MessageDict",
     "TemplateError",
     "TemplateRewritesHistory",
     "describe_tools",
 ]
 
-Message = Mapping[str, Any]
+# A chat message in the form chat templates take: a mapping with ``role`` and ``content`` (and
+# ``name`` for tool results). ``env_server.Message.model_dump(exclude_none=True)`` gives one.
+MessageDict = Mapping[str, Any]
 
 # The fixed conversation every delta is computed against. It ends with an assistant message
 # because observations always follow an assistant turn.
@@ -106,7 +108,7 @@ class ChatRenderer:
         tokenizer: Any,
         *,
         template_kwargs: Mapping[str, Any] | None = None,
-        base: Sequence[Message] | None = None,
+        base: Sequence[MessageDict] | None = None,
         verify: bool = True,
     ) -> None:
         self.tokenizer = tokenizer
@@ -125,7 +127,7 @@ class ChatRenderer:
 
     def render(
         self,
-        messages: Sequence[Message],
+        messages: Sequence[MessageDict],
         tools: Sequence[Any] | None = None,
         *,
         add_generation_prompt: bool = False,
@@ -154,7 +156,7 @@ class ChatRenderer:
         """Text of ``ids`` with special tokens kept (for parsing tool calls and history checks)."""
         return self.tokenizer.decode(list(ids), skip_special_tokens=False)
 
-    def prompt(self, messages: Sequence[Message], tools: Sequence[Any] | None = None) -> list[int]:
+    def prompt(self, messages: Sequence[MessageDict], tools: Sequence[Any] | None = None) -> list[int]:
         """The initial prompt tokens, ending with the generation prompt.
 
         Args:
@@ -172,7 +174,7 @@ class ChatRenderer:
             )
         return self.encode(self.render(messages, tools, add_generation_prompt=True))
 
-    def delta(self, messages: Sequence[Message], *, add_generation_prompt: bool = True) -> list[int]:
+    def delta(self, messages: Sequence[MessageDict], *, add_generation_prompt: bool = True) -> list[int]:
         """Tokens that append ``messages`` after a closed assistant turn.
 
         Computed as render(base + messages) minus render(base) for the fixed base conversation, so
@@ -215,7 +217,7 @@ class ChatRenderer:
 
     # -- checks ----------------------------------------------------------------------------------
 
-    def check_history(self, messages: Sequence[Message], tools: Sequence[Any] | None = None) -> None:
+    def check_history(self, messages: Sequence[MessageDict], tools: Sequence[Any] | None = None) -> None:
         """Checks that token deltas reproduce the template's render of ``messages``.
 
         For every assistant message ``i`` (after the first message): the render up to ``i`` equals
@@ -260,7 +262,7 @@ class ChatRenderer:
 
     # -- internals -------------------------------------------------------------------------------
 
-    def _delta_text(self, messages: Sequence[Message], add_generation_prompt: bool) -> str:
+    def _delta_text(self, messages: Sequence[MessageDict], add_generation_prompt: bool) -> str:
         full = self.render([*self._base, *messages], add_generation_prompt=add_generation_prompt)
         if not full.startswith(self._base_text):
             raise TemplateRewritesHistory(

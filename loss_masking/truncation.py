@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from loss_masking.template import ChatRenderer
-from pqrl.trajectory import Truncation
+from pqrl.trajectory import Truncation, TruncationKind
 
 __all__ = ["TruncationPolicy", "cut_observation", "summarize"]
 
@@ -26,7 +26,7 @@ class TruncationPolicy:
     """What to do when an observation does not fit the context budget.
 
     Attributes:
-        kind: ``stop_episode`` ends the episode before the observation; ``cut_tool_output`` shortens
+        kind: ``STOP_EPISODE`` ends the episode before the observation; ``CUT_TOOL_OUTPUT`` shortens
             the observation's messages (last first) to fit, appending ``marker``, and stops the
             episode only when even markers alone do not fit.
         marker: text appended to a cut message; ``{omitted}`` and ``{total}`` are filled with
@@ -35,13 +35,15 @@ class TruncationPolicy:
             (beyond the closing tokens); with less, the observation counts as not fitting.
     """
 
-    kind: Literal["stop_episode", "cut_tool_output"] = "stop_episode"
+    kind: TruncationKind = TruncationKind.STOP_EPISODE
     marker: str = "\n[... {omitted} of {total} characters cut to fit the context ...]"
     min_new_tokens: int = 32
 
     def __post_init__(self) -> None:
-        if self.kind not in ("stop_episode", "cut_tool_output"):
-            raise ValueError(f"unknown truncation kind {self.kind!r}")
+        try:
+            object.__setattr__(self, "kind", TruncationKind(self.kind))
+        except ValueError:
+            raise ValueError(f"unknown truncation kind {self.kind!r}") from None
         if self.min_new_tokens < 1:
             raise ValueError("min_new_tokens must be >= 1")
 
@@ -118,7 +120,7 @@ def summarize(events: Sequence[Truncation]) -> Truncation | None:
     """
     if not events:
         return None
-    primary = next((t for t in events if t.kind == "stop_episode"), events[0])
+    primary = next((t for t in events if t.kind is TruncationKind.STOP_EPISODE), events[0])
     if len(events) == 1:
         return primary
     detail = "; ".join(f"{t.kind}@{t.at_token}: {t.detail}" for t in events)

@@ -144,7 +144,7 @@ def _record_header(t: Trajectory) -> dict[str, Any]:
         "env": t.env,
         "prompt_len": int(t.prompt_len),
         "turns": [
-            [u.start, u.end, u.finish_reason, [[c.name, c.arguments, c.status] for c in u.tool_calls]]
+            [u.start, u.end, u.finish_reason, [[c.name, c.arguments, c.status.value] for c in u.tool_calls]]
             for u in t.turns
         ],
         "reward": t.reward,
@@ -152,7 +152,7 @@ def _record_header(t: Trajectory) -> dict[str, Any]:
         "status": t.status.value,
         "truncation": None
         if t.truncation is None
-        else [t.truncation.kind, t.truncation.at_token, t.truncation.detail],
+        else [t.truncation.kind.value, t.truncation.at_token, t.truncation.detail],
         "timings": t.timings,
     }
 

@@ -1,9 +1,9 @@
 """The Trajectory record: one rollout, exactly as the engine saw and produced it.
 
-This is the one record that crosses the rollout/train boundary (DESIGN.md section 3). It is
-validated on construction, so a record that exists is a record the trainer can use: the token
-arrays line up, the masks are 0/1, training never touches a token the engine did not generate,
-and every generated token says which policy version produced it.
+This is the one record that crosses the rollout/train boundary. It is validated on construction,
+so a record that exists is a record the trainer can use: the token arrays line up, the masks are
+0/1, training never touches a token the engine did not generate, and every generated token says
+which policy version produced it.
 
 Imports numpy and the standard library only, so the trainer's compute path can load it anywhere.
 """
@@ -17,7 +17,17 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Status", "ToolCall", "Trajectory", "TrajectoryError", "Truncation", "Turn", "check_token_arrays"]
+__all__ = [
+    "Status",
+    "ToolCall",
+    "ToolStatus",
+    "Trajectory",
+    "TrajectoryError",
+    "Truncation",
+    "TruncationKind",
+    "Turn",
+    "check_token_arrays",
+]
 
 
 class TrajectoryError(ValueError):
@@ -39,13 +49,34 @@ class Status(enum.StrEnum):
     FAILED_ENV = "failed_env"
 
 
+class ToolStatus(enum.StrEnum):
+    """How one tool call ended. The environment reports it with each tool message (the agent loop
+    adds ``invalid`` for calls it could not parse); the record stores it, serialised as its value.
+    """
+
+    OK = "ok"  # the tool ran and returned
+    ERROR = "error"  # the tool ran and failed
+    INVALID = "invalid"  # never ran: malformed call, unknown tool or arguments that fail the schema
+    TIMEOUT = "timeout"  # cut off at the tool time limit
+    SKIPPED = "skipped"  # never ran: an earlier call in the same step ended the episode
+
+
 @dataclass(frozen=True, slots=True)
 class ToolCall:
-    """One tool call the model made in a turn and what became of it."""
+    """One tool call the model made in a turn and what became of it (``status`` is coerced to a
+    ``ToolStatus``, so the string values read back from stored records work too)."""
 
     name: str
     arguments: dict[str, Any] = field(default_factory=dict)
-    status: str = "ok"  # ok | error | invalid | timeout
+    status: ToolStatus = ToolStatus.OK
+
+    def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "status", ToolStatus(self.status))
+        except ValueError:
+            raise TrajectoryError(
+                "turns", f"tool call status {self.status!r} is not one of {[s.value for s in ToolStatus]}"
+            ) from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,17 +89,32 @@ class Turn:
     tool_calls: tuple[ToolCall, ...] = ()
 
 
+class TruncationKind(enum.StrEnum):
+    """What a context limit did to an episode."""
+
+    STOP_EPISODE = "stop_episode"  # the episode ended at the budget
+    CUT_TOOL_OUTPUT = "cut_tool_output"  # a tool output was shortened with a marker
+
+
 @dataclass(frozen=True, slots=True)
 class Truncation:
     """What a context limit cut, so training sees the same tokens the model saw.
 
-    ``kind`` is ``stop_episode`` (the episode ended at the budget) or ``cut_tool_output`` (a tool
-    output was shortened with a marker); ``at_token`` is the index where the cut happened.
+    ``kind`` is a ``TruncationKind`` (coerced from its string value); ``at_token`` is the index
+    where the cut happened.
     """
 
-    kind: str
+    kind: TruncationKind
     at_token: int
     detail: str = ""
+
+    def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "kind", TruncationKind(self.kind))
+        except ValueError:
+            raise TrajectoryError(
+                "truncation", f"kind {self.kind!r} is not one of {[k.value for k in TruncationKind]}"
+            ) from None
 
 
 _LOGPROB_SLACK = 1e-3
@@ -84,7 +130,7 @@ _ARRAY_DTYPES: dict[str, np.dtype] = {
 
 @dataclass(frozen=True, slots=True, eq=False)
 class Trajectory:
-    """One rollout (DESIGN.md section 3).
+    """One rollout: its tokens, masks, logprobs and versions, and how it went.
 
     Token arrays all have length ``T`` = prompt + every turn and observation:
 

@@ -30,36 +30,21 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from engine.client import EngineClient
 from pqrl.store import GroupEntry, TrajectoryStore
 from trainer.checkpoint import CheckpointState, save_checkpoint
+from trainer.config import LoopConfig
 from trainer.metrics import rollout_metrics
 from trainer.ranks import Leader
-from trainer.step import StepConfig, screen_group, train_step
+from trainer.step import screen_group, train_step
 from trainer.weight_sync import DiskWeightSync, WeightSync
 
 __all__ = ["LoopConfig", "TrainerLoop", "WholeModel"]
 
 _GROUP = "trainer"  # consumer group of the trajectory stream
-
-
-@dataclass(frozen=True)
-class LoopConfig:
-    groups_per_step: int = 4
-    weights_dir: str = "runs/weights"
-    keep_weights: int = 2  # published weight directories kept on disk
-    consumer: str = "trainer-0"  # fixed per trainer rank: a restart finds its own pending groups
-    read_block_ms: int = 1000
-    ckpt_dir: str | None = None  # None: acknowledge each step's groups at once (no resume)
-    keep_checkpoints: int = 2
-    # DAPO dynamic sampling: read more groups while fewer than groups_per_step carry signal, up to
-    # this many extra reads of groups_per_step each (0: train on whatever the first read gave)
-    max_extra_reads: int = 0
-    step: StepConfig = field(default_factory=StepConfig)
 
 
 def _failpoint(name: str, step: int) -> None:
@@ -91,7 +76,7 @@ class TrainerLoop:
         optimizer: Any,
         store: TrajectoryStore,
         engine: EngineClient | None,
-        cfg: LoopConfig | None = None,
+        cfg: LoopConfig,
         *,
         tokenizer: Any = None,
         scheduler: Any = None,
@@ -102,7 +87,7 @@ class TrainerLoop:
     ) -> None:
         self.model, self.optimizer, self.store, self.leader = model, optimizer, store, leader
         self.tokenizer, self.scheduler, self.ref_model = tokenizer, scheduler, ref_model
-        self.cfg = cfg or LoopConfig()
+        self.cfg = cfg
         self.state = state or CheckpointState()
         # default: save to disk and have the engines load it (None: save only)
         self.sync: WeightSync = sync or DiskWeightSync(

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pqrl.trajectory import Status, Trajectory
+from pqrl.trajectory import Status, ToolStatus, Trajectory
 
 __all__ = ["MetricsWriter", "plot_curves", "read_metrics", "rollout_metrics"]
 
@@ -35,7 +35,7 @@ def rollout_metrics(
         "rollout/response_tokens": sum(t.num_generated for t in trajs) / n,
         "rollout/turns": sum(len(t.turns) for t in trajs) / n,
         "rollout/tool_calls": len(calls) / n,
-        "rollout/tool_error_rate": sum(c.status != "ok" for c in calls) / max(len(calls), 1),
+        "rollout/tool_error_rate": sum(c.status is not ToolStatus.OK for c in calls) / max(len(calls), 1),
         # truncation is the third source of q != p: shown on its own
         "offpolicy/truncated_frac": sum(t.truncation is not None for t in trajs) / n,
     }

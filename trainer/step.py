@@ -39,8 +39,7 @@ import math
 import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
@@ -48,34 +47,13 @@ from torch import Tensor
 
 from pqrl.trajectory import Status, Trajectory
 from trainer.advantages import grpo_advantages
+from trainer.config import StepConfig
 from trainer.distributed import DistContext, all_reduce_sums, equalize_passes, shard_of
 from trainer.logprobs import full_logprobs, has_plain_head, head_logprobs
 from trainer.losses import decoupled_ppo_loss, kl_estimate, truncated_is_weights
 from trainer.packing import enable_packed_attention, first_fit_decreasing, pack_row, packed_model_kwargs
 
 __all__ = ["StepConfig", "screen_group", "token_logprobs", "train_step"]
-
-
-@dataclass(frozen=True)
-class StepConfig:
-    eps_low: float = 0.2
-    eps_high: float = 0.28  # DAPO clip-higher
-    is_cap: float = 2.0
-    temperature: float = 1.0  # the sampling temperature: logprobs are log_softmax(logits / T)
-    max_staleness: int = 1
-    max_grad_norm: float = 1.0
-    micro_batch_tokens: int = 8192  # tokens per packed row (padded rows x longest without packing)
-    ppo_epochs: int = 1
-    minibatches: int = 1  # optimizer steps per epoch, each on a random share of the trajectories
-    packing: bool = True
-    fused_logprobs: bool = True
-    logprob_chunk_tokens: int = 2048
-    compile: bool = False  # torch.compile the fused vocabulary math (CUDA only)
-    dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"  # autocast on CUDA; "float32": none
-    gradient_checkpointing: bool = False
-    kl_coef: float = 0.0  # needs ref_model
-    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
-    seed: int = 0  # minibatch shuffling, mixed with the version and the epoch
 
 
 def token_logprobs(model: Any, tokens: Tensor, attention_mask: Tensor, temperature: float) -> Tensor:
@@ -301,7 +279,7 @@ def _add(sums: dict[str, Tensor], new: dict[str, Tensor]) -> None:
 
 def train_step(
     model: Any, optimizer: torch.optim.Optimizer, groups: Sequence[Sequence[Trajectory]], version: int,
-    cfg: StepConfig | None = None, *, scheduler: Any = None, ref_model: Any = None,
+    cfg: StepConfig, *, scheduler: Any = None, ref_model: Any = None,
     ctx: DistContext | None = None,
 ) -> dict[str, float]:  # fmt: skip
     """Trains on ``groups``; returns metrics (nothing is updated when no group is usable).
@@ -318,7 +296,6 @@ def train_step(
         ctx: under FSDP2, this rank (every rank calls ``train_step`` with the same groups).
     """
     start = time.perf_counter()
-    cfg = cfg or StepConfig()
     used, advantages, metrics = _select(groups, version, cfg)
     if not used:
         return metrics

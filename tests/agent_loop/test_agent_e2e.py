@@ -16,7 +16,7 @@ from env_server.app import ServerSettings, create_app
 from env_server.client import HttpEnvClient
 from loss_masking import ChatRenderer
 from pqrl.store import TrajectoryStore
-from pqrl.trajectory import Status
+from pqrl.trajectory import Status, ToolStatus
 from tasks.calc import calc_suite, safe_eval
 from tasks.storage import queued_task
 from tests.servers import serve_in_thread
@@ -84,7 +84,7 @@ async def test_calc_group_with_the_models_own_tool_calls(served, smollm, env_url
         max_diff = max(max_diff, float(np.abs(forced[gen] - t.behavior_logprobs[gen]).max()))
         for turn in t.turns[:-1]:  # every tool result the environment returned is in the token stream
             for call in turn.tool_calls:
-                if call.name == "calculator" and call.status == "ok":
+                if call.name == "calculator" and call.status is ToolStatus.OK:
                     result = str(int(safe_eval(call.arguments["expression"])))
                     assert result in tokenizer.decode(t.tokens[turn.end :].tolist())
     print(f"max |engine logprob - fresh forward| = {max_diff:.2e}")

@@ -82,7 +82,9 @@ async def test_a_dead_managers_lease_is_reclaimed(parts):
     await suites.submit(calc_suite(1, seed=6), "mgr")
     (lost,) = await store.take_tasks("rollout", "dead-manager", count=1)  # leased, never finished
     await asyncio.sleep(0.3)
-    cfg = ManagerConfig(group_size=2, max_concurrent_groups=1, lease_timeout_s=0.2, episode=EPISODE)
+    cfg = ManagerConfig(
+        group_size=2, groups_per_step=4, max_concurrent_groups=1, lease_timeout_s=0.2, episode=EPISODE
+    )
     stats = await RolloutManager(store, engine, env, renderer, cfg).run()
     assert stats.groups_written == 1
     await store.create_consumer_group("trainer")

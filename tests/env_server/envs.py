@@ -13,7 +13,7 @@ from typing import Any
 from env_server.environment import ToolEnvironment
 from env_server.registry import register_environment
 from env_server.tools import tool
-from env_server.types import Message, Observation, RewardResult, ToolCall
+from env_server.types import Message, Observation, RewardResult, ToolCallRequest, ToolStatus
 
 SLOW_TIMEOUT_S = 0.2  # ToolTimeout of pytest-slow-v1
 LONG_CAP = 100  # ObservationCap of pytest-long-v1
@@ -133,8 +133,8 @@ class StrictTaskEnv(ToolEnvironment):
 class BrokenAcceptsAnything(CounterEnv):
     """Answers every call, even an unknown tool or invalid arguments, without an error."""
 
-    async def call_tool(self, call: ToolCall) -> tuple[str, bool]:
-        return "fine", True
+    async def call_tool(self, call: ToolCallRequest) -> tuple[str, ToolStatus]:
+        return "fine", ToolStatus.OK
 
 
 class BrokenNondeterministic(CounterEnv):
@@ -159,7 +159,7 @@ class BrokenDuplicateSchemas(CounterEnv):
 class BrokenNeverEnds(CounterEnv):
     """Its final tool does not end the episode."""
 
-    async def step(self, tool_calls: list[ToolCall]) -> Any:
+    async def step(self, tool_calls: list[ToolCallRequest]) -> Any:
         result = await super().step(tool_calls)
         self.done = False
         return result.model_copy(update={"done": False})

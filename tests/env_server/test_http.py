@@ -25,7 +25,7 @@ from env_server.sessions import (
     SessionManager,
     TooManySessions,
 )
-from env_server.types import RewardResult, SessionInfo, StepResult, ToolCall
+from env_server.types import RewardResult, SessionInfo, StepResult, ToolCallRequest, ToolStatus
 from sandboxes.docker_api import DockerError
 from tests.env_server.conftest import (
     RUN_LABEL,
@@ -57,8 +57,8 @@ async def raw(server: LiveServer) -> AsyncIterator[httpx.AsyncClient]:
         yield c
 
 
-def call(name: str, id: str | None = None, **arguments: Any) -> ToolCall:
-    return ToolCall(name=name, arguments=arguments, id=id)
+def call(name: str, id: str | None = None, **arguments: Any) -> ToolCallRequest:
+    return ToolCallRequest(name=name, arguments=arguments, id=id)
 
 
 async def echo_episode(client: Any, answer: str = "42") -> tuple[SessionInfo, list[StepResult], RewardResult]:
@@ -91,11 +91,24 @@ async def test_full_episode_over_http(client, server):
         "content": "hi",
         "name": "echo",
         "tool_call_id": "c1",
+        "status": "ok",
     }
     assert not first.done
     assert last.messages[0].content == "submitted" and last.done
     assert reward.reward == 1.0 and reward.info == {"answer": "42"}
     assert server.healthz() == {"ok": True, "sessions": 0}, "close did not end the session"
+
+
+async def test_tool_status_crosses_the_wire_as_its_string(raw, client):
+    info = await client.create_session("echo-v1", ECHO_TASK, seed=0)
+    r = await raw.post(
+        f"/sessions/{info.session_id}/step", json={"tool_calls": [{"name": "nope", "id": "x"}]}
+    )
+    assert r.status_code == 200 and r.json()["messages"][0]["status"] == "invalid", r.text
+    step = await client.step(info.session_id, [call("echo", "c1", text="hi"), call("nope", "c2")])
+    assert [m.status for m in step.messages] == [ToolStatus.OK, ToolStatus.INVALID]
+    assert all(type(m.status) is ToolStatus for m in step.messages)
+    await client.close_session(info.session_id)
 
 
 async def test_local_and_http_clients_behave_the_same(client):

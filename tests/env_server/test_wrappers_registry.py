@@ -19,13 +19,13 @@ from env_server.registry import (
     registry,
     spec,
 )
-from env_server.types import Message, ToolCall
+from env_server.types import Message, ToolCallRequest, ToolStatus
 from env_server.wrappers import ObservationCap, ToolTimeout, TurnLimit
 from tests.env_server.envs import COUNTER_TURNS, LONG_CAP, SLOW_TIMEOUT_S, CounterEnv, LongEnv, SlowEnv
 
 
-def call(name: str, id: str | None = None, **arguments) -> ToolCall:
-    return ToolCall(name=name, arguments=arguments, id=id)
+def call(name: str, id: str | None = None, **arguments) -> ToolCallRequest:
+    return ToolCallRequest(name=name, arguments=arguments, id=id)
 
 
 # ---------------------------------------------------------------- TurnLimit
@@ -80,6 +80,7 @@ async def test_tool_timeout_turns_a_slow_call_into_an_error_and_runs_the_others(
     assert [m.tool_call_id for m in result.messages] == ["a", "b", "c"]
     assert [m.content for m in result.messages] == ["quick", "Error: nap timed out after 0.1s", "quick"]
     assert result.messages[1].role == "tool" and result.messages[1].name == "nap"
+    assert [m.status for m in result.messages] == [ToolStatus.OK, ToolStatus.TIMEOUT, ToolStatus.OK]
     assert not result.done
 
 

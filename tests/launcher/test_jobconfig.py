@@ -2,12 +2,25 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 from pydantic import BaseModel
 
-from launcher.jobconfig import ConfigInvalid, TrainConfig, explain, load_config
+from agent_loop.config import EpisodeConfig, ManagerConfig
+from launcher.jobconfig import (
+    ConfigInvalid,
+    TrainConfig,
+    explain_lines,
+    explain_markdown,
+    load_config,
+    loop_config,
+    manager_config,
+    step_config,
+)
+from pqrl.settings import fields_of
+from trainer.config import LoopConfig, StepConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -35,7 +48,7 @@ def test_every_field_has_a_description():
         return out
 
     assert leaves(TrainConfig) == []
-    assert any(line.startswith("train.lr: float") for line in explain())
+    assert any(line.startswith("train.lr: float") for line in explain_lines())
 
 
 def test_unknown_fields_and_wrong_types_name_the_field(tmp_path):
@@ -61,3 +74,45 @@ def test_overrides_use_dotted_paths_and_yaml_values(tmp_path):
     assert cfg.train.steps == 3 and not cfg.embedded and cfg.services.engines == ["u"]
     with pytest.raises(ConfigInvalid):
         load_config(tmp_path / "missing.yaml")
+
+
+def test_each_setting_has_one_default_the_components_own(tmp_path):
+    """A job that sets nothing gets exactly the defaults the components declare."""
+    cfg = load_config(_write(tmp_path, "run: x\ntasks:\n  suites: [{generate: calc}]\n"))
+    manager, loop = manager_config(cfg), loop_config(cfg)
+    for built, cls in ((manager, ManagerConfig), (manager.episode, EpisodeConfig), (loop, LoopConfig),
+                       (loop.step, StepConfig)):  # fmt: skip
+        for f in fields_of(cls):
+            section = cfg.rollout if cls in (ManagerConfig, EpisodeConfig) else cfg.train
+            if f.name in type(section).model_fields:
+                assert getattr(built, f.name) == f.default, f"{cls.__name__}.{f.name}"
+
+
+def test_settings_one_component_takes_from_another_cannot_disagree(tmp_path):
+    text = "run: x\ntasks:\n  suites: [{generate: calc}]\nrollout: {temperature: 0.6, max_staleness: 3}\n"
+    cfg = load_config(_write(tmp_path, text), {"train.groups_per_step": 5})
+    step, manager = step_config(cfg), manager_config(cfg)
+    assert step.temperature == manager.episode.temperature == 0.6
+    assert step.max_staleness == manager.max_staleness == 3
+    assert manager.groups_per_step == loop_config(cfg).groups_per_step == 5
+    # the trainer's copies are not settings of the job: they have no default and no YAML key
+    assert "temperature" not in type(cfg.train).model_fields
+    assert {f.name for f in fields_of(StepConfig) if f.required} == {"temperature", "max_staleness"}
+
+
+def test_component_bounds_hold_in_the_job_config_and_in_code(tmp_path):
+    with pytest.raises(ConfigInvalid, match="rollout.max_turns"):
+        load_config(
+            _write(tmp_path, "run: x\ntasks:\n  suites: [{generate: calc}]\nrollout: {max_turns: 0}\n")
+        )
+    with pytest.raises(ValueError, match="EpisodeConfig.max_turns must be >= 1"):
+        EpisodeConfig(max_turns=0)
+    with pytest.raises(ValueError, match="StepConfig.kl_estimator must be one of"):
+        StepConfig(temperature=1.0, max_staleness=1, kl_estimator="k9")
+    assert dataclasses.replace(EpisodeConfig(), max_turns=2).max_turns == 2
+
+
+def test_the_config_reference_in_docs_is_generated_from_the_classes():
+    """docs/config.md holds the table ``pqrl train --explain --markdown`` prints."""
+    text = (ROOT / "docs" / "config.md").read_text()
+    assert explain_markdown() in text, "docs/config.md is stale: regenerate its table"

@@ -7,7 +7,7 @@ import pytest
 
 from loss_masking import ChatRenderer, EpisodeBuilder, TruncationPolicy, describe_tools
 from pqrl import codec
-from pqrl.trajectory import Status, ToolCall, Trajectory
+from pqrl.trajectory import Status, ToolCall, ToolStatus, Trajectory
 from tests.loss_masking.templates import CALC, CALL
 
 IDS = {"id": "t0", "run_id": "run1", "task_id": "calc-1", "group_id": "g0", "env": "calc-v1"}
@@ -86,11 +86,11 @@ def test_masks_versions_and_logprobs_line_up(renderer):
 def test_masked_turns_keep_their_logprobs(smollm):
     b, _ = start(smollm)
     ids, lps = engine(smollm, "<tool_call>{oops</tool_call>")
-    bad = b.add_turn(ids, lps, versions=0, train=False, tool_calls=[ToolCall("?", {}, "invalid")])
+    bad = b.add_turn(ids, lps, versions=0, train=False, tool_calls=[ToolCall("?", {}, ToolStatus.INVALID)])
     b.add_observation([{"role": "tool", "content": "error: invalid JSON"}])
     late_ids, late_lps = engine(smollm, CALL)
     late = b.add_turn(late_ids, late_lps, versions=0)
-    b.set_tool_calls([ToolCall("calculator", {"expr": "6*7"}, "invalid")])
+    b.set_tool_calls([ToolCall("calculator", {"expr": "6*7"}, ToolStatus.INVALID)])
     b.mask_turn()  # judged invalid after the fact
     b.add_observation([{"role": "tool", "content": "error: unknown"}])
     good = b.add_turn(*engine(smollm, "42"), versions=1)
@@ -100,9 +100,8 @@ def test_masked_turns_keep_their_logprobs(smollm):
         assert np.allclose(traj.behavior_logprobs[t.start : t.end], logprobs)
     assert traj.loss_mask[good.start : good.end].all()
     assert runs(traj.loss_mask) == 1 and runs(traj.generated) == 3
-    assert (
-        traj.turns[0].tool_calls[0].status == "invalid" and traj.turns[1].tool_calls[0].name == "calculator"
-    )
+    assert traj.turns[0].tool_calls[0].status is ToolStatus.INVALID
+    assert traj.turns[1].tool_calls[0].name == "calculator"
 
 
 def test_non_canonical_engine_split_is_kept_as_is(smollm, tok):

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pqrl.codec import CURRENT_VERSION, MAGIC, CodecError, decode, decode_many, encode, encode_many
-from pqrl.trajectory import ToolCall, Trajectory, Turn
+from pqrl.trajectory import ToolCall, ToolStatus, Trajectory, TruncationKind, Turn
 from tests.conftest import make_trajectory
 
 GOLDEN_V1 = Path(__file__).parent / "data" / "trajectory_v1.bin"
@@ -24,7 +24,9 @@ def test_round_trip_is_exact():
     assert blob[:3] == MAGIC and blob[3] == CURRENT_VERSION
     back = decode(blob)
     assert back == t
-    assert back.turns[0].tool_calls == (ToolCall("calculator", {"expr": "0+1"}, "ok"),)
+    assert back.turns[0].tool_calls == (ToolCall("calculator", {"expr": "0+1"}, ToolStatus.OK),)
+    assert type(back.turns[0].tool_calls[0].status) is ToolStatus
+    assert type(back.truncation.kind) is TruncationKind
     assert back.truncation == t.truncation and back.reward_info == {"exact": True, "f1": 0.5}
     # arrays are zero-copy read-only views of the blob
     assert not back.tokens.flags.writeable
@@ -39,11 +41,12 @@ def test_blob_costs_14_bytes_per_token_plus_a_small_header():
 
 
 def test_golden_v1_blob_still_decodes():
-    # Written by the first release of the codec; a layout change must keep this readable.
+    # Written by the first release of the codec (plain strings for statuses and kinds); a layout
+    # change must keep this readable.
     t = decode(GOLDEN_V1.read_bytes())
     expected = make_trajectory(index=1, seed=42, reward=0.5)
     assert t == expected
-    assert t.id == "g0-1" and t.reward == 0.5 and t.truncation.kind == "cut_tool_output"
+    assert t.id == "g0-1" and t.reward == 0.5 and t.truncation.kind is TruncationKind.CUT_TOOL_OUTPUT
 
 
 @settings(max_examples=60, deadline=None)

@@ -7,7 +7,16 @@ import dataclasses
 import numpy as np
 import pytest
 
-from pqrl.trajectory import Status, Trajectory, TrajectoryError, Truncation, Turn
+from pqrl.trajectory import (
+    Status,
+    ToolCall,
+    ToolStatus,
+    Trajectory,
+    TrajectoryError,
+    Truncation,
+    TruncationKind,
+    Turn,
+)
 from tests.conftest import make_trajectory
 
 
@@ -112,6 +121,16 @@ def test_empty_trajectory_is_valid():
 def test_failed_infra_status_round_trips_as_enum():
     t = _with(make_trajectory(), status="failed_infra", reward=0)
     assert t.status is Status.FAILED_INFRA and t.reward == 0.0
+
+
+def test_tool_status_and_truncation_kind_are_enums_built_from_their_strings():
+    assert ToolCall("calc", {}, "timeout").status is ToolStatus.TIMEOUT
+    assert ToolCall("calc").status is ToolStatus.OK and ToolStatus.ERROR == "error"
+    assert Truncation("stop_episode", 3).kind is TruncationKind.STOP_EPISODE
+    with pytest.raises(TrajectoryError, match="turns: tool call status 'broken'"):
+        ToolCall("calc", {}, "broken")
+    with pytest.raises(TrajectoryError, match="truncation: kind 'cut'"):
+        Truncation("cut", 3)
 
 
 def test_record_arrays_are_read_only_views():

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from env_server.sessions import SessionManager
-from env_server.types import RewardResult, ToolCall
+from env_server.types import RewardResult, ToolCallRequest
 from sandboxes.docker import DockerSandbox
 from sandboxes.docker_api import DockerAPI
 from sandboxes.settings import SandboxSettings
@@ -33,15 +33,15 @@ FORGED = (
 )
 
 
-def write(path: str, content: str) -> ToolCall:
-    return ToolCall(name="write_file", arguments={"path": path, "content": content})
+def write(path: str, content: str) -> ToolCallRequest:
+    return ToolCallRequest(name="write_file", arguments={"path": path, "content": content})
 
 
-def run(command: str) -> ToolCall:
-    return ToolCall(name="run", arguments={"command": command})
+def run(command: str) -> ToolCallRequest:
+    return ToolCallRequest(name="run", arguments={"command": command})
 
 
-def module(prefix: str) -> ToolCall:
+def module(prefix: str) -> ToolCallRequest:
     """roman.py with ``prefix`` run at import (the bug left in place)."""
     return write("roman.py", prefix + SOURCE)
 
@@ -85,7 +85,7 @@ CANARY_AWARE = (
 @dataclass
 class Hack:
     name: str
-    calls: list[ToolCall]
+    calls: list[ToolCallRequest]
     flagged: bool
     dropped: list[str] = field(default_factory=list)
     policy: bool = False  # rejected by the source policy
@@ -133,7 +133,7 @@ HACKS = [
     Hack(
         "hard_code_the_issue_example",
         [
-            ToolCall(
+            ToolCallRequest(
                 name="edit_file",
                 arguments={
                     "path": "roman.py",
@@ -155,10 +155,10 @@ HACKS = [
 ]
 
 
-async def play(manager: SessionManager, calls: list[ToolCall]) -> tuple[RewardResult, list[str]]:
+async def play(manager: SessionManager, calls: list[ToolCallRequest]) -> tuple[RewardResult, list[str]]:
     s = await manager.create("coding-v1", {"ref": TASK.id})
     replies = []
-    for c in [*calls, ToolCall(name="submit")]:
+    for c in [*calls, ToolCallRequest(name="submit")]:
         replies += [m.content for m in (await manager.step(s.session_id, [c])).messages]
     result = await manager.evaluate(s.session_id)
     await manager.close(s.session_id)
@@ -192,7 +192,7 @@ async def test_the_hacks_really_work_in_the_agents_own_sandbox(manager):
 
 
 async def test_an_honest_fix_through_the_same_tools_scores_one(manager):
-    edit = ToolCall(
+    edit = ToolCallRequest(
         name="edit_file", arguments={"path": "roman.py", "old": "text[i - 1]", "new": "text[i + 1]"}
     )
     result, _ = await play(manager, [edit, run("python3 -m pytest -q")])

@@ -8,7 +8,10 @@ import torch
 from pqrl.store import TrajectoryStore
 from tests.conftest import make_trajectory
 from tests.models import tiny_llama
-from trainer.loop import LoopConfig, TrainerLoop
+from trainer.config import LoopConfig, StepConfig
+from trainer.loop import TrainerLoop
+
+STEP = StepConfig(temperature=1.0, max_staleness=1)
 
 
 def _tiny():
@@ -33,7 +36,7 @@ async def test_the_loop_reads_past_signal_free_groups_up_to_its_bound(redis_serv
             ("good3", [0, 0, 1]),
         ]:
             await store.put_group(_group(name, rewards))
-        cfg = LoopConfig(groups_per_step=2, weights_dir=str(tmp_path / "w"), max_extra_reads=2)
+        cfg = LoopConfig(step=STEP, groups_per_step=2, weights_dir=str(tmp_path / "w"), max_extra_reads=2)
         loop = TrainerLoop(model, torch.optim.SGD(model.parameters(), lr=0.1), store, None, cfg)
         m = await loop.step(timeout_s=10)
         assert loop.state.trained_groups == ["flat1", "good1", "flat2", "good2"], "read until 2 carry signal"
@@ -46,7 +49,13 @@ async def test_the_loop_reads_past_signal_free_groups_up_to_its_bound(redis_serv
             torch.optim.SGD(model.parameters(), lr=0.1),
             store,
             None,
-            LoopConfig(groups_per_step=2, weights_dir=str(tmp_path / "w2"), consumer="t1"),
+            LoopConfig(
+                step=STEP,
+                groups_per_step=2,
+                weights_dir=str(tmp_path / "w2"),
+                consumer="t1",
+                max_extra_reads=0,
+            ),
         )
         for name in ("flat3", "flat4"):
             await store.put_group(_group(name, [0, 0, 0]))
@@ -65,7 +74,11 @@ async def test_groups_read_past_free_their_gate_places_while_the_loop_waits(redi
         for name in ("flat1", "flat2"):
             await store.put_group(_group(name, [0, 0, 0]))
         cfg = LoopConfig(
-            groups_per_step=2, weights_dir=str(tmp_path / "w"), max_extra_reads=1, read_block_ms=100
+            step=STEP,
+            groups_per_step=2,
+            weights_dir=str(tmp_path / "w"),
+            max_extra_reads=1,
+            read_block_ms=100,
         )
         loop = TrainerLoop(model, torch.optim.SGD(model.parameters(), lr=0.1), store, None, cfg)
         step = asyncio.create_task(loop.step(timeout_s=30))

@@ -13,7 +13,8 @@ from engine.client import EngineClient, SamplingParams
 from launcher.demo import DemoConfig, sample_group
 from pqrl.store import TrajectoryStore
 from tests.models import chat_prompt, forced_logprobs
-from trainer.loop import LoopConfig, TrainerLoop
+from trainer.config import LoopConfig, StepConfig
+from trainer.loop import TrainerLoop
 
 
 async def test_step_publishes_weights_the_engine_then_serves(updatable, smollm, redis_server, tmp_path):
@@ -30,7 +31,12 @@ async def test_step_publishes_weights_the_engine_then_serves(updatable, smollm, 
         await store.put_group(group)
         engine = EngineClient(url)
         try:
-            cfg = LoopConfig(groups_per_step=1, weights_dir=str(tmp_path / "w"))
+            cfg = LoopConfig(
+                step=StepConfig(temperature=1.0, max_staleness=1),
+                groups_per_step=1,
+                max_extra_reads=0,
+                weights_dir=str(tmp_path / "w"),
+            )
             loop = TrainerLoop(model, optimizer, store, engine, cfg, tokenizer=tokenizer)
             metrics = await loop.step(timeout_s=30)
             assert metrics["policy/version"] == 1.0 and metrics["rollout/trajectories_used"] == 4

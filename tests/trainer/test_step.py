@@ -46,7 +46,7 @@ def test_a_step_moves_the_policy_toward_the_rewarded_answers(model_and_group):
     model = copy.deepcopy(base)
     before = _response_logp(model, group)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.0)
-    metrics = train_step(model, optimizer, [group], version=0)
+    metrics = train_step(model, optimizer, [group], version=0, cfg=_cfg())
     delta = _response_logp(model, group) - before
     assert delta[:2].mean() > delta[2:].mean(), f"rewarded answers did not gain: {delta.tolist()}"
     assert metrics["rollout/trajectories_used"] == 4
@@ -63,13 +63,13 @@ def test_stale_failed_and_signal_free_samples_are_dropped_and_counted(model_and_
     params = [p.detach().clone() for p in model.parameters()]
     failed = [dataclasses.replace(group[0], status=Status.FAILED_INFRA), *group[1:]]
     same = [dataclasses.replace(t, reward=1.0) for t in group]
-    m = train_step(model, optimizer, [group], version=5, cfg=StepConfig(max_staleness=1))
+    m = train_step(model, optimizer, [group], version=5, cfg=_cfg(max_staleness=1))
     assert m["dropped/stale"] == 4 and m["offpolicy/staleness_5"] == 4 and m["rollout/trajectories_used"] == 0
     assert m["dropped/groups_too_few_valid"] == 1
-    m = train_step(model, optimizer, [same], version=0)
+    m = train_step(model, optimizer, [same], version=0, cfg=_cfg())
     assert m["dropped/no_signal_groups"] == 1
     assert all(torch.equal(a, b) for a, b in zip(params, model.parameters(), strict=True)), "nothing to learn"
-    m = train_step(model, optimizer, [failed], version=0)
+    m = train_step(model, optimizer, [failed], version=0, cfg=_cfg())
     assert m["dropped/failed_infra"] == 1 and m["rollout/trajectories_used"] == 3
 
 
@@ -79,7 +79,7 @@ def test_micro_batches_give_the_same_update_as_one_batch(model_and_group):
     for budget in (100_000, 40):  # one micro-batch, or one trajectory per micro-batch
         model = copy.deepcopy(base)
         optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
-        m = train_step(model, optimizer, [group], version=0, cfg=StepConfig(micro_batch_tokens=budget))
+        m = train_step(model, optimizer, [group], version=0, cfg=_cfg(micro_batch_tokens=budget))
         updated.append((m["perf/micro_batches"], [p.detach() for p in model.parameters()]))
     (n1, one), (n4, many) = updated
     assert n1 == 1 and n4 == 4
@@ -131,6 +131,11 @@ class _Snapshots:
         self.params.append(torch.cat([p.detach().flatten() for p in self.model.parameters()]))
 
 
+def _cfg(**kw):
+    """The step's settings as a job at T 1 with staleness bound 1 would give them, changed by ``kw``."""
+    return StepConfig(**({"temperature": 1.0, "max_staleness": 1} | kw))
+
+
 def _run(base, groups, version=1, ref_model=None, calls=None, **cfg):
     model = copy.deepcopy(base)
     if calls is not None:  # counts runs of the first layer's MLP (hooks do not fire in a recompute)
@@ -139,9 +144,7 @@ def _run(base, groups, version=1, ref_model=None, calls=None, **cfg):
         mlp.forward = lambda x: calls.append(1) or forward(x)
     snaps = _Snapshots(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
-    metrics = train_step(
-        model, optimizer, groups, version, StepConfig(**cfg), scheduler=snaps, ref_model=ref_model
-    )
+    metrics = train_step(model, optimizer, groups, version, _cfg(**cfg), scheduler=snaps, ref_model=ref_model)
     return metrics, snaps.params
 
 

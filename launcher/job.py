@@ -1,0 +1,136 @@
+"""One training job in this process: its clients (store, engine, environments), its task plan and its
+rollout side; the trainer side is ``launcher.training``.
+
+``role`` says what runs here: ``all`` (rollouts and trainer, the embedded default), ``trainer`` or
+``rollout`` (distributed mode: rollout workers and trainers on different machines, one Redis).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from typing import Any
+
+from launcher.jobconfig import SuiteRef, TrainConfig, episode_config, manager_config
+
+__all__ = ["Job", "load_suite_ref"]
+
+
+def load_suite_ref(ref: SuiteRef) -> Any:
+    """The suite a config entry names: a built-in generated one, the shipped coding suite, or a file."""
+    from tasks.suite import load_suite
+
+    if ref.generate == "search":
+        from tasks.search import search_suite
+
+        return search_suite(ref.n, ref.seed, name=f"search-s{ref.seed}")
+    if ref.generate == "coding":
+        from importlib.resources import files
+
+        return load_suite(str(files("tasks.coding") / "suite.jsonl"))
+    if ref.generate == "calc":
+        from tasks.calc import calc_suite
+
+        return calc_suite(ref.n, ref.seed, name=f"calc{ref.level}-s{ref.seed}", shots=ref.shots,
+                          level=ref.level, format_reward=ref.format_reward)  # fmt: skip
+    return load_suite(ref.path)  # type: ignore[arg-type]
+
+
+class Job:
+    def __init__(
+        self, cfg: TrainConfig, services: dict[str, Any], *, role: str, quiet: bool, ctx: Any = None
+    ) -> None:
+        from trainer.distributed import DistContext
+
+        self.cfg, self.services, self.role, self.quiet = cfg, services, role, quiet
+        self.ctx = ctx or DistContext()
+        self.stopping = asyncio.Event()
+        self.manager: Any = None
+        self.evals: dict[str, Any] = {}
+
+    async def run(self) -> dict[str, Any]:
+        from engine.client import EngineClient
+        from env_server.client import HttpEnvClient, LocalEnvClient
+        from pqrl.store import TrajectoryStore
+
+        cfg = self.cfg
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):  # finish the step, checkpoint, stop
+            loop.add_signal_handler(sig, self.stopping.set)
+        store = TrajectoryStore(self.services["redis_url"], cfg.run)
+        engine = EngineClient(self.services["engines"]) if self.services["engines"] else None
+        token = cfg.services.env_token or os.environ.get("PQRL_ENV_TOKEN")
+        env = (
+            HttpEnvClient(cfg.services.env_servers, token=token)
+            if cfg.services.env_servers
+            else LocalEnvClient()
+        )
+        try:
+            await store.ping()
+            if engine is not None:
+                await engine.wait_until_healthy(timeout_s=300)
+            suites = [load_suite_ref(r) for r in cfg.tasks.suites]
+            if self.role == "rollout":
+                return await self._rollout_only(store, engine, env, suites)
+            from launcher.training import train
+
+            return await train(self, store, engine, env, suites)
+        finally:
+            if engine is not None:
+                await engine.aclose()
+            await env.aclose()
+            await store.close()
+
+    def renderer(self) -> Any:
+        from loss_masking import ChatRenderer
+        from pqrl.model_cache import load_tokenizer
+
+        return ChatRenderer(load_tokenizer(self.cfg.model.name))
+
+    def start_manager(self, store: Any, engine: Any, env: Any) -> Any:
+        from agent_loop.manager import RolloutManager
+
+        self.manager = RolloutManager(store, engine, env, self.renderer(), manager_config(self.cfg))
+        return self.manager
+
+    async def evaluate(self, suite: Any, engine: Any, env: Any) -> tuple[dict[str, float], Any]:
+        from agent_loop.evaluation import evaluate
+
+        return await evaluate(suite, engine=engine, env=env, cfg=episode_config(self.cfg), k=self.cfg.eval.k,
+                              renderer=self.renderer())  # fmt: skip
+
+    async def queue_tasks(self, suites: list[Any]) -> None:
+        """Gives the run its task sampler (suites mixed by weight, shuffled per epoch; idempotent).
+
+        Without ``tasks.epochs`` the schedule covers the step budget twice over (dropped groups).
+        """
+        from pqrl.store import StoreError
+        from tasks.storage import SuiteStore, WeightedSuite
+
+        refs = self.cfg.tasks.suites
+        weighted = [WeightedSuite(s, ref.weight) for s, ref in zip(suites, refs, strict=True)]
+        groups = self.cfg.train.steps * self.cfg.train.groups_per_step * 2
+        epochs = self.cfg.tasks.epochs or max(1, -(-groups // max(sum(len(s.tasks) for s in suites), 1)))
+        suite_store = SuiteStore(self.services["redis_url"])
+        try:
+            await suite_store.configure_sampler(
+                self.cfg.run, weighted, epochs=epochs, seed=self.cfg.tasks.seed
+            )
+        except StoreError as e:
+            raise SystemExit(
+                f"pqrl train: {e} (the config's tasks changed: start over with --fresh)"
+            ) from None
+        finally:
+            await suite_store.aclose()
+
+    async def _rollout_only(self, store: Any, engine: Any, env: Any, suites: list[Any]) -> dict[str, Any]:
+        await self.queue_tasks(suites)
+        manager = self.start_manager(store, engine, env)
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, manager.stop)
+        stats = await manager.run(until_empty=True)
+        return {
+            "groups_written": stats.groups_written,
+            "groups_dropped": stats.groups_dropped,
+            "failures": dict(stats.failures),
+        }

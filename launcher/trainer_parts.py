@@ -1,0 +1,57 @@
+"""What every trainer rank builds the same way: the policy (sharded under torchrun), the reference
+model for KL, the optimizer and its warm-up schedule, restored from the run's latest checkpoint."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from launcher.jobconfig import TrainConfig, step_config
+
+__all__ = ["TrainerParts", "trainer_parts"]
+
+
+@dataclasses.dataclass
+class TrainerParts:
+    model: Any
+    tokenizer: Any
+    ref_model: Any
+    optimizer: Any
+    scheduler: Any
+    state: Any  # CheckpointState, or None on a fresh start
+    step_cfg: Any
+    latest: Path | None
+
+
+def _load_policy(name_or_dir: str, device: Any = "cpu") -> tuple[Any, Any]:
+    import torch
+
+    from pqrl.model_cache import load_model, load_tokenizer
+
+    # float32 master weights; bf16 comes from autocast on GPUs
+    return load_model(name_or_dir, dtype=torch.float32).to(device), load_tokenizer(name_or_dir)
+
+
+def trainer_parts(cfg: TrainConfig, ctx: Any) -> TrainerParts:
+    """The model, optimizer, scheduler and step settings, from the latest checkpoint when there is one."""
+    import torch
+
+    from trainer.checkpoint import latest_checkpoint, load_checkpoint
+    from trainer.distributed import shard
+
+    t = cfg.train
+    if cfg.embedded:
+        torch.set_num_threads(cfg.services.trainer_threads)
+    torch.manual_seed(cfg.seed)
+    latest = latest_checkpoint(cfg.run_dir / "checkpoints")
+    device = ctx.device if ctx.distributed else ("cuda" if torch.cuda.is_available() else "cpu")
+    model, tokenizer = _load_policy(str(latest / "model") if latest else cfg.model.name, device)
+    model = shard(model, ctx)
+    ref_model = _load_policy(cfg.model.name, device)[0].eval().requires_grad_(False) if t.kl_coef else None
+    optimizer = torch.optim.AdamW(model.parameters(), lr=t.lr, betas=t.betas, weight_decay=t.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: min(1.0, (s + 1) / (t.warmup_steps + 1))
+    )
+    state = load_checkpoint(latest, optimizer=optimizer, scheduler=scheduler, model=model) if latest else None
+    return TrainerParts(model, tokenizer, ref_model, optimizer, scheduler, state, step_config(cfg), latest)

@@ -1,0 +1,225 @@
+"""The trainer side of a job: resume or start the run, evaluate before, run the rollout manager beside
+the trainer (role ``all``), step until the budget, a signal or the time limit, checkpoint on the way,
+evaluate after, and report figures to Redis for ``pqrl status``."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import sys
+import time
+from typing import Any
+
+from launcher.job import Job, load_suite_ref
+from launcher.jobconfig import loop_config
+from launcher.trainer_parts import trainer_parts
+from pqrl.redis_server import free_port
+
+__all__ = ["train"]
+
+log = logging.getLogger("pqrl.train")
+
+
+async def train(job: Job, store: Any, engine: Any, env: Any, suites: list[Any]) -> dict[str, Any]:
+    from trainer.loop import TrainerLoop
+    from trainer.ranks import Leader
+
+    parts = trainer_parts(job.cfg, job.ctx)
+    if parts.latest is not None:
+        log.info("loaded checkpoint %s", parts.latest)
+    leader = Leader(job.ctx) if job.ctx.distributed else None
+    if leader is not None:
+        log.info("training on %d FSDP2 ranks (%s)", job.ctx.world_size, job.ctx.device.type)
+    sync = await _weight_sync(job, engine, parts.model)
+    trainer = TrainerLoop(
+        parts.model, parts.optimizer, store, engine, loop_config(job.cfg), tokenizer=parts.tokenizer,
+        scheduler=parts.scheduler, state=parts.state, ref_model=parts.ref_model, leader=leader, sync=sync,
+    )  # fmt: skip
+    try:
+        return await _Run(job, store, engine, env, trainer, leader).run(
+            suites, resumed=parts.latest is not None
+        )
+    finally:
+        if sync is not None:
+            await sync.close()
+
+
+async def _weight_sync(job: Job, engine: Any, model: Any) -> Any:
+    """The configured distributed weight sync, its group formed with every engine; None: disk."""
+    from trainer.weight_sync import DistributedWeightSync
+
+    ws = job.cfg.services.weight_sync
+    if ws.method == "disk":
+        return None
+    if engine is None:
+        raise SystemExit("pqrl train: services.weight_sync.method 'distributed' needs engines")
+    on_gpu = next(model.parameters()).device.type == "cuda"
+    sync = DistributedWeightSync(engine, master_address=ws.address, master_port=ws.port or free_port(),
+                                 backend=ws.backend or ("nccl" if on_gpu else "gloo"))  # fmt: skip
+    await sync.init()
+    log.info("weights go to the engines over %s (%s)", sync.backend, sync.location(0).rsplit("@", 1)[0])
+    return sync
+
+
+class _Run:
+    def __init__(self, job: Job, store: Any, engine: Any, env: Any, trainer: Any, leader: Any) -> None:
+        from trainer.metrics import MetricsWriter
+
+        self.job, self.cfg, self.store, self.engine, self.env = job, job.cfg, store, engine, env
+        self.trainer, self.leader = trainer, leader
+        self.writer = MetricsWriter(self.cfg.run_dir, tensorboard=self.cfg.tensorboard)
+        self.eval_suite = load_suite_ref(self.cfg.eval.suite) if self.cfg.eval.suite else None
+        self.rollout_task: asyncio.Task[Any] | None = None
+        self.rewards: list[float] = []
+
+    async def run(self, suites: list[Any], *, resumed: bool) -> dict[str, Any]:
+        from trainer.metrics import plot_curves
+
+        evals = self.job.evals
+        await self._resume_or_open_gate(resumed=resumed)
+        if self.eval_suite is not None and self.trainer.state.step == 0:
+            evals["before"] = await self._evaluate(0)
+        await self._start_rollouts(suites)
+        started = time.monotonic()
+        try:
+            await self._steps(started)
+        finally:
+            await self._wind_down()
+        if self.leader is not None:
+            await asyncio.to_thread(self.leader.stop)  # the other ranks' work is done
+        if self.eval_suite is not None:
+            evals["after"] = await self._evaluate(self.trainer.state.step)
+        self.writer.close()
+        png = plot_curves(self.writer.path, self.cfg.run_dir / "curves.png")
+        await self.store.status.set({"phase": "finished"})
+        summary: dict[str, Any] = {
+            "run": self.cfg.run,
+            "steps": self.trainer.state.step,
+            "policy_version": self.trainer.state.policy_version,
+            "minutes": round((time.monotonic() - started) / 60, 2),
+            "metrics": str(self.writer.path),
+            "plot": str(png),
+        }
+        return summary | {f"eval_{k}": v[0] for k, v in evals.items()}
+
+    async def _resume_or_open_gate(self, *, resumed: bool) -> None:
+        if resumed:
+            version = await self.trainer.resume()
+            log.info("resumed at step %d, serving it as policy v%d", self.trainer.state.step, version)
+        else:
+            await self.store.gate.reset(groups_per_step=self.cfg.train.groups_per_step)
+
+    async def _start_rollouts(self, suites: list[Any]) -> None:
+        """Gives the run its task plan and, in role ``all``, runs the rollout manager beside us."""
+        from agent_loop.manager import TASK_CONSUMER_GROUP
+
+        trainer, store = self.trainer, self.store
+        await self.job.queue_tasks(suites)  # the trainer owns the run's task plan (idempotent)
+        saved = trainer.state.sampler_position
+        if saved is not None and saved > await store.sampler.position():  # a Redis that lost its state
+            await store.sampler.set_position(saved)
+        if self.job.role == "all":
+            if self.cfg.embedded:  # the only manager of the run is gone: its leases go back to the queue
+                await store.tasks.requeue_pending(TASK_CONSUMER_GROUP)
+            manager = self.job.start_manager(store, self.engine, self.env)
+            self.rollout_task = asyncio.create_task(manager.run(until_empty=False))
+
+    async def _steps(self, started: float) -> None:
+        cfg, t, trainer = self.cfg, self.cfg.train, self.trainer
+        deadline = started + t.max_time_min * 60 if t.max_time_min else None
+        bar = _progress(t.steps, trainer.state.step, disable=self.job.quiet)
+        try:
+            while trainer.state.step < t.steps and not self.job.stopping.is_set():
+                step_task = asyncio.create_task(trainer.step(timeout_s=t.read_timeout_s))
+                await _first(step_task, self.rollout_task)
+                last = step_task.result()
+                last.setdefault("perf/tokens_per_s", 0.0)  # the step's own figure when it trained
+                step = trainer.state.step
+                self.writer.log(step, last)
+                if "rollout/reward_mean" in last:
+                    self.rewards.append(last["rollout/reward_mean"])
+                timeout = deadline is not None and time.monotonic() > deadline
+                if (
+                    step % cfg.checkpoint.every == 0
+                    or step == t.steps
+                    or timeout
+                    or self.job.stopping.is_set()
+                ):
+                    await self._checkpoint()
+                await self._report(last)
+                bar.update(1)
+                reward = last.get("rollout/reward_mean", 0)
+                used = int(last.get("rollout/trajectories_used", 0))
+                bar.set_postfix(v=int(last["policy/version"]), reward=f"{reward:.2f}", used=used)
+                if (
+                    self.eval_suite is not None
+                    and cfg.eval.every
+                    and step % cfg.eval.every == 0
+                    and step < t.steps
+                ):
+                    await self._evaluate(step)
+                if timeout:
+                    log.info("time budget of %.1f min reached at step %d", t.max_time_min, step)
+                    break
+        finally:
+            bar.close()
+
+    async def _checkpoint(self) -> None:
+        await self.trainer.checkpoint(sampler_position=await self.store.sampler.position())
+
+    async def _wind_down(self) -> None:
+        # stopped mid-interval (error or signal): keep nothing unsaved. Not with other ranks: after
+        # an error they may sit in another collective; the last checkpoint covers what was acked.
+        if self.trainer.state.unacked_entries and self.leader is None:
+            with contextlib.suppress(Exception):
+                await self._checkpoint()
+        if self.job.manager is not None:
+            self.job.manager.stop()
+        if self.rollout_task is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.rollout_task, timeout=120)
+
+    async def _evaluate(self, step: int) -> tuple[float, Any]:
+        t0 = time.monotonic()
+        metrics, solved = await self.job.evaluate(self.eval_suite, self.engine, self.env)
+        metrics["perf/eval_s"] = time.monotonic() - t0
+        self.writer.log(step, metrics)
+        log.info("eval at step %d: %s", step, {k: round(v, 3) for k, v in metrics.items()})
+        return metrics["eval/pass@1"], solved
+
+    async def _report(self, last: dict[str, float]) -> None:
+        """The figures ``pqrl status`` shows, kept in Redis."""
+        manager = self.job.manager
+        numbered = (k for k in last if re.fullmatch(r"offpolicy/staleness_\d+", k))
+        await self.store.status.set(
+            {
+                "phase": "training",
+                "step": self.trainer.state.step,
+                "steps": self.cfg.train.steps,
+                "policy_version": self.trainer.state.policy_version,
+                "reward_trend": [round(x, 3) for x in self.rewards[-20:]],
+                "staleness": {k.rsplit("_", 1)[1]: last[k] for k in numbered},
+                "gate": await self.store.gate.state(),
+                "failures": dict(manager.stats.failures) if manager is not None else {},
+                "updated": time.time(),
+                "mismatch_kl": last.get("offpolicy/mismatch_kl"),
+            }
+        )
+
+
+async def _first(step_task: asyncio.Task[Any], rollout_task: asyncio.Task[Any] | None) -> None:
+    """Waits for the step; a rollout manager that dies meanwhile is an error, not a silent stall."""
+    waiting = {step_task} | ({rollout_task} if rollout_task is not None else set())
+    done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+    if step_task not in done:
+        step_task.cancel()
+        exc = rollout_task.exception() if rollout_task is not None else None
+        raise RuntimeError(f"the rollout manager stopped: {exc!r}")
+
+
+def _progress(total: int, initial: int, *, disable: bool) -> Any:
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=initial, desc="train", unit="step", disable=disable, file=sys.stderr)
