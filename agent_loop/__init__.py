@@ -1,1 +1,1 @@
-"""Engine clients, the multi-turn agent loop and the async rollout manager (issue #6)."""
+"""The multi-turn agent loop, tool-call parsing and the async rollout manager."""

@@ -24,10 +24,11 @@ import numpy as np
 
 from agent_loop.config import EpisodeConfig
 from agent_loop.tool_parser import MalformedCall, ParsedCall, parse_tool_calls
-from engine.client import EngineClient, SamplingParams
+from engine.protocol import Engine
+from engine.sampling import SamplingParams
 from env_server.client import EnvClient, EnvUnavailable
 from env_server.sessions import EnvServerError, InfraFailure
-from env_server.types import Message, ToolCallRequest
+from env_server.types import Message, Observation, ToolCallRequest
 from loss_masking import ChatRenderer, EpisodeBuilder, TruncationPolicy, describe_tools
 from pqrl.trajectory import Status, ToolCall, ToolStatus, Trajectory
 
@@ -45,7 +46,7 @@ class _Outcome:
 async def run_episode(
     queued: dict[str, Any],
     *,
-    engine: EngineClient,
+    engine: Engine,
     env: EnvClient,
     renderer: ChatRenderer,
     run_id: str,
@@ -54,111 +55,170 @@ async def run_episode(
     cfg: EpisodeConfig | None = None,
 ) -> Trajectory:
     """Runs one episode of a queued task (``{"env_id", "task", "task_id", "env_kwargs"}``)."""
-    cfg = cfg or EpisodeConfig()
-    rollout_id = f"{group_id}-{index}"
-    timings: dict[str, float] = {"generate_s": 0.0, "env_s": 0.0}
-    t_start = time.perf_counter()
-    out = _Outcome()
+    episode = _Episode(
+        queued,
+        engine=engine,
+        env=env,
+        renderer=renderer,
+        run_id=run_id,
+        group_id=group_id,
+        index=index,
+        cfg=cfg or EpisodeConfig(),
+    )
+    return await episode.run()
 
-    def record(kind: str, t0: float) -> None:
-        timings[kind] = timings.get(kind, 0.0) + time.perf_counter() - t0
 
-    t0 = time.perf_counter()
-    try:
-        session = await env.create_session(
-            queued["env_id"], queued["task"], seed=None, env_kwargs=queued.get("env_kwargs") or {}
+class _Episode:
+    """One episode's state: its collaborators, timings, the invalid-call streak and the outcome."""
+
+    def __init__(
+        self,
+        queued: dict[str, Any],
+        *,
+        engine: Engine,
+        env: EnvClient,
+        renderer: ChatRenderer,
+        run_id: str,
+        group_id: str,
+        index: int,
+        cfg: EpisodeConfig,
+    ) -> None:
+        self.queued, self.engine, self.env, self.renderer = queued, engine, env, renderer
+        self.run_id, self.group_id, self.index, self.cfg = run_id, group_id, index, cfg
+        self.rollout_id = f"{group_id}-{index}"
+        self.timings: dict[str, float] = {"generate_s": 0.0, "env_s": 0.0}
+        self.t_start = time.perf_counter()
+        self.out = _Outcome()
+        self.invalid_streak = 0
+
+    def record(self, kind: str, t0: float) -> None:
+        self.timings[kind] = self.timings.get(kind, 0.0) + time.perf_counter() - t0
+
+    async def run(self) -> Trajectory:
+        """Opens a session, plays the turns, scores them; a session that won't open is failed_infra."""
+        t0 = time.perf_counter()
+        try:
+            session = await self.env.create_session(
+                self.queued["env_id"],
+                self.queued["task"],
+                seed=None,
+                env_kwargs=self.queued.get("env_kwargs") or {},
+            )
+        except (InfraFailure, EnvUnavailable) as e:
+            return failed_trajectory(
+                self.queued,
+                self.run_id,
+                self.group_id,
+                self.rollout_id,
+                f"could not open a session: {e}",
+                self.timings,
+            )
+        self.record("env_s", t0)
+        builder = _new_builder(self.renderer, session.observation, self.cfg)
+        await self._play(session.session_id, builder)
+        return self._build(builder)
+
+    async def _play(self, session_id: str, builder: EpisodeBuilder) -> None:
+        """Turns until a stop condition, then the score; always releases the engine and the session."""
+        try:
+            for turn in range(self.cfg.max_turns):
+                reason = await self._turn(session_id, builder, turn)
+                if reason is not None:
+                    self.out.reason = reason
+                    break
+            t0 = time.perf_counter()
+            scored = await self.env.evaluate(session_id)
+            self.record("env_s", t0)
+            self.out.reward, self.out.reward_info = scored.reward, dict(scored.info)
+        except (InfraFailure, EnvUnavailable) as e:
+            self.out.status, self.out.reason = Status.FAILED_INFRA, str(e)
+        finally:
+            self.engine.release(self.rollout_id)
+            with contextlib.suppress(EnvServerError):  # expired or gone: nothing left to release
+                await self.env.close_session(session_id)
+
+    async def _turn(self, session_id: str, builder: EpisodeBuilder, turn: int) -> str | None:
+        """Generates one turn and runs its tool calls: the reason to stop, or None to go on."""
+        budget = builder.max_new_tokens(self.cfg.max_new_tokens)
+        if budget == 0:
+            return "context budget"
+        params = self._sampling(budget, turn)
+        t0 = time.perf_counter()
+        gen = await self.engine.generate(builder.input_ids, params, rollout_id=self.rollout_id)
+        self.record("generate_s", t0)
+        info = builder.add_turn(
+            gen.output_ids, gen.logprobs, gen.versions, finish_reason=gen.finish_reason.type
         )
-    except (InfraFailure, EnvUnavailable) as e:
-        return failed_trajectory(
-            queued, run_id, group_id, rollout_id, f"could not open a session: {e}", timings
-        )
-    record("env_s", t0)
+        calls = parse_tool_calls(self.renderer.decode(info.content_ids))
+        if info.budget_hit or builder.stopped:
+            return "context budget"
+        if not calls:
+            return "no tool call"
+        return await self._act(session_id, builder, calls, turn)
 
-    messages = [m.model_dump(exclude_none=True, exclude={"status"}) for m in session.observation.messages]
-    tools = session.observation.tools
+    def _sampling(self, budget: int, turn: int) -> SamplingParams:
+        cfg = self.cfg
+        return SamplingParams(
+            temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            top_k=cfg.top_k,
+            max_new_tokens=budget,
+            stop_token_ids=list(cfg.stop_token_ids),
+            sampling_seed=None
+            if cfg.seed is None
+            else (cfg.seed * 1_000_003 + self.index * 1009 + turn) % 2**31,
+        )
+
+    async def _act(
+        self, session_id: str, builder: EpisodeBuilder, calls: list[ParsedCall | MalformedCall], turn: int
+    ) -> str | None:
+        """Runs a turn's calls and appends their results (loss mask 0) unless the episode stops here."""
+        t0 = time.perf_counter()
+        results, records, done = await _run_calls(self.env, session_id, calls, turn)
+        self.record("env_s", t0)
+        builder.set_tool_calls(records)
+        failed = all(r.status is not ToolStatus.OK for r in records)
+        self.invalid_streak = self.invalid_streak + 1 if failed else 0
+        if done:
+            return "done"
+        if self.invalid_streak >= self.cfg.max_invalid_turns:
+            return f"{self.invalid_streak} turns of invalid calls"
+        if turn == self.cfg.max_turns - 1:
+            return "max turns"
+        obs = builder.add_observation(results)
+        return "context budget" if obs.stopped else None
+
+    def _build(self, builder: EpisodeBuilder) -> Trajectory:
+        """The Trajectory of the turns played, with the stop reason; a failed_infra one scores 0."""
+        self.timings["total_s"] = time.perf_counter() - self.t_start
+        out, queued = self.out, self.queued
+        reward_info = {**out.reward_info, "stop_reason": out.reason}
+        return builder.build(
+            id=f"{self.rollout_id}-{uuid.uuid4().hex[:6]}",
+            run_id=self.run_id,
+            task_id=str(queued.get("task_id") or queued["task"].get("id", "?")),
+            group_id=self.group_id,
+            env=queued["env_id"],
+            reward=out.reward if out.status is not Status.FAILED_INFRA else 0.0,
+            reward_info=reward_info,
+            status=out.status if out.status is Status.FAILED_INFRA else None,
+            timings=self.timings,
+        )
+
+
+def _new_builder(renderer: ChatRenderer, observation: Observation, cfg: EpisodeConfig) -> EpisodeBuilder:
+    """The token builder over the first observation's messages (and tools, where the template has them)."""
+    messages = [m.model_dump(exclude_none=True, exclude={"status"}) for m in observation.messages]
+    tools = observation.tools
     if not renderer.supports_tools and tools and not any("<tool_call>" in m["content"] for m in messages):
         # NOTE: a template without a tools block gets the schemas in the system message instead.
         messages = _with_tools_in_system(messages, describe_tools(tools))
-    builder = EpisodeBuilder(
+    return EpisodeBuilder(
         renderer,
         messages,
         tools if renderer.supports_tools else None,
         max_total_tokens=cfg.max_total_tokens,
         truncation=TruncationPolicy(kind=cfg.truncation),
-    )
-    invalid_streak = 0
-    try:
-        for turn in range(cfg.max_turns):
-            budget = builder.max_new_tokens(cfg.max_new_tokens)
-            if budget == 0:
-                out.reason = "context budget"
-                break
-            params = SamplingParams(
-                temperature=cfg.temperature,
-                top_p=cfg.top_p,
-                top_k=cfg.top_k,
-                max_new_tokens=budget,
-                stop_token_ids=list(cfg.stop_token_ids),
-                sampling_seed=None
-                if cfg.seed is None
-                else (cfg.seed * 1_000_003 + index * 1009 + turn) % 2**31,
-            )
-            t0 = time.perf_counter()
-            gen = await engine.generate(builder.input_ids, params, rollout_id=rollout_id)
-            record("generate_s", t0)
-            info = builder.add_turn(
-                gen.output_ids, gen.logprobs, gen.versions, finish_reason=gen.finish_reason.type
-            )
-            calls = parse_tool_calls(renderer.decode(info.content_ids))
-            if info.budget_hit or builder.stopped:
-                out.reason = "context budget"
-                break
-            if not calls:
-                out.reason = "no tool call"
-                break
-            t0 = time.perf_counter()
-            results, records, done = await _run_calls(env, session.session_id, calls, turn)
-            record("env_s", t0)
-            builder.set_tool_calls(records)
-            failed = all(r.status is not ToolStatus.OK for r in records)
-            invalid_streak = invalid_streak + 1 if failed else 0
-            if done:
-                out.reason = "done"
-                break
-            if invalid_streak >= cfg.max_invalid_turns:
-                out.reason = f"{invalid_streak} turns of invalid calls"
-                break
-            if turn == cfg.max_turns - 1:
-                out.reason = "max turns"
-                break
-            obs = builder.add_observation(results)
-            if obs.stopped:
-                out.reason = "context budget"
-                break
-        t0 = time.perf_counter()
-        scored = await env.evaluate(session.session_id)
-        record("env_s", t0)
-        out.reward, out.reward_info = scored.reward, dict(scored.info)
-    except InfraFailure as e:
-        out.status, out.reason = Status.FAILED_INFRA, str(e)
-    except EnvUnavailable as e:
-        out.status, out.reason = Status.FAILED_INFRA, str(e)
-    finally:
-        engine.release(rollout_id)
-        with contextlib.suppress(EnvServerError):  # expired or gone: nothing left to release
-            await env.close_session(session.session_id)
-    timings["total_s"] = time.perf_counter() - t_start
-    reward_info = {**out.reward_info, "stop_reason": out.reason}
-    return builder.build(
-        id=f"{rollout_id}-{uuid.uuid4().hex[:6]}",
-        run_id=run_id,
-        task_id=str(queued.get("task_id") or queued["task"].get("id", "?")),
-        group_id=group_id,
-        env=queued["env_id"],
-        reward=out.reward if out.status is not Status.FAILED_INFRA else 0.0,
-        reward_info=reward_info,
-        status=out.status if out.status is Status.FAILED_INFRA else None,
-        timings=timings,
     )
 
 

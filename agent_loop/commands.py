@@ -95,7 +95,7 @@ def show_trajectories(args: argparse.Namespace) -> int:
 
     async def fetch() -> list[tuple[str, Any]]:
         async with TrajectoryStore(url, args.run) as store:
-            return await store.peek_groups(args.groups)
+            return await store.groups.peek(args.groups)
 
     figures: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
     for entry_id, group in asyncio.run(fetch()):
@@ -152,7 +152,9 @@ def _render(tokenizer: Any, t: Any) -> str:
 @contextlib.contextmanager
 def local_engine(model: str) -> Iterator[str]:
     """The built-in engine served on a free loopback port from a background thread; yields its URL."""
-    from engine.server import EngineConfig, build_engine, create_app
+    from engine.config import EngineConfig
+    from engine.serve import build_engine
+    from engine.server import create_app
     from engine.serving import serve_in_thread
 
     with serve_in_thread(create_app(build_engine(EngineConfig(model=model)), model_path=model)) as url:

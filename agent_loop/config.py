@@ -19,7 +19,7 @@ class EpisodeConfig(Settings):
     max_new_tokens: int = setting(256, "tokens per assistant turn at most", ge=1)
     max_total_tokens: int = setting(2048, "context budget of one episode (prompt, turns, tool output)", ge=16)
     temperature: float = setting(
-        1.0, "sampling temperature (the trainer recomputes logprobs at the same)", gt=0
+        1.0, "sampling temperature (0: greedy, for evaluation; the trainer recomputes logprobs at it)", ge=0
     )
     top_p: float = setting(1.0, "nucleus sampling (1: off, the unbiased choice for RL)", gt=0, le=1)
     top_k: int = setting(-1, "top-k sampling (-1: off)", ge=-1)

@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from agent_loop.agent import EpisodeConfig, run_episode
-from engine.client import FinishReason, Generation, SamplingParams
+from engine.protocol import Engine
+from engine.types import FinishReason, Generation, SamplingParams
 from env_server.client import EnvClient, LocalEnvClient
 from loss_masking import ChatRenderer
 from pqrl import codec
@@ -57,8 +58,8 @@ def tool_call_text(name: str, **arguments: Any) -> str:
     return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
 
 
-class ExpertEngine:
-    """A scripted policy behind the ``generate``/``release`` interface ``run_episode`` calls.
+class ExpertEngine(Engine):
+    """A scripted policy implementing ``engine.protocol.Engine``, the interface ``run_episode`` calls.
 
     Each turn, the expert reads the tokens added since its previous turn (the prompt, then each
     observation), asks its script for the next assistant text, and returns that text's tokens plus
@@ -78,8 +79,13 @@ class ExpertEngine:
         self._seen = 0
 
     async def generate(
-        self, input_ids: Sequence[int], params: SamplingParams, *, rollout_id: str | None = None
+        self,
+        input_ids: Sequence[int],
+        sampling_params: SamplingParams | None = None,
+        *,
+        rollout_id: str | None = None,
     ) -> Generation:
+        params = sampling_params or SamplingParams()
         new_text = self.renderer.decode(input_ids[self._seen :])
         text = self.script(self.turn, new_text)
         output = [*self.renderer.encode(text), self.stop_id]

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from agent_loop.agent import EpisodeConfig, run_episode
-from engine.client import EngineClient
+from engine.protocol import Engine
 from env_server.client import EnvClient
 from loss_masking import ChatRenderer
 from pqrl.trajectory import Status
@@ -20,7 +20,7 @@ __all__ = ["estimate_rewards"]
 async def estimate_rewards(
     suite: Suite,
     *,
-    engine: EngineClient,
+    engine: Engine,
     env: EnvClient,
     renderer: ChatRenderer,
     samples: int = 8,

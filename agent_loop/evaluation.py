@@ -12,7 +12,7 @@ from typing import Any
 
 from agent_loop.agent import EpisodeConfig
 from agent_loop.difficulty import estimate_rewards
-from engine.client import EngineClient
+from engine.protocol import Engine
 from env_server.client import EnvClient
 from loss_masking import ChatRenderer
 from tasks.suite import Suite
@@ -23,7 +23,7 @@ __all__ = ["evaluate", "paired_improvement"]
 async def evaluate(
     suite: Suite,
     *,
-    engine: EngineClient,
+    engine: Engine,
     env: EnvClient,
     renderer: ChatRenderer,
     cfg: EpisodeConfig,

@@ -3,7 +3,7 @@
 Each task is leased from the run's task queue (a Redis consumer group: a manager that dies leaves
 its leases pending, and another manager reclaims them after ``lease_timeout_s``), run as a group
 of G episodes, and written to the trajectory stream only when complete. Groups start only while
-the staleness gate (DESIGN.md section 2, counters in Redis shared by every manager of the run)
+the staleness gate (counters in Redis shared by every manager of the run, changed atomically)
 has room, so no sample lags the policy by more than ``max_staleness`` versions on admission.
 Episodes whose infrastructure failed are retried up to ``infra_retries`` times; a group left with
 fewer than ``min_valid`` usable episodes is dropped, counted, and frees its place in the gate.
@@ -29,18 +29,19 @@ from typing import Any
 
 from agent_loop.agent import failed_trajectory, run_episode
 from agent_loop.config import ManagerConfig
-from engine.client import EngineClient, EngineError
+from engine.errors import EngineError
+from engine.protocol import Engine
 from env_server.client import EnvClient
 from loss_masking import ChatRenderer
 from pqrl.store import TaskEntry, TrajectoryStore
 from pqrl.trajectory import Status, Trajectory
 from tasks.storage import RunSampler
 
-__all__ = ["ManagerConfig", "RolloutManager"]
+__all__ = ["TASK_CONSUMER_GROUP", "ManagerConfig", "RolloutManager"]
 
 log = logging.getLogger(__name__)
 
-_GROUP = "rollout"  # consumer group of the task queue
+TASK_CONSUMER_GROUP = "rollout"  # the Redis consumer group through which managers lease tasks
 
 
 @dataclass
@@ -58,7 +59,7 @@ class RolloutManager:
     def __init__(
         self,
         store: TrajectoryStore,
-        engine: EngineClient,
+        engine: Engine,
         env: EnvClient,
         renderer: ChatRenderer,
         cfg: ManagerConfig,
@@ -85,7 +86,7 @@ class RolloutManager:
                 if time.monotonic() - last_progress > self.cfg.progress_every_s:
                     await self._progress()
                     last_progress = time.monotonic()
-                if len(self._in_flight) >= self.cfg.max_concurrent_groups or not await self.store.gate_admit(
+                if len(self._in_flight) >= self.cfg.max_concurrent_groups or not await self.store.gate.admit(
                     max_concurrent=self.cfg.max_concurrent_groups,
                     max_staleness=self.cfg.max_staleness,
                     groups_per_step=self.cfg.groups_per_step,
@@ -94,7 +95,7 @@ class RolloutManager:
                     continue
                 entry = await self._lease()
                 if entry is None:
-                    await self.store.gate_release()  # nothing to run: give the reserved place back
+                    await self.store.gate.release()  # nothing to run: give the reserved place back
                     if until_empty and not self._in_flight:
                         break
                     await self._wait_a_little()
@@ -117,18 +118,18 @@ class RolloutManager:
                 await asyncio.wait_for(self._stopping.wait(), 0.1)
 
     async def _lease(self) -> TaskEntry | None:
-        stale = await self.store.reclaim_tasks(
-            _GROUP, self.consumer, min_idle_ms=int(self.cfg.lease_timeout_s * 1000), count=1
+        stale = await self.store.tasks.reclaim(
+            TASK_CONSUMER_GROUP, self.consumer, min_idle_ms=int(self.cfg.lease_timeout_s * 1000), count=1
         )
         if stale:
             log.info("reclaimed task lease %s from a manager that stopped", stale[0].entry_id)
             return stale[0]
-        fresh = await self.store.take_tasks(_GROUP, self.consumer, count=1)
+        fresh = await self.store.tasks.take(TASK_CONSUMER_GROUP, self.consumer, count=1)
         if fresh:
             return fresh[0]
         if self._sampler is None:
             self._sampler = await RunSampler.load(self.store)
-        return await self._sampler.claim(_GROUP, self.consumer) if self._sampler else None
+        return await self._sampler.claim(TASK_CONSUMER_GROUP, self.consumer) if self._sampler else None
 
     async def _group(self, entry: TaskEntry) -> None:
         group_id = uuid.uuid4().hex[:12]
@@ -144,15 +145,15 @@ class RolloutManager:
                 log.warning("group %s for %s dropped: %d valid of %d", group_id, entry.task.get("task_id"),
                             len(valid), len(results))  # fmt: skip
             else:
-                await self.store.put_group(results, timeout=self.cfg.put_timeout_s)
+                await self.store.groups.put(results, timeout=self.cfg.put_timeout_s)
                 written = True
                 self.stats.groups_written += 1
-            await self.store.ack_tasks(_GROUP, [entry.entry_id])
+            await self.store.tasks.ack(TASK_CONSUMER_GROUP, [entry.entry_id])
         except Exception as e:  # the lease stays pending: another manager reclaims the task later
             self.stats.failures[type(e).__name__] += 1
             log.error("group %s failed: %r", group_id, e)
         finally:
-            await self.store.gate_finish(accepted=written)
+            await self.store.gate.finish(accepted=written)
 
     async def _episode(self, queued: dict[str, Any], group_id: str, index: int) -> Trajectory:
         for attempt in range(self.cfg.infra_retries + 1):
@@ -179,8 +180,8 @@ class RolloutManager:
         )
 
     async def _progress(self) -> None:
-        gate = await self.store.gate_state()
-        policy = await self.store.get_policy()
+        gate = await self.store.gate.state()
+        policy = await self.store.policy.get()
         elapsed = max(time.monotonic() - self.stats.started, 1e-9)
         failures = ", ".join(f"{k}={v}" for k, v in sorted(self.stats.failures.items())) or "none"
         sampler = "none"

@@ -1,7 +1,7 @@
 """Asynchronous vs synchronous RL: the same groups through (a) synchronous batches and (b) the
 rollout manager with its Redis staleness gate (max staleness 2), in the same run.
 
-Fixed parameters (issue #6): 3 tool calls per episode, each tool call's latency log-normal with
+Fixed parameters: 3 tool calls per episode, each tool call's latency log-normal with
 median 0.3 s and sigma 1.0, G = 8 episodes per group, 8 groups per training step, a simulated
 training step of 1.0 s. The engine is simulated (10 ms per turn, a fixed tool-call reply), the
 environment too (the latency above); everything else is real: the agent loop, the chat template,
@@ -26,7 +26,7 @@ This bound is optimistic: it assumes a finished group frees its place at once, b
 places only when the trainer publishes a version (accepted + running may reach (s + v + 1) B), so
 a heavy-tailed straggler holds a place until the trainer has moved on without it. The same fact
 makes the staleness seen at consumption exceed s for stragglers: the gate bounds admission, and the
-trainer must still drop samples older than its ``max_staleness`` (freeing places with gate_reject).
+trainer must still drop samples older than its ``max_staleness`` (freeing places with gate.reject).
 
 Prints one JSON line: sync_groups_per_s, async_groups_per_s, speedup, bound, max_staleness_seen.
 Usage: python bench/async_vs_sync.py [--steps 6]
@@ -41,6 +41,7 @@ import math
 import random
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +51,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agent_loop.agent import EpisodeConfig, run_episode
 from agent_loop.manager import ManagerConfig, RolloutManager
-from engine.client import FinishReason, Generation
+from engine.protocol import Engine
+from engine.types import FinishReason, Generation, SamplingParams
 from env_server.types import Message, Observation, RewardResult, SessionInfo, StepResult
 from loss_masking import ChatRenderer
 from pqrl.model_cache import load_tokenizer
@@ -62,7 +64,7 @@ from tasks.storage import SuiteStore, queued_task
 CALLS, MEDIAN, SIGMA, G, B, T_TRAIN, STALENESS, GEN_S = 3, 0.3, 1.0, 8, 8, 1.0, 2, 0.01
 
 
-class SimEngine:
+class SimEngine(Engine):
     """Answers every turn with one tool call after GEN_S, tagged with the current policy version."""
 
     def __init__(self, tokenizer: Any) -> None:
@@ -70,7 +72,13 @@ class SimEngine:
         self.ids = tokenizer.encode(text, add_special_tokens=False)
         self.version = 0
 
-    async def generate(self, input_ids, params, *, rollout_id=None, rid=None) -> Generation:
+    async def generate(
+        self,
+        input_ids: Sequence[int],
+        sampling_params: SamplingParams | None = None,
+        *,
+        rollout_id: str | None = None,
+    ) -> Generation:
         await asyncio.sleep(GEN_S)
         n = len(self.ids)
         return Generation(self.ids, [-0.1] * n, [self.version] * n, FinishReason(type="stop", matched=2), "",
@@ -144,7 +152,7 @@ async def async_run(
     await suites.submit(calc_suite(steps * B, seed=2), "async")
     await suites.aclose()
     store = TrajectoryStore(url, "async", max_backlog=0)
-    await store.create_consumer_group("trainer")
+    await store.groups.create_consumer_group("trainer")
     cfg = ManagerConfig(
         group_size=G,
         groups_per_step=B,
@@ -160,14 +168,14 @@ async def async_run(
     for _ in range(steps):
         batch: list[Any] = []
         while len(batch) < B:
-            batch += await store.read_groups("trainer", "t", count=B - len(batch), block_ms=100)
-        version = (await store.get_policy()).version
+            batch += await store.groups.read("trainer", "t", count=B - len(batch), block_ms=100)
+        version = (await store.policy.get()).version
         for e in batch:
             v = np.concatenate([t.versions[t.generated.astype(bool)] for t in e.trajectories])
             staleness.append(version - int(v.min()))
         await asyncio.sleep(T_TRAIN)  # train on them
-        await store.ack("trainer", [e.entry_id for e in batch])
-        engine.version = await store.publish_policy(f"/sim/{version + 1}")
+        await store.groups.ack("trainer", [e.entry_id for e in batch])
+        engine.version = await store.policy.publish(f"/sim/{version + 1}")
     rate = steps * B / (time.perf_counter() - t0)
     await producing
     await store.close()

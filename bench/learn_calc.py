@@ -12,7 +12,7 @@ paired by task: ``d_i = after_i - before_i``, ``mean(d) +- 1.96 sd(d) / sqrt(n)`
 
 Prints one JSON line: ``{"pass_rate_before", "pass_rate_after", "ci95_low", "steps", "minutes",
 "weight_updates_applied", "staleness_hist", "mismatch_kl_mean"}`` plus the training curves' ends.
-Target (issue #7): improvement >= 0.15 with ci95_low > 0.
+Target: improvement >= 0.15 with ci95_low > 0.
 """
 
 from __future__ import annotations

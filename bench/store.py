@@ -31,7 +31,7 @@ import redis.asyncio as aioredis
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import pqrl.store
+import pqrl.store.groups
 from pqrl.codec import encode_many
 from pqrl.redis_server import RedisServer
 from pqrl.store import TrajectoryStore
@@ -99,16 +99,16 @@ def json_decode_many(blob: bytes) -> list[Trajectory]:
 
 async def through_store(url: str, groups: list[list[Trajectory]], run: str) -> float:
     async with TrajectoryStore(url, run, max_backlog=0) as store:
-        await store.create_consumer_group("trainer")
+        await store.groups.create_consumer_group("trainer")
         t0 = time.perf_counter()
         for g in groups:
-            await store.put_group(g)
+            await store.groups.put(g)
         got = 0
-        while entries := await store.read_groups("trainer", "c", count=BATCH):
+        while entries := await store.groups.read("trainer", "c", count=BATCH):
             got += sum(len(e.trajectories) for e in entries)
-            await store.ack("trainer", [e.entry_id for e in entries])
+            await store.groups.ack("trainer", [e.entry_id for e in entries])
         dt = time.perf_counter() - t0
-        assert got == len(groups) * GROUP and await store.backlog() <= 1
+        assert got == len(groups) * GROUP and await store.groups.backlog() <= 1
         await store.redis.flushall()
     return got / dt
 
@@ -145,8 +145,8 @@ async def main(n: int, T: int, rounds: int) -> dict[str, float]:
             store_rates.append(await through_store(server.url, groups, "bench"))
             print(f"round {k}: store {store_rates[-1]:.0f}/s raw {raw_rates[-1]:.0f}/s", file=sys.stderr)
         with (
-            mock.patch.object(pqrl.store, "encode_many", json_encode_many),
-            mock.patch.object(pqrl.store, "decode_many", json_decode_many),
+            mock.patch.object(pqrl.store.groups, "encode_many", json_encode_many),
+            mock.patch.object(pqrl.store.groups, "decode_many", json_decode_many),
         ):
             json_rate = await through_store(server.url, groups, "bench")
         print(f"json {json_rate:.0f}/s", file=sys.stderr)

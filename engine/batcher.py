@@ -8,7 +8,7 @@ context limit) and leave the batch; new rows join at the next call. Nothing here
 thread-safe: the caller (``engine.scheduler``) serializes ``step`` with the control
 operations (abort, retract, weight loading), so every control operation lands between decode steps.
 
-Logprob convention (SGLang's, DESIGN.md section 4): the logprob of a sampled token is
+Logprob convention (SGLang's): the logprob of a sampled token is
 ``log_softmax(logits / T)`` at that token, without top-p/top-k renormalization. Temperature 0 means
 greedy decoding, and its logprob is then taken under T = 1 (SGLang samples greedy rows as T = 1,
 top_k = 1, and reports the same).
@@ -26,8 +26,8 @@ SGLang's NCCL path, which gloo carries on CPU); ``load_state`` checks a whole se
 Deliberately left out: prefix caching (``flush_cache`` has nothing to flush), chunked prefill,
 paged KV memory, CUDA graphs, speculative decoding, input-token logprobs, penalties.
 
-Imports only torch, transformers (and safetensors, which transformers requires), the standard library
-and ``pqrl.collective`` (standard library only), so it runs on a bare GPU box.
+Imports only torch, transformers (and safetensors, which transformers requires), the standard library,
+``engine.sampling`` and ``pqrl.collective`` (both standard library only), so it runs on a bare GPU box.
 """
 
 from __future__ import annotations
@@ -42,12 +42,12 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from engine.sampling import SamplingParams
 from pqrl.collective import broadcast_from_rank0
 
 __all__ = [
     "BatchEngine",
     "EngineStats",
-    "SamplingParams",
     "Sequence",
     "load_state_dict",
     "parse_dtype",
@@ -57,22 +57,6 @@ __all__ = [
 
 _GREEDY_EPS = 1e-6  # temperatures below this decode greedily (SGLang's threshold)
 _TRIM_MIN_COLUMNS = 32  # drop all-padding KV columns once this many pile up at the left
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """Per-request sampling, named as SGLang's ``sampling_params`` (a subset)."""
-
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1  # -1: the whole vocabulary
-    max_new_tokens: int = 128
-    stop: tuple[str, ...] = ()
-    stop_token_ids: tuple[int, ...] = ()
-    ignore_eos: bool = False
-    skip_special_tokens: bool = True
-    no_stop_trim: bool = False
-    sampling_seed: int | None = None
 
 
 @dataclass(eq=False)

@@ -33,6 +33,7 @@ __all__ = [
     "parse_version",
 ]
 
+
 class _Request(BaseModel):
     model_config = ConfigDict(extra="forbid")
 

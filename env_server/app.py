@@ -22,8 +22,8 @@ import asyncio
 import contextlib
 import hmac
 import logging
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, FastAPI, Request
@@ -171,6 +171,31 @@ def create_app(settings: ServerSettings | None = None, manager: SessionManager |
     sessions = manager or SessionManager(
         max_sessions=settings.max_sessions, ttl_s=settings.session_ttl_s, pool_size=settings.sandbox_pool_size
     )
+    # No /docs or /openapi.json: every route but /healthz needs the token (app.openapi() still works).
+    app = FastAPI(
+        title="pqrl env server",
+        version="1",
+        lifespan=_lifespan(settings, sessions),
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
+    app.add_middleware(_BodyLimit, limit=settings.max_body_bytes)
+    app.add_middleware(_TokenGate, token=settings.token)  # added last: runs first
+    app.state.sessions = sessions
+    _add_error_handlers(app)
+    # Every route on this router needs the token; /healthz sits on the app itself.
+    api = APIRouter(dependencies=[Depends(_authorizer(settings))])
+    _add_info_routes(app, api, sessions)
+    _add_session_routes(api, sessions)
+    app.include_router(api)
+    return app
+
+
+def _lifespan(
+    settings: ServerSettings, sessions: SessionManager
+) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
+    """Reaps expired sessions in the background while the app runs; shuts the sessions down after."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -189,18 +214,11 @@ def create_app(settings: ServerSettings | None = None, manager: SessionManager |
             await reaper
         await sessions.shutdown()
 
-    # No /docs or /openapi.json: every route but /healthz needs the token (app.openapi() still works).
-    app = FastAPI(
-        title="pqrl env server",
-        version="1",
-        lifespan=lifespan,
-        docs_url=None,
-        redoc_url=None,
-        openapi_url=None,
-    )
-    app.add_middleware(_BodyLimit, limit=settings.max_body_bytes)
-    app.add_middleware(_TokenGate, token=settings.token)  # added last: runs first
-    app.state.sessions = sessions
+    return lifespan
+
+
+def _authorizer(settings: ServerSettings) -> Callable[[Credentials], Awaitable[None]]:
+    """The dependency that checks the bearer token (a no-op with --insecure-local)."""
 
     async def authorized(credentials: Credentials) -> None:
         if settings.token is None:
@@ -210,8 +228,11 @@ def create_app(settings: ServerSettings | None = None, manager: SessionManager |
         if not hmac.compare_digest(credentials.credentials.encode(), settings.token.encode()):
             raise _AuthError(403, "invalid token")
 
-    # Every route on this router needs the token; /healthz sits on the app itself.
-    api = APIRouter(dependencies=[Depends(authorized)])
+    return authorized
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    """Every error answers ``{"error": code, "detail": message}``."""
 
     @app.exception_handler(EnvServerError)
     async def env_error(request: Request, exc: EnvServerError) -> JSONResponse:
@@ -238,6 +259,10 @@ def create_app(settings: ServerSettings | None = None, manager: SessionManager |
         problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
         return JSONResponse({"error": "invalid_request", "detail": problems}, status_code=422)
 
+
+def _add_info_routes(app: FastAPI, api: APIRouter, sessions: SessionManager) -> None:
+    """/healthz (open, on the app), /metrics and /environments (behind the token, on ``api``)."""
+
     @app.get("/healthz", operation_id="health")
     async def health() -> dict[str, Any]:
         return {"ok": True, "sessions": sessions.live}
@@ -249,6 +274,10 @@ def create_app(settings: ServerSettings | None = None, manager: SessionManager |
     @api.get("/environments", operation_id="list_environments")
     async def environments() -> list[dict[str, Any]]:
         return sessions.environments()
+
+
+def _add_session_routes(api: APIRouter, sessions: SessionManager) -> None:
+    """Create, step, evaluate and close a session."""
 
     @api.post("/sessions", operation_id="create_session", status_code=201)
     async def create(body: CreateSession) -> SessionInfo:
@@ -265,9 +294,6 @@ def create_app(settings: ServerSettings | None = None, manager: SessionManager |
     @api.delete("/sessions/{session_id}", operation_id="close_session", status_code=204)
     async def close(session_id: str) -> None:
         await sessions.close(session_id)
-
-    app.include_router(api)
-    return app
 
 
 class _AuthError(Exception):

@@ -32,6 +32,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 ENTRY_POINT_GROUP = "pqrl.environments"
+BUILTIN_PLUGIN = "env_server.builtin:register"
 _ID = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]*-v\d+$")
 _REGISTRY: dict[str, EnvSpec] = {}
 _plugins_loaded = False
@@ -70,9 +71,8 @@ class EnvSpec:
     sample_task: dict[str, Any] = field(default_factory=dict)
 
     def load(self) -> type[ToolEnvironment]:
-        module_name, _, attr = self.entry_point.partition(":")
         try:
-            cls = getattr(importlib.import_module(module_name), attr)
+            cls = resolve(self.entry_point)
         except (ImportError, AttributeError) as e:
             raise ImportError(f"environment {self.id!r}: cannot load {self.entry_point!r}: {e}") from e
         if not (isinstance(cls, type) and issubclass(cls, ToolEnvironment)):
@@ -113,15 +113,21 @@ def register_environment(
     return new
 
 
+def resolve(reference: str) -> Any:
+    """The object a ``"package.module:attribute"`` reference names, its module imported now."""
+    module_name, _, attr = reference.partition(":")
+    return getattr(importlib.import_module(module_name), attr)
+
+
 def load_plugins() -> None:
     """Runs every installed ``pqrl.environments`` entry point once."""
     global _plugins_loaded
     if _plugins_loaded:
         return
     _plugins_loaded = True
-    from env_server import builtin  # also when pqrl itself is not pip-installed
-
-    builtin.register()
+    # the built-in environments register themselves through this module, like any plug-in, and also
+    # where pqrl is not pip-installed (no entry points)
+    resolve(BUILTIN_PLUGIN)()
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         try:
             target = ep.load()

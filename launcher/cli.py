@@ -1,8 +1,4 @@
-"""The ``pqrl`` command line. Each subcommand imports its package only when it runs.
-
-Subcommands whose issue has not landed yet are listed (compose.yaml already calls them) and exit
-with status 2 and a message saying so.
-"""
+"""The ``pqrl`` command line. Each subcommand imports its package only when it runs."""
 
 from __future__ import annotations
 
@@ -11,9 +7,6 @@ import sys
 from collections.abc import Callable, Sequence
 
 __all__ = ["build_parser", "main"]
-
-# subcommand path -> the issue that delivers it
-PLANNED: dict[tuple[str, ...], str] = {}
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -164,7 +157,7 @@ def _cmd_tasks(args: argparse.Namespace) -> int:
 
 
 def _cmd_engine_serve(args: argparse.Namespace) -> int:
-    from engine.server import serve
+    from engine.serve import serve
 
     return serve(args)
 
@@ -206,41 +199,43 @@ def _cmd_sft(args: argparse.Namespace) -> int:
     return sft_command(args, load_demonstrations=resolve_demonstrations)
 
 
-def _planned(path: tuple[str, ...]) -> Callable[[argparse.Namespace], int]:
-    def run(args: argparse.Namespace) -> int:
-        print(f"pqrl {' '.join(path)}: not yet implemented (issue {PLANNED[path]})", file=sys.stderr)
-        return 2
-
-    return run
+_SubParsers = argparse._SubParsersAction
 
 
 def build_parser() -> argparse.ArgumentParser:
-    # the settings classes are standard library only: building the parser imports no torch
-    from agent_loop.config import EpisodeConfig
-    from launcher.demo import DemoConfig
-    from pqrl.model_cache import DEFAULT_MODEL
-    from pqrl.settings import add_arguments
-
     parser = argparse.ArgumentParser(
         prog="pqrl", description="Agentic RL: rollouts in sandboxes, GRPO training."
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    groups: dict[str, argparse._SubParsersAction] = {}
+    groups: dict[str, _SubParsers] = {}
 
-    def group(name: str, help: str) -> argparse._SubParsersAction:
+    def group(name: str, help: str) -> _SubParsers:
         if name not in groups:
             p = sub.add_parser(name, help=help)
             groups[name] = p.add_subparsers(dest=f"{name}_command", required=True, metavar="COMMAND")
         return groups[name]
 
+    # each family's flags come from its settings classes, which are standard library only: building
+    # the parser imports no torch
+    for add in (_add_demo_and_model, _add_sandbox_and_env, _add_tasks, _add_engine, _add_rollout, _add_train):
+        add(sub, group)
+    return parser
+
+
+def _add_demo_and_model(sub: _SubParsers, group: Callable[[str, str], _SubParsers]) -> None:
+    from launcher.demo import DemoConfig
+    from pqrl.model_cache import DEFAULT_MODEL
+    from pqrl.settings import add_arguments
+
     demo = sub.add_parser("demo", help="end-to-end demo: model -> trajectories -> Redis store -> consumer")
     add_arguments(demo, DemoConfig)
     demo.set_defaults(func=_cmd_demo)
-
     prep = group("model", "offline model cache").add_parser("prepare", help="convert the GGUF model once")
     prep.add_argument("--name", default=DEFAULT_MODEL)
     prep.set_defaults(func=_cmd_model_prepare)
 
+
+def _add_sandbox_and_env(sub: _SubParsers, group: Callable[[str, str], _SubParsers]) -> None:
     build = group("sandbox", "sandbox images").add_parser("build-image", help="build the base image offline")
     build.add_argument("--force", action="store_true", help="rebuild even if the image exists")
     build.add_argument("--mirror", default=None, help="Debian mirror URL for debootstrap")
@@ -263,6 +258,12 @@ def build_parser() -> argparse.ArgumentParser:
     group("env", "tool environments").add_parser(
         "list", help="registered environments and tools"
     ).set_defaults(func=_cmd_env_list)
+
+
+def _add_tasks(sub: _SubParsers, group: Callable[[str, str], _SubParsers]) -> None:
+    from agent_loop.config import EpisodeConfig
+    from pqrl.model_cache import DEFAULT_MODEL
+    from pqrl.settings import add_arguments
 
     tasks = group("tasks", "task suites")
     p = tasks.add_parser("validate", help="check a suite file and list every problem")
@@ -296,23 +297,18 @@ def build_parser() -> argparse.ArgumentParser:
             task_parser.add_argument("--redis-url", default=None, help="default: $REDIS_URL")
         task_parser.set_defaults(func=_cmd_tasks_filter if name == "filter" else _cmd_tasks)
 
-    # Options declared here, not by agent_loop (importing it pulls in torch and FastAPI).
+
+def _add_engine(sub: _SubParsers, group: Callable[[str, str], _SubParsers]) -> None:
+    from engine.config import add_serve_arguments  # light: standard library only
+
     eng = group("engine", "inference engines").add_parser("serve", help="built-in engine server or SGLang")
-    eng.add_argument("--backend", choices=["builtin", "sglang"], default="builtin")
-    eng.add_argument("--model", default="smollm2-135m-instruct", help="built-in model name or a model dir")
-    eng.add_argument("--host", default="127.0.0.1")
-    eng.add_argument("--port", type=int, default=30000)
-    eng.add_argument("--device", default="auto")
-    eng.add_argument("--dtype", default="auto")
-    eng.add_argument("--weight-version", default="0")
-    eng.add_argument("--seed", type=int, default=0)
-    eng.add_argument("--max-running-requests", type=int, default=64)
-    eng.add_argument("--api-key", default=None, help="default: $PQRL_ENGINE_API_KEY")
-    eng.add_argument("--log-level", default="warning")
-    eng.add_argument("--sglang-arg", action="append", default=[], help="extra flag for SGLang (repeatable)")
+    add_serve_arguments(eng)  # one flag per field of engine.config.EngineConfig and ServeConfig
     eng.set_defaults(func=_cmd_engine_serve)
 
+
+def _add_rollout(sub: _SubParsers, group: Callable[[str, str], _SubParsers]) -> None:
     from agent_loop.commands import add_rollout_arguments  # light: argparse only until called
+    from pqrl.model_cache import DEFAULT_MODEL
 
     ro = sub.add_parser("rollout", help="rollout manager: queued tasks -> groups in the trajectory stream")
     add_rollout_arguments(ro)
@@ -327,6 +323,8 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--brief", action="store_true", help="figures only, no token streams")
     show.set_defaults(func=_cmd_trajectories_show)
 
+
+def _add_train(sub: _SubParsers, group: Callable[[str, str], _SubParsers]) -> None:
     from launcher.status import add_status_arguments
     from launcher.train_job import add_train_arguments  # light: no torch until called
 
@@ -346,18 +344,10 @@ def build_parser() -> argparse.ArgumentParser:
     sft.add_argument("--no-progress", action="store_true", help="no progress bar")
     sft.set_defaults(func=_cmd_sft)
 
-    for path, issue in PLANNED.items():
-        parent = sub if len(path) == 1 else group(path[0], f"{path[0]} commands")
-        p = parent.add_parser(path[-1], help=f"(not yet implemented: issue {issue})")
-        p.set_defaults(func=_planned(path), planned=True)
-    return parser
-
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
-    if extra and not getattr(args, "planned", False):  # planned commands accept their future options
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    args = parser.parse_args(argv)
     return int(args.func(args) or 0)
 
 

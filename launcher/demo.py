@@ -1,11 +1,11 @@
-"""``pqrl demo``: the foundation end to end, with every part real.
+"""``pqrl demo``: a short tour of the data path, with every part real.
 
 A private Redis (or ``--redis-url``), the run's task queue, SmolLM2-135M-Instruct sampling G answers
 per arithmetic task with the engine's logprob convention (log_softmax(logits / T) of the sampled
 token), Trajectory records with exact-answer rewards, groups written to the trajectory stream, and a
 trainer-side consumer group that reads, scores (GRPO group advantages) and acknowledges them,
-after which the stream is trimmed to empty. Multi-turn tool use, sandboxes and the optimizer step
-arrive with their issues; ``pqrl train`` replaces this demo as the main job then.
+after which the stream is trimmed to empty. It has no tools, sandboxes or optimizer step:
+``pqrl train`` is the whole job.
 
 Like the CLI, this module starts everything, so it may import above the floor (trainer.advantages).
 """
@@ -132,15 +132,15 @@ async def _run(cfg: DemoConfig, redis_url: str) -> dict[str, Any]:
     )
 
     async with TrajectoryStore(redis_url, run_id, max_backlog=cfg.tasks) as store:
-        await store.create_consumer_group("trainer")
-        await store.push_tasks(make_tasks(cfg.tasks, cfg.seed))
+        await store.groups.create_consumer_group("trainer")
+        await store.tasks.push(make_tasks(cfg.tasks, cfg.seed))
         # Rollout side: take each task from the queue, sample a group, publish it, ack the task.
         for k in range(cfg.tasks):
-            (entry,) = await store.take_tasks("rollout", "demo-worker", count=1)
+            (entry,) = await store.tasks.take("rollout", "demo-worker", count=1)
             t1 = time.perf_counter()
             group = sample_group(model, tokenizer, entry.task, cfg, run_id)
-            await store.put_group(group, timeout=30)
-            await store.ack_tasks("rollout", [entry.entry_id])
+            await store.groups.put(group, timeout=30)
+            await store.tasks.ack("rollout", [entry.entry_id])
             rewards = [t.reward for t in group]
             sample = group[0].reward_info["response"].replace("\n", " ")[:60]
             print(
@@ -149,11 +149,11 @@ async def _run(cfg: DemoConfig, redis_url: str) -> dict[str, Any]:
                 f"({sum(t.num_generated for t in group)} tokens, {time.perf_counter() - t1:.1f}s)",
                 flush=True,
             )
-        backlog_before = await store.backlog()
+        backlog_before = await store.groups.backlog()
         # Trainer side: read, compute group advantages, acknowledge (which trims the stream).
         tokens = used = 0
         reward_sum = 0.0
-        while entries := await store.read_groups("trainer", "demo-trainer", count=16):
+        while entries := await store.groups.read("trainer", "demo-trainer", count=16):
             for e in entries:
                 r = torch.tensor([[t.reward for t in e.trajectories]])
                 adv = grpo_advantages(r)[0].numpy()
@@ -164,7 +164,7 @@ async def _run(cfg: DemoConfig, redis_url: str) -> dict[str, Any]:
                     f"[trainer] group {e.entry_id}: advantages {[round(float(a), 2) for a in adv]}",
                     flush=True,
                 )
-            await store.ack("trainer", [e.entry_id for e in entries])
+            await store.groups.ack("trainer", [e.entry_id for e in entries])
         summary = {
             "run_id": run_id,
             "groups": cfg.tasks,
@@ -172,7 +172,7 @@ async def _run(cfg: DemoConfig, redis_url: str) -> dict[str, Any]:
             "reward_mean": reward_sum / max(used, 1),
             "generated_tokens": tokens,
             "backlog_before_ack": backlog_before,
-            "backlog_after_ack": await store.backlog(),
+            "backlog_after_ack": await store.groups.backlog(),
             "seconds": round(time.perf_counter() - t0, 1),
         }
     return summary

@@ -1,5 +1,5 @@
 """One training job in this process: its clients (store, engine, environments), its task plan and its
-rollout side; the trainer side is ``launcher.training``.
+rollout side; ``launcher.training`` runs the trainer side with it.
 
 ``role`` says what runs here: ``all`` (rollouts and trainer, the embedded default), ``trainer`` or
 ``rollout`` (distributed mode: rollout workers and trainers on different machines, one Redis).
@@ -48,8 +48,13 @@ class Job:
         self.stopping = asyncio.Event()
         self.manager: Any = None
         self.evals: dict[str, Any] = {}
+        self.store: Any = None
+        self.engine: Any = None
+        self.env: Any = None
+        self.suites: list[Any] = []
 
-    async def run(self) -> dict[str, Any]:
+    async def __aenter__(self) -> Job:
+        """Connects the run's store, engine and environments and loads its suites."""
         from engine.client import EngineClient
         from env_server.client import HttpEnvClient, LocalEnvClient
         from pqrl.store import TrajectoryStore
@@ -58,29 +63,26 @@ class Job:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):  # finish the step, checkpoint, stop
             loop.add_signal_handler(sig, self.stopping.set)
-        store = TrajectoryStore(self.services["redis_url"], cfg.run)
-        engine = EngineClient(self.services["engines"]) if self.services["engines"] else None
+        self.store = TrajectoryStore(self.services["redis_url"], cfg.run)
+        self.engine = EngineClient(self.services["engines"]) if self.services["engines"] else None
         token = cfg.services.env_token or os.environ.get("PQRL_ENV_TOKEN")
-        env = (
-            HttpEnvClient(cfg.services.env_servers, token=token)
-            if cfg.services.env_servers
-            else LocalEnvClient()
-        )
+        servers = cfg.services.env_servers
+        self.env = HttpEnvClient(servers, token=token) if servers else LocalEnvClient()
         try:
-            await store.ping()
-            if engine is not None:
-                await engine.wait_until_healthy(timeout_s=300)
-            suites = [load_suite_ref(r) for r in cfg.tasks.suites]
-            if self.role == "rollout":
-                return await self._rollout_only(store, engine, env, suites)
-            from launcher.training import train
+            await self.store.ping()
+            if self.engine is not None:
+                await self.engine.wait_until_healthy(timeout_s=300)
+            self.suites = [load_suite_ref(r) for r in cfg.tasks.suites]
+        except BaseException:
+            await self.__aexit__()
+            raise
+        return self
 
-            return await train(self, store, engine, env, suites)
-        finally:
-            if engine is not None:
-                await engine.aclose()
-            await env.aclose()
-            await store.close()
+    async def __aexit__(self, *exc: object) -> None:
+        if self.engine is not None:
+            await self.engine.aclose()
+        await self.env.aclose()
+        await self.store.close()
 
     def renderer(self) -> Any:
         from loss_masking import ChatRenderer
@@ -88,19 +90,21 @@ class Job:
 
         return ChatRenderer(load_tokenizer(self.cfg.model.name))
 
-    def start_manager(self, store: Any, engine: Any, env: Any) -> Any:
+    def start_manager(self) -> Any:
         from agent_loop.manager import RolloutManager
 
-        self.manager = RolloutManager(store, engine, env, self.renderer(), manager_config(self.cfg))
+        cfg = manager_config(self.cfg)
+        self.manager = RolloutManager(self.store, self.engine, self.env, self.renderer(), cfg)
         return self.manager
 
-    async def evaluate(self, suite: Any, engine: Any, env: Any) -> tuple[dict[str, float], Any]:
+    async def evaluate(self, suite: Any) -> tuple[dict[str, float], Any]:
         from agent_loop.evaluation import evaluate
 
-        return await evaluate(suite, engine=engine, env=env, cfg=episode_config(self.cfg), k=self.cfg.eval.k,
+        cfg = episode_config(self.cfg)
+        return await evaluate(suite, engine=self.engine, env=self.env, cfg=cfg, k=self.cfg.eval.k,
                               renderer=self.renderer())  # fmt: skip
 
-    async def queue_tasks(self, suites: list[Any]) -> None:
+    async def queue_tasks(self) -> None:
         """Gives the run its task sampler (suites mixed by weight, shuffled per epoch; idempotent).
 
         Without ``tasks.epochs`` the schedule covers the step budget twice over (dropped groups).
@@ -108,7 +112,7 @@ class Job:
         from pqrl.store import StoreError
         from tasks.storage import SuiteStore, WeightedSuite
 
-        refs = self.cfg.tasks.suites
+        refs, suites = self.cfg.tasks.suites, self.suites
         weighted = [WeightedSuite(s, ref.weight) for s, ref in zip(suites, refs, strict=True)]
         groups = self.cfg.train.steps * self.cfg.train.groups_per_step * 2
         epochs = self.cfg.tasks.epochs or max(1, -(-groups // max(sum(len(s.tasks) for s in suites), 1)))
@@ -124,9 +128,10 @@ class Job:
         finally:
             await suite_store.aclose()
 
-    async def _rollout_only(self, store: Any, engine: Any, env: Any, suites: list[Any]) -> dict[str, Any]:
-        await self.queue_tasks(suites)
-        manager = self.start_manager(store, engine, env)
+    async def rollout_only(self) -> dict[str, Any]:
+        """Role ``rollout``: run groups until the run's task plan is done."""
+        await self.queue_tasks()
+        manager = self.start_manager()
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, manager.stop)
         stats = await manager.run(until_empty=True)
         return {

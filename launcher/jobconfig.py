@@ -197,6 +197,8 @@ class TrainConfig(_Section):
     def _run_id(self) -> TrainConfig:
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", self.run):
             raise ValueError("run must be 1-64 characters of letters, digits, '_', '.', '-'")
+        if self.rollout.temperature <= 0:  # greedy episodes have no logprobs for the trainer to correct
+            raise ValueError("rollout.temperature must be > 0 for training (0 is for greedy evaluation)")
         return self
 
     @property

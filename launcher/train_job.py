@@ -97,15 +97,22 @@ def train_command(args: argparse.Namespace) -> int:
         dump = yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
         (cfg.run_dir / "config.yaml").write_text(dump)
         barrier(ctx)
-        from launcher.job import Job
         from launcher.services import job_services
 
         with job_services(cfg) as services:
-            summary = asyncio.run(Job(cfg, services, role=args.role, quiet=args.quiet, ctx=ctx).run())
+            summary = asyncio.run(_run_job(cfg, services, role=args.role, quiet=args.quiet, ctx=ctx))
     finally:
         shutdown(ctx)
     print(json.dumps(summary))
     return 0
+
+
+async def _run_job(cfg: TrainConfig, services: dict[str, Any], **how: Any) -> dict[str, Any]:
+    from launcher.job import Job
+    from launcher.training import train
+
+    async with Job(cfg, services, **how) as job:
+        return await job.rollout_only() if job.role == "rollout" else await train(job)
 
 
 def _trainer_ranks() -> Any:

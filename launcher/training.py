@@ -22,7 +22,8 @@ __all__ = ["train"]
 log = logging.getLogger("pqrl.train")
 
 
-async def train(job: Job, store: Any, engine: Any, env: Any, suites: list[Any]) -> dict[str, Any]:
+async def train(job: Job) -> dict[str, Any]:
+    """Role ``all`` or ``trainer``: the whole run on this side, to its summary."""
     from trainer.loop import TrainerLoop
     from trainer.ranks import Leader
 
@@ -32,15 +33,13 @@ async def train(job: Job, store: Any, engine: Any, env: Any, suites: list[Any]) 
     leader = Leader(job.ctx) if job.ctx.distributed else None
     if leader is not None:
         log.info("training on %d FSDP2 ranks (%s)", job.ctx.world_size, job.ctx.device.type)
-    sync = await _weight_sync(job, engine, parts.model)
+    sync = await _weight_sync(job, job.engine, parts.model)
     trainer = TrainerLoop(
-        parts.model, parts.optimizer, store, engine, loop_config(job.cfg), tokenizer=parts.tokenizer,
+        parts.model, parts.optimizer, job.store, job.engine, loop_config(job.cfg), tokenizer=parts.tokenizer,
         scheduler=parts.scheduler, state=parts.state, ref_model=parts.ref_model, leader=leader, sync=sync,
     )  # fmt: skip
     try:
-        return await _Run(job, store, engine, env, trainer, leader).run(
-            suites, resumed=parts.latest is not None
-        )
+        return await _Run(job, trainer, leader).run(resumed=parts.latest is not None)
     finally:
         if sync is not None:
             await sync.close()
@@ -64,24 +63,24 @@ async def _weight_sync(job: Job, engine: Any, model: Any) -> Any:
 
 
 class _Run:
-    def __init__(self, job: Job, store: Any, engine: Any, env: Any, trainer: Any, leader: Any) -> None:
+    def __init__(self, job: Job, trainer: Any, leader: Any) -> None:
         from trainer.metrics import MetricsWriter
 
-        self.job, self.cfg, self.store, self.engine, self.env = job, job.cfg, store, engine, env
+        self.job, self.cfg, self.store = job, job.cfg, job.store
         self.trainer, self.leader = trainer, leader
         self.writer = MetricsWriter(self.cfg.run_dir, tensorboard=self.cfg.tensorboard)
         self.eval_suite = load_suite_ref(self.cfg.eval.suite) if self.cfg.eval.suite else None
         self.rollout_task: asyncio.Task[Any] | None = None
         self.rewards: list[float] = []
 
-    async def run(self, suites: list[Any], *, resumed: bool) -> dict[str, Any]:
+    async def run(self, *, resumed: bool) -> dict[str, Any]:
         from trainer.metrics import plot_curves
 
         evals = self.job.evals
         await self._resume_or_open_gate(resumed=resumed)
         if self.eval_suite is not None and self.trainer.state.step == 0:
             evals["before"] = await self._evaluate(0)
-        await self._start_rollouts(suites)
+        await self._start_rollouts()
         started = time.monotonic()
         try:
             await self._steps(started)
@@ -111,19 +110,19 @@ class _Run:
         else:
             await self.store.gate.reset(groups_per_step=self.cfg.train.groups_per_step)
 
-    async def _start_rollouts(self, suites: list[Any]) -> None:
+    async def _start_rollouts(self) -> None:
         """Gives the run its task plan and, in role ``all``, runs the rollout manager beside us."""
         from agent_loop.manager import TASK_CONSUMER_GROUP
 
         trainer, store = self.trainer, self.store
-        await self.job.queue_tasks(suites)  # the trainer owns the run's task plan (idempotent)
+        await self.job.queue_tasks()  # the trainer owns the run's task plan (idempotent)
         saved = trainer.state.sampler_position
         if saved is not None and saved > await store.sampler.position():  # a Redis that lost its state
             await store.sampler.set_position(saved)
         if self.job.role == "all":
             if self.cfg.embedded:  # the only manager of the run is gone: its leases go back to the queue
                 await store.tasks.requeue_pending(TASK_CONSUMER_GROUP)
-            manager = self.job.start_manager(store, self.engine, self.env)
+            manager = self.job.start_manager()
             self.rollout_task = asyncio.create_task(manager.run(until_empty=False))
 
     async def _steps(self, started: float) -> None:
@@ -183,7 +182,7 @@ class _Run:
 
     async def _evaluate(self, step: int) -> tuple[float, Any]:
         t0 = time.monotonic()
-        metrics, solved = await self.job.evaluate(self.eval_suite, self.engine, self.env)
+        metrics, solved = await self.job.evaluate(self.eval_suite)
         metrics["perf/eval_s"] = time.monotonic() - t0
         self.writer.log(step, metrics)
         log.info("eval at step %d: %s", step, {k: round(v, 3) for k, v in metrics.items()})

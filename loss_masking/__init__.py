@@ -1,4 +1,4 @@
-"""Chat-template token deltas, loss masks and truncation records (issue #6, DESIGN.md section 6).
+"""Chat-template token deltas, loss masks and truncation records for token-in, token-out rollouts.
 
 Pure token logic over a Hugging Face tokenizer: no environments, sandboxes or engines.
 
@@ -9,7 +9,7 @@ Pure token logic over a Hugging Face tokenizer: no environments, sandboxes or en
 - ``TruncationPolicy`` (``loss_masking.truncation``): stop the episode or cut a tool output when the
   context budget runs out; recorded in ``Trajectory.truncation``.
 
-Packing several trajectories into training rows is not here yet; the trainer owns it for now.
+Packing several trajectories into training rows is the trainer's concern (``trainer.packing``).
 """
 
 from loss_masking.episode import EpisodeBuilder, ObservationInfo, TurnInfo

@@ -1,4 +1,4 @@
-"""Chat-template rendering for token-in, token-out rollouts (DESIGN.md section 6).
+"""Chat-template rendering for token-in, token-out rollouts (model output is never re-tokenized).
 
 ``ChatRenderer`` wraps a Hugging Face tokenizer and its chat template and gives the agent loop the
 three token sequences it needs, all rendered by the template itself:

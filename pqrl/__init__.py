@@ -1,5 +1,6 @@
-"""pqrl: agentic reinforcement learning. The floor package: the Trajectory record, its codec, the
-Redis trajectory store, the offline model cache and the CLI.
+"""pqrl: agentic reinforcement learning. The floor package, which imports no other package of the
+project: the Trajectory record and its codec, the Redis trajectory store, a private Redis server,
+the weights process group, the offline model cache and the settings base of component configs.
 
 Kept import-light on purpose: ``import pqrl`` pulls in nothing, so compute code can import
 ``pqrl.trajectory`` (numpy only) where Redis, FastAPI or Docker are not installed.

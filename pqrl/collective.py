@@ -5,7 +5,7 @@ rendezvous, keys prefixed with the group's name), so either side interoperates w
 ``broadcast_from_rank0`` sends (rank 0) or receives (every other rank) one broadcast per tensor;
 ``destroy_group`` leaves it. ``in_daemon_thread`` runs any of these blocking calls off the event loop.
 
-The trainer (``trainer.weight_sync``) and the built-in engine (``engine.server``) both use
+The trainer (``trainer.weight_sync``) and the built-in engine (``engine.weights_routes``) both use
 this module, which is why it lives in the floor package. torch is imported inside the functions, so
 importing this module costs nothing (``pqrl`` stays import-light).
 """

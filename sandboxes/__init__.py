@@ -1,1 +1,1 @@
-"""Sandbox protocol, Docker backend, warm pool, reaper and offline sandbox images (issue #3)."""
+"""Sandbox protocol, Docker backend, warm pool, reaper and offline sandbox images."""

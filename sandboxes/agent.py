@@ -87,68 +87,70 @@ def _sweep():
                 os.kill(int(name), signal.SIGKILL)
 
 
-def op_exec(req):
-    cmd = req["cmd"]
-    argv = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
-    cap = int(req.get("cap", 65536))
-    timeout = float(req.get("timeout", 30.0))
-    stdin = base64.b64decode(req["stdin"]) if req.get("stdin") else None
-    env = dict(os.environ)
-    env.update(req.get("env") or {})
-    oom_before = _oom_kills()
-    t0 = time.monotonic()
+def _start(argv, cwd, env, with_stdin):
+    """Starts the command in a new session and registers its process group; raises what Popen
+    raises (the group is registered only once the command runs)."""
     with _ACTIVE_LOCK:  # a sweep must not see the child before its group is registered
-        try:
-            p = subprocess.Popen(
-                argv,
-                cwd=req.get("cwd") or None,
-                env=env,
-                stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=True,
-            )
-        except (OSError, ValueError) as e:
-            return {
-                "stdout": "",
-                "stderr": _b64(str(e).encode()),
-                "exit_code": 127,
-                "timed_out": False,
-                "truncated": False,
-                "duration": time.monotonic() - t0,
-                "oom_killed": False,
-            }
+        p = subprocess.Popen(
+            argv,
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.PIPE if with_stdin else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
         _ACTIVE.add(p.pid)
-    if stdin is not None:
-        threading.Thread(target=_feed, args=(p.stdin, stdin), daemon=True).start()
-    out_fd, err_fd = p.stdout.fileno(), p.stderr.fileno()
-    bufs = {out_fd: bytearray(), err_fd: bytearray()}
-    sel = selectors.DefaultSelector()
-    for fd in bufs:
-        os.set_blocking(fd, False)
-        sel.register(fd, selectors.EVENT_READ)
-    truncated = timed_out = False
-    deadline = t0 + timeout
-    exited_at = last_data = None
+    return p
 
-    def take(fd):
+
+class _CappedOutput:
+    """The command's stdout and stderr, read without blocking; each keeps its first ``cap`` bytes,
+    the rest is read and dropped (``truncated``)."""
+
+    def __init__(self, p, cap):
+        self.cap = cap
+        self.out_fd, self.err_fd = p.stdout.fileno(), p.stderr.fileno()
+        self.bufs = {self.out_fd: bytearray(), self.err_fd: bytearray()}
+        self.sel = selectors.DefaultSelector()
+        for fd in self.bufs:
+            os.set_blocking(fd, False)
+            self.sel.register(fd, selectors.EVENT_READ)
+        self.truncated = False
+
+    def take(self, fd):
         """Reads one chunk into the capped buffer; False at EOF or when nothing is there."""
-        nonlocal truncated
         try:
             chunk = os.read(fd, 1 << 16)
         except BlockingIOError:
             return False
         if not chunk:
-            sel.unregister(fd)
+            self.sel.unregister(fd)
             return False
-        buf = bufs[fd]
-        room = cap - len(buf)
+        buf = self.bufs[fd]
+        room = self.cap - len(buf)
         if room > 0:
             buf += chunk[:room]
         if len(chunk) > room:
-            truncated = True
+            self.truncated = True
         return True
 
+    def drain(self):
+        """Reads what the pipes still hold (bounded), then closes the selector."""
+        for fd in list(self.sel.get_map()):  # what the command wrote before it exited is in the pipe now
+            for _ in range(64):
+                if not self.take(fd):
+                    break
+        self.sel.close()
+
+
+def _pump(p, output, deadline):
+    """Reads the command's output until it has exited and its pipes go quiet, or until the
+    deadline (then its group is killed, and escaped children get one more second); returns
+    whether it timed out."""
+    sel = output.sel
+    timed_out = False
+    exited_at = last_data = None
     while sel.get_map():
         now = time.monotonic()
         if not timed_out and now >= deadline:
@@ -165,13 +167,13 @@ def op_exec(req):
             break
         wait = deadline - now if exited_at is None else _GRACE_S
         for key, _ in sel.select(timeout=max(0.0, min(wait, 0.5))):
-            if take(key.fd):
+            if output.take(key.fd):
                 last_data = time.monotonic()
-    for fd in list(sel.get_map()):  # what the command wrote before it exited is in the pipe now
-        for _ in range(64):
-            if not take(fd):
-                break
-    sel.close()
+    return timed_out
+
+
+def _reap(p):
+    """Kills the command's group and every process that left it; returns the exit code."""
     _kill_group(p.pid)  # background children die with their command
     exit_code = p.wait()
     with _ACTIVE_LOCK:
@@ -179,12 +181,43 @@ def op_exec(req):
         _sweep()
     for f in (p.stdout, p.stderr):
         f.close()
+    return exit_code
+
+
+def op_exec(req):
+    cmd = req["cmd"]
+    argv = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
+    cap = int(req.get("cap", 65536))
+    timeout = float(req.get("timeout", 30.0))
+    stdin = base64.b64decode(req["stdin"]) if req.get("stdin") else None
+    env = dict(os.environ)
+    env.update(req.get("env") or {})
+    oom_before = _oom_kills()
+    t0 = time.monotonic()
+    try:
+        p = _start(argv, req.get("cwd") or None, env, with_stdin=stdin is not None)
+    except (OSError, ValueError) as e:
+        return {
+            "stdout": "",
+            "stderr": _b64(str(e).encode()),
+            "exit_code": 127,
+            "timed_out": False,
+            "truncated": False,
+            "duration": time.monotonic() - t0,
+            "oom_killed": False,
+        }
+    if stdin is not None:
+        threading.Thread(target=_feed, args=(p.stdin, stdin), daemon=True).start()
+    output = _CappedOutput(p, cap)
+    timed_out = _pump(p, output, t0 + timeout)
+    output.drain()
+    exit_code = _reap(p)
     return {
-        "stdout": _b64(bytes(bufs[out_fd])),
-        "stderr": _b64(bytes(bufs[err_fd])),
+        "stdout": _b64(bytes(output.bufs[output.out_fd])),
+        "stderr": _b64(bytes(output.bufs[output.err_fd])),
         "exit_code": exit_code,
         "timed_out": timed_out,
-        "truncated": truncated,
+        "truncated": output.truncated,
         "duration": time.monotonic() - t0,
         "oom_killed": _oom_kills() > oom_before,
     }

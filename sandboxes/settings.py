@@ -1,4 +1,5 @@
-"""Sandbox settings: hardened defaults (DESIGN.md section 7) that loosen only when asked by name."""
+"""Sandbox settings: hardened defaults (no network, no capabilities, not root, read-only root
+filesystem, capped resources) that loosen only when asked by name."""
 
 from __future__ import annotations
 

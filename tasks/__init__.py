@@ -1,1 +1,1 @@
-"""Task-suite format, built-in suites (calc, coding, search), graders and difficulty filter (issue #5)."""
+"""Task-suite format, built-in suites (calc, coding, search), graders and difficulty filter."""

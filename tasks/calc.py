@@ -1,7 +1,7 @@
 """The calc suite: multi-step arithmetic word problems, a ``calculator`` tool and an ``answer`` tool.
 
 A 135M model cannot multiply two-digit numbers in its head reliably, so the reward (the exact
-answer) is reachable only through the tool. Measured with SmolLM2-135M-Instruct (issue #5): with
+answer) is reachable only through the tool. Measured with SmolLM2-135M-Instruct: with
 the tool described only in the system prompt it never emits a call; with one worked example of the
 call-and-answer exchange, most samples attempt one. So the environment renders ``shots`` worked
 examples (default 1) into the prompt as earlier turns of the conversation.
@@ -48,7 +48,8 @@ _TEMPLATES = [
 ]  # fmt: skip
 
 # Level 1: one operation on two numbers, still beyond a 135M model's mental arithmetic: a first
-# rung that a small policy sometimes solves, so GRPO has signal (DESIGN.md section 5, 0 < c < 1).
+# rung that a small policy sometimes solves, so GRPO has signal (a 0/1 reward with pass rate c has
+# variance c(1 - c), which is nonzero only for 0 < c < 1).
 _EASY_TEMPLATES = [
     ("A box holds {a} apples. How many apples are in {b} boxes?", "{a} * {b}"),
     ("Tom has {c} marbles and buys {a} more. How many marbles does he have now?", "{c} + {a}"),

@@ -1,8 +1,8 @@
 """Difficulty filtering: keep the tasks the current policy sometimes solves.
 
 A 0/1 reward with pass rate c has variance c(1 - c): tasks solved always or never give every
-sample of a group the same reward, so GRPO's group advantage is zero and they teach nothing
-(DESIGN.md section 5). The rates come from rollouts with the policy (agent_loop.difficulty); this
+sample of a group the same reward, so GRPO's group advantage is zero and they teach nothing.
+The rates come from rollouts with the policy (agent_loop.difficulty); this
 module only turns them into a filtered suite and a report.
 """
 

@@ -6,15 +6,16 @@ run a task sampler (tasks.sampler: epochs, seeded shuffling, mixing weights) who
 ``RunSampler.claim`` hands out one at a time. A manager takes the queue first (reclaimed leases,
 then submitted tasks) and claims from the sampler only when the queue has nothing for it.
 
-The claim of slot ``k`` is one Lua script (``TrajectoryStore.claim_task``): if the run's position
-is still ``k`` it becomes ``k + 1``, the slot's task (computed by the caller from the schedule) is
-appended to the queue, and the oldest undelivered task is leased to the caller. A caller that lost
-the race gets the new position and retries with that slot; so two managers, on any machines, never
-claim the same slot, and a manager that dies after claiming leaves a pending lease that another
-reclaims after its lease timeout, as with submitted tasks. The position is the only state: a run
-resumed on a Redis that lost it sets the checkpoint's position (``set_sampler_position``) and
-continues with that slot. On a Redis that kept it, keep the larger of the two: the slots between
-them are already queued or leased, and setting the position back would hand them out again.
+The claim of slot ``k`` is one Lua script (``store.sampler.claim``, pqrl.store.sampler): if the
+run's position is still ``k`` it becomes ``k + 1``, the slot's task (computed by the caller from the
+schedule) is appended to the queue, and the oldest undelivered task is leased to the caller. A
+caller that lost the race gets the new position and retries with that slot; so two managers, on any
+machines, never claim the same slot, and a manager that dies after claiming leaves a pending lease
+that another reclaims after its lease timeout, as with submitted tasks. The position is the only
+state: a run resumed on a Redis that lost it sets the checkpoint's position
+(``store.sampler.set_position``) and continues with that slot. On a Redis that kept it, keep the
+larger of the two: the slots between them are already queued or leased, and setting the position
+back would hand them out again.
 
 Deliberately left out: slots leased but unfinished when a checkpoint was taken are not re-issued
 on a fresh Redis (their leases went with it); a suite both submitted and sampled runs twice.
@@ -98,7 +99,7 @@ class SuiteStore:
         await self.save(suite)
         store = TrajectoryStore(self.url, run_id)
         try:
-            return await store.push_tasks_once(
+            return await store.tasks.push_once(
                 suite.id, (queued_task(suite, i) for i in range(len(suite.tasks)))
             )
         finally:
@@ -120,7 +121,7 @@ class SuiteStore:
             await self.save(ws.suite)
         store = TrajectoryStore(self.url, run_id)
         try:
-            await store.set_sampler(config.to_json())
+            await store.sampler.configure(config.to_json())
         finally:
             await store.close()
         return config
@@ -138,7 +139,7 @@ class RunSampler:
     @classmethod
     async def load(cls, store: TrajectoryStore) -> RunSampler | None:
         """The run's sampler with its suites read from Redis; None when the run has none."""
-        state = await store.get_sampler()
+        state = await store.sampler.get()
         if state.config is None:
             return None
         config = SamplerConfig.from_json(state.config)
@@ -151,18 +152,18 @@ class RunSampler:
         return cls(store, Schedule(config), suites)
 
     async def position(self) -> int:
-        return await self.store.sampler_position()
+        return await self.store.sampler.position()
 
     def task(self, k: int) -> dict[str, Any]:
         """What slot ``k`` queues: the task as ``submit`` queues it, with its slot and epoch."""
         slot = self.schedule.slot(k)
         return {**queued_task(self.suites[slot.suite_id], slot.task_index), "epoch": slot.epoch, "slot": k}
 
-    async def claim(self, group: str, consumer: str) -> TaskEntry | None:
+    async def claim(self, consumer_group: str, consumer: str) -> TaskEntry | None:
         """Claims the next slot and leases a task to ``consumer``; None once the schedule is over."""
         k = await self.position()
         while not self.schedule.exhausted(k):
-            got = await self.store.claim_task(group, consumer, position=k, task=self.task(k))
+            got = await self.store.sampler.claim(consumer_group, consumer, position=k, task=self.task(k))
             if got.entry is not None:
                 return got.entry
             k = got.position  # another manager claimed slot k first

@@ -13,7 +13,10 @@ COMPUTE_MODULES = [
     "trainer.losses",
     "trainer.advantages",
     "trainer.step",
+    "engine.sampling",
+    "engine.config",
     "engine.batcher",
+    "engine.scheduler",
 ]
 
 

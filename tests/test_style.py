@@ -1,4 +1,4 @@
-"""The tree stays ruff clean (DESIGN.md section 9), checked where CI runs."""
+"""The tree stays ruff clean, checked where CI runs."""
 
 from __future__ import annotations
 

@@ -1,1 +1,1 @@
-"""Pure loss/advantage functions, the staleness-aware GRPO trainer and weight sync (issue #7)."""
+"""Pure loss/advantage functions, the staleness-aware GRPO trainer and weight sync."""

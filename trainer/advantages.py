@@ -3,8 +3,8 @@
 Pure functions of torch tensors, computed without autograd (advantages are targets, never
 differentiated). The group functions accept either a dense ``[G, n]`` layout (one row per group)
 or a flat ``[N]`` vector plus ``group_ids``. A boolean ``valid`` mask removes members from the
-group statistics (e.g. ``failed_infra`` trajectories, DESIGN.md section 3); such members get
-advantage 0.
+group statistics (e.g. ``failed_infra`` trajectories, whose zero reward says nothing about the
+policy); such members get advantage 0.
 
 Deliberately left out: per-turn / process rewards, reward whitening across the whole batch
 (REINFORCE++), and an overlong penalty; those shape rewards before they reach this module.

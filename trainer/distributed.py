@@ -1,4 +1,4 @@
-"""Multi-process training through torch FSDP2, launched by ``torchrun`` (DESIGN.md section 8).
+"""Multi-process training through torch FSDP2, launched by ``torchrun``.
 
 Every function is a pass-through in a world of one, so the single-process trainer calls them
 unconditionally. The pieces, in the order a step uses them:

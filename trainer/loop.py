@@ -7,7 +7,7 @@ One ``TrainerLoop.step()``:
    ``max_extra_reads`` keeps reading while fewer than that many carry signal (DAPO);
 2. runs ``trainer.step.train_step`` on them at the current policy version (in a thread, so the
    event loop keeps serving Redis and the rollout manager); groups it drops (stale, no signal)
-   are reported to the staleness gate with ``gate_reject``, so they free their places;
+   are reported to the staleness gate with ``gate.reject``, so they free their places;
 3. pushes the weights to every engine under the next version (``trainer.weight_sync``: saved in
    Hugging Face format and loaded with ``/update_weights_from_disk`` by default, or broadcast over a
    process group), aborting in-flight requests so per-token versions stay exact, and only then
@@ -42,9 +42,9 @@ from trainer.ranks import Leader
 from trainer.step import screen_group, train_step
 from trainer.weight_sync import DiskWeightSync, WeightSync
 
-__all__ = ["LoopConfig", "TrainerLoop", "WholeModel"]
+__all__ = ["STREAM_CONSUMER_GROUP", "LoopConfig", "TrainerLoop", "WholeModel"]
 
-_GROUP = "trainer"  # consumer group of the trajectory stream
+STREAM_CONSUMER_GROUP = "trainer"  # the Redis consumer group through which trainers read groups
 
 
 def _failpoint(name: str, step: int) -> None:
@@ -99,21 +99,21 @@ class TrainerLoop:
     async def resume(self) -> int:
         """After loading a checkpoint: acknowledge what it covers, serve its weights under a fresh
         version above every version ever published; returns that version."""
-        await self.store.create_consumer_group(_GROUP)
-        await self.store.ack(_GROUP, self.state.unacked_entries)
+        await self.store.groups.create_consumer_group(STREAM_CONSUMER_GROUP)
+        await self.store.groups.ack(STREAM_CONSUMER_GROUP, self.state.unacked_entries)
         self.state.unacked_entries = []
-        highest = max((await self.store.get_policy()).version, self.state.policy_version)
+        highest = max((await self.store.policy.get()).version, self.state.policy_version)
         version = await self._publish(highest + 1)
         self.state.policy_version = version
-        await self.store.gate_reset(groups_per_step=self.cfg.groups_per_step)
+        await self.store.gate.reset(groups_per_step=self.cfg.groups_per_step)
         return version
 
     async def step(self, *, timeout_s: float | None = None) -> dict[str, float]:
         """One step; returns its metrics (with ``policy/version`` after publication)."""
-        await self.store.create_consumer_group(_GROUP)
+        await self.store.groups.create_consumer_group(STREAM_CONSUMER_GROUP)
         gps = self.cfg.groups_per_step
         entries = await self._read(gps, timeout_s)
-        version = (await self.store.get_policy()).version
+        version = (await self.store.policy.get()).version
         rejected = 0  # groups already returned to the staleness gate
         for _ in range(self.cfg.max_extra_reads):
             flat = sum(not self._has_signal(e, version) for e in entries)
@@ -121,7 +121,7 @@ class TrainerLoop:
             if missing <= 0:
                 break
             if flat > rejected:  # they will be dropped: free their places now, or the gate stays full
-                await self.store.gate_reject(flat - rejected)  # and no group with signal can come
+                await self.store.gate.reject(flat - rejected)  # and no group with signal can come
                 rejected = flat
             entries += await self._read(missing, timeout_s)
         _failpoint("read", self.state.step + 1)
@@ -140,7 +140,7 @@ class TrainerLoop:
             metrics.get("dropped/groups_too_few_valid", 0) + metrics.get("dropped/no_signal_groups", 0)
         )
         if dropped > rejected:
-            await self.store.gate_reject(dropped - rejected)
+            await self.store.gate.reject(dropped - rejected)
         if metrics.get("rollout/trajectories_used", 0) > 0:
             metrics["policy/version"] = float(await self._publish(version + 1))
         else:
@@ -151,7 +151,7 @@ class TrainerLoop:
         self.state.trained_groups += [g[0].group_id for g in groups]
         ids = [e.entry_id for e in entries]
         if self.cfg.ckpt_dir is None:
-            await self.store.ack(_GROUP, ids)
+            await self.store.groups.ack(STREAM_CONSUMER_GROUP, ids)
         else:
             self.state.unacked_entries += ids
         return metrics
@@ -171,7 +171,7 @@ class TrainerLoop:
             optimizer_state=optimizer_state,
         )  # fmt: skip
         _failpoint("checkpointed", self.state.step)
-        await self.store.ack(_GROUP, self.state.unacked_entries)
+        await self.store.groups.ack(STREAM_CONSUMER_GROUP, self.state.unacked_entries)
         self.state.unacked_entries = []
         return path
 
@@ -180,7 +180,9 @@ class TrainerLoop:
 
     async def _read(self, n: int, timeout_s: float | None) -> list[GroupEntry]:
         if self._redelivered is None:
-            self._redelivered = await self.store.read_own_pending(_GROUP, self.cfg.consumer, count=10_000)
+            self._redelivered = await self.store.groups.read_own_pending(
+                STREAM_CONSUMER_GROUP, self.cfg.consumer, count=10_000
+            )
             held = set(self.state.unacked_entries)  # taken since the last checkpoint, not crashed
             self._redelivered = [e for e in self._redelivered if e.entry_id not in held]
         entries = self._redelivered[:n]
@@ -191,8 +193,8 @@ class TrainerLoop:
             if deadline is not None and loop.time() > deadline:
                 raise TimeoutError(f"only {len(entries)} of {n} groups arrived")
             missing = n - len(entries)
-            entries += await self.store.read_groups(
-                _GROUP, self.cfg.consumer, count=missing, block_ms=self.cfg.read_block_ms
+            entries += await self.store.groups.read(
+                STREAM_CONSUMER_GROUP, self.cfg.consumer, count=missing, block_ms=self.cfg.read_block_ms
             )
         return entries
 
@@ -207,4 +209,4 @@ class TrainerLoop:
     async def _publish(self, version: int) -> int:
         model = self.model if self.leader is None else await self._whole_model()
         await self.sync.push(model, version)  # engines first: a published version is one engines serve
-        return await self.store.publish_policy(self.sync.location(version), version=version)
+        return await self.store.policy.publish(self.sync.location(version), version=version)

@@ -1,7 +1,7 @@
 """Policy-loss functions for the GRPO trainer: clipped surrogate, decoupled PPO / TIS, KL, entropy.
 
 Pure functions of torch tensors; shapes are ``[B, T]`` (sequences x tokens) unless stated. The
-pieces follow DESIGN.md section 5:
+pieces:
 
 - ``clipped_surrogate``: PPO's clipped objective with asymmetric clip (DAPO clip-higher) and an
   optional dual clip for negative advantages.

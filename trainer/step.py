@@ -1,4 +1,4 @@
-"""One GRPO training step on Trajectory groups: the compute core of the trainer loop (issue #7).
+"""One GRPO training step on Trajectory groups: the compute core of the trainer loop.
 
 Input: groups of Trajectory records as read from the store. Output: the model updated
 ``ppo_epochs x minibatches`` times and the step's metrics, namespaced as in CleanRL. In order:
@@ -12,7 +12,8 @@ Input: groups of Trajectory records as read from the store. Output: the model up
    training forward and its detached logprobs are used (no second forward pass); the behaviour
    logprobs come from the engine; reference logprobs (optional) from ``ref_model``;
 4. loss: ``w * max(-A r, -A clip(r))`` with ``r = pi_theta / pi_prox`` and the single capped,
-   detached weight ``w = min(pi_prox / pi_behavior, C)`` (DESIGN.md section 5), plus
+   detached weight ``w = min(pi_prox / pi_behavior, C)`` (one weight covers both engine/trainer
+   mismatch and staleness), plus
    ``kl_coef * KL(pi_theta || pi_ref)``; token-mean over the mask-1 tokens of the minibatch,
    gradients accumulated over micro-batches of at most ``micro_batch_tokens`` tokens;
 5. per minibatch: clip the gradient norm, step the optimizer, then the scheduler.
@@ -277,6 +278,152 @@ def _add(sums: dict[str, Tensor], new: dict[str, Tensor]) -> None:
             sums[k] = torch.maximum(sums[k], v) if k.endswith("_max") else sums[k] + v
 
 
+def _record_offpolicy(
+    sums: dict[str, Tensor], batch: _Batch, members: list[int], logp_prox: Tensor, entropy: Tensor,
+    version: int,
+) -> None:  # fmt: skip
+    """Adds the importance-weight sums of ``members`` under the proximal logprobs, and their entropy."""
+    if logp_prox.numel() == 0:  # every loss mask of the micro-batch is 0
+        return
+    behav = batch.per_token(members, "behavior_logprobs", torch.float32)
+    versions = batch.per_token(members, "versions", torch.long)
+    _add(
+        sums,
+        _offpolicy_sums(logp_prox, behav, versions, version, batch.cfg.is_cap) | {"entropy": entropy.sum()},
+    )
+
+
+def _by_member(batch: _Batch, members: list[int], logp: Tensor) -> dict[int, Tensor]:
+    """The concatenated per-token ``logp`` of ``members``, split back into one tensor per member."""
+    return dict(zip(members, logp.split([len(batch.positions[i]) for i in members]), strict=True))
+
+
+def _proximal_logprobs(
+    model: Any, batch: _Batch, one_pass: list[list[int]], mode: str | None, sums: dict[str, Tensor],
+    version: int,
+) -> dict[int, Tensor]:  # fmt: skip
+    """pi_prox of this rank's trained tokens, under the weights before the first update, per member;
+    adds the off-policy sums. An empty pass runs a dummy forward to pair up with the other ranks."""
+    prox: dict[int, Tensor] = {}
+    for members in one_pass:
+        if not members:
+            _empty_pass(model, batch.device)
+            continue
+        logp, entropy = _logprobs(model, batch, members, mode, with_entropy=True)
+        _record_offpolicy(sums, batch, members, logp, entropy, version)
+        prox |= _by_member(batch, members, logp)
+    return prox
+
+
+def _reference_logprobs(ref_model: Any, batch: _Batch, one_pass: list[list[int]]) -> dict[int, Tensor]:
+    """pi_ref of this rank's trained tokens, per member."""
+    ref_model.eval()
+    ref_mode = enable_packed_attention(ref_model) if batch.cfg.packing else None
+    ref: dict[int, Tensor] = {}
+    for members in filter(None, one_pass):  # the reference model is not sharded
+        logp, _ = _logprobs(ref_model, batch, members, ref_mode, with_entropy=False)
+        ref |= _by_member(batch, members, logp)
+    return ref
+
+
+def _micro_batch_backward(
+    model: Any, batch: _Batch, members: list[int], mode: str | None, mb_tokens: float,
+    sums: dict[str, Tensor], *, version: int, prox: dict[int, Tensor] | None,
+    ref: dict[int, Tensor] | None,
+) -> None:  # fmt: skip
+    """Backpropagates the loss of one micro-batch, divided by the minibatch's token count, and adds
+    its sums. ``prox`` None: on policy, pi_prox is the training forward's own (detached) policy;
+    ``ref`` None: no reference model."""
+    cfg = batch.cfg
+    with _checkpointing(model, cfg.gradient_checkpointing):
+        with _autocast(batch.device, cfg):
+            logp, entropy = _logprobs(model, batch, members, mode, with_entropy=prox is None)
+        if prox is None:
+            logp_prox = logp.detach()
+            _record_offpolicy(sums, batch, members, logp_prox, entropy, version)
+        else:
+            logp_prox = torch.cat([prox[i] for i in members])
+        out = decoupled_ppo_loss(
+            logp, logp_prox, batch.per_token(members, "behavior_logprobs", torch.float32),
+            batch.per_token(members, "advantages", torch.float32), torch.ones_like(logp),
+            eps_low=cfg.eps_low, eps_high=cfg.eps_high, is_cap=cfg.is_cap,
+        )  # fmt: skip
+        # token-mean over the minibatch: every micro-batch divides by its token count
+        loss = out.loss.sum() / mb_tokens
+        new = {
+            "pg_loss": out.loss.sum(),
+            "clipped": out.clipped.sum(),
+            "trained": logp.new_tensor(len(logp)),
+        }
+        if ref is not None:
+            kl = kl_estimate(logp, torch.cat([ref[i] for i in members]), cfg.kl_estimator)
+            if cfg.kl_coef:
+                loss = loss + cfg.kl_coef * kl.sum() / mb_tokens
+            new["kl_ref"] = kl.sum()
+        loss.backward()
+    _add(sums, new)
+
+
+def _minibatch_update(
+    model: Any, optimizer: torch.optim.Optimizer, scheduler: Any, batch: _Batch, minibatch: np.ndarray,
+    own: set[int], ctx: DistContext, mode: str | None, sums: dict[str, Tensor], *, version: int,
+    prox: dict[int, Tensor] | None, ref: dict[int, Tensor] | None,
+) -> Tensor:  # fmt: skip
+    """One optimizer (and scheduler) step on this rank's share of ``minibatch``; returns the gradient
+    norm before clipping."""
+    cfg = batch.cfg
+    # every rank divides by the whole minibatch's tokens: the reduced gradient is its mean
+    mb_tokens = float(max(sum(len(batch.positions[i]) for i in minibatch), 1))
+    optimizer.zero_grad(set_to_none=True)
+    passes = batch.micro_batches(sorted(i for i in minibatch.tolist() if i in own))
+    for members in equalize_passes(passes, ctx):
+        if not members:
+            with _checkpointing(model, cfg.gradient_checkpointing), _autocast(batch.device, cfg):
+                _empty_pass(model, batch.device).backward()
+            continue
+        _micro_batch_backward(
+            model, batch, members, mode, mb_tokens, sums, version=version, prox=prox, ref=ref
+        )
+    grad_norm = _full(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm))
+    optimizer.step()
+    if scheduler is not None:
+        scheduler.step()
+    return grad_norm
+
+
+def _step_metrics(
+    sums: dict[str, Tensor], ctx: DistContext, n_tokens: list[int], micro_batches: int,
+    grad_norms: list[Tensor], with_ref: bool,
+) -> dict[str, float]:  # fmt: skip
+    """The step's loss, policy, off-policy and perf metrics from its sums, added over ranks."""
+    s = Counter(all_reduce_sums({k: float(v) for k, v in sums.items()}, _SUMS, ctx))
+    s["trained"] = max(s["trained"], 1.0)
+    total = float(max(sum(n_tokens), 1))
+    metrics = {
+        "losses/pg_loss": s["pg_loss"] / s["trained"],
+        "losses/clipfrac": s["clipped"] / s["trained"],
+        "losses/grad_norm": float(torch.stack([g.float() for g in grad_norms]).mean()),
+        "policy/entropy": s["entropy"] / total,
+        "offpolicy/tis_weight_mean": s["tis_weight"] / total,
+        "offpolicy/tis_weight_max": s["tis_weight_max"],
+        "offpolicy/tis_weight_clipped_frac": s["tis_weight_clipped"] / total,
+        # engine vs trainer on tokens of the current version (k1 estimate of KL(behaviour || prox))
+        "offpolicy/mismatch_kl": s["mismatch_kl"] / max(s["current_tokens"], 1.0),
+        "offpolicy/mismatch_tis_weight_mean": s["mismatch_tis_weight"] / max(s["current_tokens"], 1.0),
+        # tokens of older versions: the weight is the decoupled-PPO behaviour correction
+        "offpolicy/stale_kl": s["stale_kl"] / max(s["stale_tokens"], 1.0),
+        "offpolicy/stale_tis_weight_mean": s["stale_tis_weight"] / max(s["stale_tokens"], 1.0),
+        "offpolicy/stale_token_frac": s["stale_tokens"] / total,
+        "offpolicy/staleness_mean": s["staleness"] / total,
+        "perf/tokens": float(sum(n_tokens)),
+        "perf/micro_batches": float(micro_batches),
+        "perf/optimizer_steps": float(len(grad_norms)),
+    }
+    if with_ref:
+        metrics["losses/kl_ref"] = s["kl_ref"] / s["trained"]
+    return metrics
+
+
 def train_step(
     model: Any, optimizer: torch.optim.Optimizer, groups: Sequence[Sequence[Trajectory]], version: int,
     cfg: StepConfig, *, scheduler: Any = None, ref_model: Any = None,
@@ -306,109 +453,26 @@ def train_step(
     mine = shard_of(list(range(len(used))), ctx, cost=lambda i: used[i].num_tokens)
     own = set(mine)
     one_pass = equalize_passes(batch.micro_batches(mine), ctx)
-    n_tokens = [len(p) for p in batch.positions]
     # one epoch, one minibatch: a single update, so pi_prox is the training forward's own policy
     on_policy = cfg.ppo_epochs == 1 and cfg.minibatches == 1
     model.eval()  # no dropout: proximal and trained logprobs come from the same function
-    prox: dict[int, Tensor] = {}
-    ref: dict[int, Tensor] = {}
     sums: dict[str, Tensor] = {}
-
-    def offpolicy(members: list[int], logp_prox: Tensor, entropy: Tensor) -> None:
-        if logp_prox.numel() == 0:  # every loss mask of the micro-batch is 0
-            return
-        behav = batch.per_token(members, "behavior_logprobs", torch.float32)
-        versions = batch.per_token(members, "versions", torch.long)
-        _add(
-            sums,
-            _offpolicy_sums(logp_prox, behav, versions, version, cfg.is_cap) | {"entropy": entropy.sum()},
-        )
-
     with torch.no_grad(), _autocast(device, cfg):
-        for members in [] if on_policy else one_pass:
-            if not members:
-                _empty_pass(model, device)
-                continue
-            logp, entropy = _logprobs(model, batch, members, mode, with_entropy=True)
-            offpolicy(members, logp, entropy)
-            prox |= dict(zip(members, logp.split([n_tokens[i] for i in members]), strict=True))
-        if ref_model is not None:
-            ref_model.eval()
-            ref_mode = enable_packed_attention(ref_model) if cfg.packing else None
-            for members in filter(None, one_pass):  # the reference model is not sharded
-                logp, _ = _logprobs(ref_model, batch, members, ref_mode, with_entropy=False)
-                ref |= dict(zip(members, logp.split([n_tokens[i] for i in members]), strict=True))
+        prox = None if on_policy else _proximal_logprobs(model, batch, one_pass, mode, sums, version)
+        ref = None if ref_model is None else _reference_logprobs(ref_model, batch, one_pass)
 
     grad_norms = []
     for epoch in range(cfg.ppo_epochs):
         rng = np.random.default_rng([cfg.seed, version, epoch])
         for minibatch in np.array_split(rng.permutation(len(used)), min(cfg.minibatches, len(used))):
-            # every rank divides by the whole minibatch's tokens: the reduced gradient is its mean
-            mb_tokens = float(max(sum(n_tokens[i] for i in minibatch), 1))
-            optimizer.zero_grad(set_to_none=True)
-            passes = batch.micro_batches(sorted(i for i in minibatch.tolist() if i in own))
-            for members in equalize_passes(passes, ctx):
-                if not members:
-                    with _checkpointing(model, cfg.gradient_checkpointing), _autocast(device, cfg):
-                        _empty_pass(model, device).backward()
-                    continue
-                with _checkpointing(model, cfg.gradient_checkpointing):
-                    with _autocast(device, cfg):
-                        logp, entropy = _logprobs(model, batch, members, mode, with_entropy=on_policy)
-                    if on_policy:
-                        logp_prox = logp.detach()
-                        offpolicy(members, logp_prox, entropy)
-                    else:
-                        logp_prox = torch.cat([prox[i] for i in members])
-                    out = decoupled_ppo_loss(
-                        logp, logp_prox, batch.per_token(members, "behavior_logprobs", torch.float32),
-                        batch.per_token(members, "advantages", torch.float32), torch.ones_like(logp),
-                        eps_low=cfg.eps_low, eps_high=cfg.eps_high, is_cap=cfg.is_cap,
-                    )  # fmt: skip
-                    # token-mean over the minibatch: every micro-batch divides by its token count
-                    loss = out.loss.sum() / mb_tokens
-                    new = {
-                        "pg_loss": out.loss.sum(),
-                        "clipped": out.clipped.sum(),
-                        "trained": logp.new_tensor(len(logp)),
-                    }
-                    if ref_model is not None:
-                        kl = kl_estimate(logp, torch.cat([ref[i] for i in members]), cfg.kl_estimator)
-                        if cfg.kl_coef:
-                            loss = loss + cfg.kl_coef * kl.sum() / mb_tokens
-                        new["kl_ref"] = kl.sum()
-                    loss.backward()
-                _add(sums, new)
-            grad_norms.append(_full(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)))
-            optimizer.step()
-            if scheduler is not None:
-                scheduler.step()
+            grad_norm = _minibatch_update(
+                model, optimizer, scheduler, batch, minibatch, own, ctx, mode, sums,
+                version=version, prox=prox, ref=ref,
+            )  # fmt: skip
+            grad_norms.append(grad_norm)
 
-    s = Counter(all_reduce_sums({k: float(v) for k, v in sums.items()}, _SUMS, ctx))
-    s["trained"] = max(s["trained"], 1.0)
-    total = float(max(sum(n_tokens), 1))
-    metrics |= {
-        "losses/pg_loss": s["pg_loss"] / s["trained"],
-        "losses/clipfrac": s["clipped"] / s["trained"],
-        "losses/grad_norm": float(torch.stack([g.float() for g in grad_norms]).mean()),
-        "policy/entropy": s["entropy"] / total,
-        "offpolicy/tis_weight_mean": s["tis_weight"] / total,
-        "offpolicy/tis_weight_max": s["tis_weight_max"],
-        "offpolicy/tis_weight_clipped_frac": s["tis_weight_clipped"] / total,
-        # engine vs trainer on tokens of the current version (k1 estimate of KL(behaviour || prox))
-        "offpolicy/mismatch_kl": s["mismatch_kl"] / max(s["current_tokens"], 1.0),
-        "offpolicy/mismatch_tis_weight_mean": s["mismatch_tis_weight"] / max(s["current_tokens"], 1.0),
-        # tokens of older versions: the weight is the decoupled-PPO behaviour correction
-        "offpolicy/stale_kl": s["stale_kl"] / max(s["stale_tokens"], 1.0),
-        "offpolicy/stale_tis_weight_mean": s["stale_tis_weight"] / max(s["stale_tokens"], 1.0),
-        "offpolicy/stale_token_frac": s["stale_tokens"] / total,
-        "offpolicy/staleness_mean": s["staleness"] / total,
-        "perf/tokens": float(sum(n_tokens)),
-        "perf/micro_batches": float(len(one_pass)),
-        "perf/optimizer_steps": float(len(grad_norms)),
-    }
-    if ref_model is not None:
-        metrics["losses/kl_ref"] = s["kl_ref"] / s["trained"]
+    n_tokens = [len(p) for p in batch.positions]
+    metrics |= _step_metrics(sums, ctx, n_tokens, len(one_pass), grad_norms, with_ref=ref_model is not None)
     elapsed = time.perf_counter() - start  # after the float() conversions above: the GPU is done
     metrics["perf/step_s"] = elapsed
     metrics["perf/tokens_per_s"] = sum(t.num_tokens for t in used) * cfg.ppo_epochs / elapsed

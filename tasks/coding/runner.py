@@ -55,13 +55,11 @@ def sweep(keep: set) -> int:
     return killed
 
 
-def main() -> int:
-    config = json.loads(sys.stdin.read())
-    dumpable_off = undumpable()
-    xml_r, xml_w = os.pipe()
-    out_r, out_w = os.pipe()
+def start_pytest(config: dict, xml_w: int, out_w: int) -> subprocess.Popen:
+    """pytest in a new session, the JUnit XML into ``xml_w`` (its only extra descriptor) and its
+    output into ``out_w``; both write ends are closed here, so the pipes reach end-of-file when
+    pytest and its children are gone."""
     argv = [a.replace("{junit}", f"/dev/fd/{xml_w}") for a in config["argv"]]
-    started = time.monotonic()
     child = subprocess.Popen(
         argv,
         cwd=config["cwd"],
@@ -74,14 +72,40 @@ def main() -> int:
     )
     os.close(xml_w)
     os.close(out_w)
+    return child
+
+
+def stop(child: subprocess.Popen) -> int:
+    """Kills pytest's process group, then every other process; returns how many escaped the group."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(child.pid, signal.SIGKILL)
+    child.wait()
+    # Whatever still runs escaped pytest's process group: it may hold the report pipe.
+    return sweep({1, os.getpid(), os.getppid()})
+
+
+def store(buf: bytearray, chunk: bytes, is_output: bool) -> bool:
+    """Adds ``chunk`` to its pipe's buffer; False when it would take the XML past ``MAX_XML``
+    (the chunk is dropped, so an oversized report is flagged rather than cut and parsed)."""
+    if is_output:  # keep the tail of the output
+        buf += chunk
+        del buf[: max(0, len(buf) - MAX_OUTPUT)]
+    elif len(buf) + len(chunk) > MAX_XML:
+        return False
+    else:
+        buf += chunk
+    return True
+
+
+def collect(child: subprocess.Popen, deadline: float, xml_r: int, out_r: int) -> dict:
+    """Reads both pipes until pytest has exited (or timed out, then it is killed) and they reach
+    end-of-file, at most ``GRACE_S`` after that; returns what the run left for the report."""
     buffers = {xml_r: bytearray(), out_r: bytearray()}
-    caps = {xml_r: MAX_XML, out_r: MAX_OUTPUT}
-    overflow = {xml_r: False, out_r: False}
+    xml_overflow = False
     sel = selectors.DefaultSelector()
     for fd in buffers:
         os.set_blocking(fd, False)
         sel.register(fd, selectors.EVENT_READ)
-    deadline = started + float(config["timeout"])
     timed_out = False
     exited_at = None
     leftovers = 0
@@ -90,11 +114,7 @@ def main() -> int:
         if exited_at is None and (child.poll() is not None or now >= deadline):
             timed_out = child.poll() is None
             exited_at = now
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(child.pid, signal.SIGKILL)
-            child.wait()
-            # Whatever still runs escaped pytest's process group: it may hold the report pipe.
-            leftovers = sweep({1, os.getpid(), os.getppid()})
+            leftovers = stop(child)
         if exited_at is not None and (not sel.get_map() or now - exited_at > GRACE_S):
             break
         if not sel.get_map():  # both pipes closed; pytest is still exiting
@@ -108,38 +128,54 @@ def main() -> int:
             if not chunk:
                 sel.unregister(key.fd)
                 continue
-            buf = buffers[key.fd]
-            if key.fd == out_r:  # keep the tail of the output
-                buf += chunk
-                del buf[: max(0, len(buf) - caps[out_r])]
-            elif len(buf) + len(chunk) > caps[xml_r]:
-                overflow[xml_r] = True
-            else:
-                buf += chunk
+            if not store(buffers[key.fd], chunk, is_output=key.fd == out_r):
+                xml_overflow = True
     pipe_open = bool(sel.get_map())
     sel.close()
-    report = {
-        "xml": base64.b64encode(bytes(buffers[xml_r])).decode(),
-        "xml_overflow": overflow[xml_r],
-        "exit_code": child.returncode,
+    return {
+        "xml": bytes(buffers[xml_r]),
+        "xml_overflow": xml_overflow,
         "timed_out": timed_out,
-        "duration_s": round((exited_at or time.monotonic()) - started, 3),
-        "leftover_processes": leftovers,
+        "exited_at": exited_at,
+        "leftovers": leftovers,
         "pipe_open": pipe_open,
-        "dumpable_off": dumpable_off,
-        "output_tail": bytes(buffers[out_r]).decode("utf-8", "replace"),
+        "output": bytes(buffers[out_r]),
     }
+
+
+def write_report(report_dir: str, report: dict) -> int:
+    """Creates ``report_dir`` exclusively and writes ``report.json`` in it; 3 when it existed."""
     try:
-        os.mkdir(config["report_dir"], 0o700)
-        fd = os.open(
-            os.path.join(config["report_dir"], "report.json"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600
-        )
+        os.mkdir(report_dir, 0o700)
+        fd = os.open(os.path.join(report_dir, "report.json"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
         print("report directory already exists", file=sys.stderr)
         return 3
     with os.fdopen(fd, "w") as f:
         json.dump(report, f)
     return 0
+
+
+def main() -> int:
+    config = json.loads(sys.stdin.read())
+    dumpable_off = undumpable()
+    xml_r, xml_w = os.pipe()
+    out_r, out_w = os.pipe()
+    started = time.monotonic()
+    child = start_pytest(config, xml_w, out_w)
+    run = collect(child, started + float(config["timeout"]), xml_r, out_r)
+    report = {
+        "xml": base64.b64encode(run["xml"]).decode(),
+        "xml_overflow": run["xml_overflow"],
+        "exit_code": child.returncode,
+        "timed_out": run["timed_out"],
+        "duration_s": round((run["exited_at"] or time.monotonic()) - started, 3),
+        "leftover_processes": run["leftovers"],
+        "pipe_open": run["pipe_open"],
+        "dumpable_off": dumpable_off,
+        "output_tail": run["output"].decode("utf-8", "replace"),
+    }
+    return write_report(config["report_dir"], report)
 
 
 if __name__ == "__main__":

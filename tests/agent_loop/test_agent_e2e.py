@@ -95,8 +95,8 @@ async def test_calc_group_with_the_models_own_tool_calls(served, smollm, env_url
     assert all(_mask_runs(t.loss_mask) == len(t.turns) >= 2 for t in multi)
 
     async with TrajectoryStore(redis_server.url, "e2e") as store:
-        await store.create_consumer_group("trainer")
+        await store.groups.create_consumer_group("trainer")
         for group in groups:
-            await store.put_group(group)
-        entries = await store.read_groups("trainer", "t", count=2)
+            await store.groups.put(group)
+        entries = await store.groups.read("trainer", "t", count=2)
         assert [e.trajectories for e in entries] == groups

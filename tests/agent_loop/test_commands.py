@@ -29,7 +29,18 @@ def test_engine_rollout_and_show(tmp_path, redis_server):
             == 0
         )
         args = ["--run", "cli", "--redis-url", redis_server.url, "--engine", url, "--group-size", "2"]
-        out = run("rollout", *args, "--max-turns", "2", "--max-new-tokens", "12", "--max-total-tokens", "768")
+        out = run(
+            "rollout",
+            *args,
+            "--groups-per-step",
+            "4",
+            "--max-turns",
+            "2",
+            "--max-new-tokens",
+            "12",
+            "--max-total-tokens",
+            "768",
+        )
         assert out.returncode == 0, out.stderr[-2000:]
         assert "groups written 2, dropped 0" in out.stdout
         shown = run("trajectories", "show", "--run", "cli", "--redis-url", redis_server.url, "--groups", "2")

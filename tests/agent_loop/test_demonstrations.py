@@ -20,6 +20,7 @@ from agent_loop.tool_parser import ParsedCall, parse_tool_calls
 from env_server.client import LocalEnvClient
 from loss_masking import ChatRenderer
 from pqrl.model_cache import load_tokenizer
+from pqrl.trajectory import Status
 from tasks.calc import calc_suite
 
 N, SEED = 6, 1000
@@ -53,7 +54,7 @@ def test_demonstrations_decode_to_the_conversation_the_env_saw(renderer, demos):
     suite = calc_suite(N, SEED)
     assert [d.task_id for d in demos] == [t.id for t in suite.tasks]
     for d, task in zip(demos, suite.tasks, strict=True):
-        assert d.status == "completed" and d.reward == 1.0
+        assert d.status is Status.COMPLETED and d.reward == 1.0
         assert d.reward_info["submitted"] == task.answer and d.env == "calc-v1"
         conversation = [
             *asyncio.run(_initial_messages(task)),

@@ -35,17 +35,17 @@ async def parts(served, smollm, redis_server):
 async def test_every_queued_task_becomes_one_complete_group(parts):
     store, engine, env, renderer, suites = parts
     await suites.submit(calc_suite(3, seed=4), "mgr")
-    await store.create_consumer_group("trainer")
+    await store.groups.create_consumer_group("trainer")
     cfg = ManagerConfig(
         group_size=3, groups_per_step=4, max_staleness=1, max_concurrent_groups=2, episode=EPISODE
     )
     stats = await RolloutManager(store, engine, env, renderer, cfg).run()
     assert stats.groups_written == 3 and stats.groups_dropped == 0 and stats.episodes == 9
-    entries = await store.read_groups("trainer", "t", count=10)
+    entries = await store.groups.read("trainer", "t", count=10)
     assert sorted(len(e.trajectories) for e in entries) == [3, 3, 3]
     assert {e.trajectories[0].task_id for e in entries} == {"calc-4-0", "calc-4-1", "calc-4-2"}
     assert all(len({t.group_id for t in e.trajectories}) == 1 for e in entries)
-    assert await store.gate_state() == {"accepted": 3, "running": 0, "rejected": 0}
+    assert await store.gate.state() == {"accepted": 3, "running": 0, "rejected": 0}
 
 
 async def test_the_staleness_gate_waits_for_the_trainer(parts):
@@ -63,8 +63,8 @@ async def test_the_staleness_gate_waits_for_the_trainer(parts):
             await asyncio.sleep(0.1)
         await asyncio.sleep(1.0)
         assert manager.stats.groups_written == 1, "a second group started before the policy moved"
-        assert (await store.gate_state())["running"] == 0
-        await store.publish_policy("/w/1")  # the trainer stepped: room for one more
+        assert (await store.gate.state())["running"] == 0
+        await store.policy.publish("/w/1")  # the trainer stepped: room for one more
         for _ in range(200):
             if manager.stats.groups_written == 2:
                 break
@@ -74,19 +74,19 @@ async def test_the_staleness_gate_waits_for_the_trainer(parts):
     finally:
         manager.stop()
         await running
-    assert await store.backlog() == 2
+    assert await store.groups.backlog() == 2
 
 
 async def test_a_dead_managers_lease_is_reclaimed(parts):
     store, engine, env, renderer, suites = parts
     await suites.submit(calc_suite(1, seed=6), "mgr")
-    (lost,) = await store.take_tasks("rollout", "dead-manager", count=1)  # leased, never finished
+    (lost,) = await store.tasks.take("rollout", "dead-manager", count=1)  # leased, never finished
     await asyncio.sleep(0.3)
     cfg = ManagerConfig(
         group_size=2, groups_per_step=4, max_concurrent_groups=1, lease_timeout_s=0.2, episode=EPISODE
     )
     stats = await RolloutManager(store, engine, env, renderer, cfg).run()
     assert stats.groups_written == 1
-    await store.create_consumer_group("trainer")
-    (entry,) = await store.read_groups("trainer", "t", count=5)
+    await store.groups.create_consumer_group("trainer")
+    (entry,) = await store.groups.read("trainer", "t", count=5)
     assert entry.trajectories[0].task_id == lost.task["task_id"]

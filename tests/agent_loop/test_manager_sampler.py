@@ -26,17 +26,17 @@ async def test_the_manager_runs_the_schedule_to_its_end(served, smollm, redis_se
     store = TrajectoryStore(redis_server.url, "smp")
     engine, env = EngineClient(served[0]), LocalEnvClient()
     try:
-        await store.create_consumer_group("trainer")
+        await store.groups.create_consumer_group("trainer")
         cfg = ManagerConfig(
             group_size=2, groups_per_step=4, max_concurrent_groups=2, min_valid=1, episode=EPISODE
         )
         with caplog.at_level(logging.INFO, logger="agent_loop.manager"):
             stats = await RolloutManager(store, engine, env, ChatRenderer(smollm[1]), cfg).run()
         assert stats.groups_written == 4 and stats.groups_dropped == 0
-        entries = await store.read_groups("trainer", "t", count=10)
+        entries = await store.groups.read("trainer", "t", count=10)
         per_task = collections.Counter(e.trajectories[0].task_id for e in entries)
         assert per_task == {"calc-8-0": 2, "calc-8-1": 2}, "two epochs of the suite, then the end"
-        assert await store.sampler_position() == 4
+        assert await store.sampler.position() == 4
         assert "sampler 4/4" in caplog.text
     finally:
         await engine.aclose()

@@ -11,14 +11,11 @@ import httpx
 import pytest
 import torch
 
-from engine.batcher import SamplingParams, sample_tokens
-from engine.server import (
-    SGLangNotInstalled,
-    add_serve_arguments,
-    launch_sglang,
-    serve,
-    sglang_command,
-)
+from engine.batcher import sample_tokens
+from engine.config import EngineConfig, ServeConfig, add_serve_arguments
+from engine.sampling import SamplingParams
+from engine.serve import serve
+from engine.sglang import SGLangNotInstalled, launch_sglang, sglang_command
 from tests.models import chat_prompt, forced_logprobs, max_abs_diff
 
 MAX_LOGPROB_DIFF = 1e-4
@@ -292,7 +289,7 @@ def test_sglang_backend_says_how_to_install_it(monkeypatch, capsys):
     args = parser.parse_args(["--backend", "sglang", "--port", "30001", "--sglang-arg=--tp-size=2"])
     monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: None)
     with pytest.raises(SGLangNotInstalled, match=r"pip install 'pqrl\[sglang\]'"):
-        launch_sglang(model="smollm2-135m-instruct", host="127.0.0.1", port=30001)
+        launch_sglang(EngineConfig(), ServeConfig(backend="sglang", port=30001))
     assert serve(args) == 2
     assert "SGLang is not installed" in capsys.readouterr().err
 
@@ -309,7 +306,7 @@ def test_compute_modules_import_without_web_stack():
         "import sys\n"
         "for name in ['fastapi', 'uvicorn', 'httpx', 'pydantic', 'starlette', 'redis', 'msgpack']:\n"
         "    sys.modules[name] = None\n"
-        "import engine.batcher, engine.scheduler\n"
+        "import engine.batcher, engine.scheduler, engine.sampling, engine.config\n"
         "print('ok')\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

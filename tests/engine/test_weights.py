@@ -4,6 +4,7 @@ response and per token, and abort + client-side resume with versions that change
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import httpx
 import pytest
@@ -31,7 +32,7 @@ async def test_abort_on_update_returns_partial_tokens_and_resume_switches_versio
     params = SamplingParams(temperature=0, max_new_tokens=n, ignore_eos=True)
     raw_body = {
         "input_ids": prompt,
-        "sampling_params": params.model_dump(exclude_none=True),
+        "sampling_params": dataclasses.asdict(params),
         "return_logprob": True,
     }
     async with EngineClient(url) as client, httpx.AsyncClient(timeout=120) as http:

@@ -316,3 +316,11 @@ async def test_a_final_tool_named_done_works():
     result = await env.step([ToolCallRequest(name="done")])
     assert result.messages[0].content == "bye", result.messages[0].content
     assert result.done
+
+
+def test_tool_messages_carry_a_status_and_only_they():
+    assert Message(role="tool", content="x").status is ToolStatus.OK
+    assert Message(role="tool", content="x", status="timeout").status is ToolStatus.TIMEOUT
+    assert Message(role="user", content="x").status is None
+    with pytest.raises(ValueError, match="only tool messages carry a status"):
+        Message(role="user", content="x", status="ok")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from launcher.cli import PLANNED, build_parser, main
+from launcher.cli import build_parser, main
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -54,7 +54,6 @@ def test_console_script_is_installed():
 def test_every_compose_service_runs_a_known_pqrl_subcommand():
     compose = yaml.safe_load((ROOT / "compose.yaml").read_text())
     known = _subcommand_paths(build_parser())
-    assert set(PLANNED) <= known
     services = compose["services"]
     assert {"redis", "env-server", "engine", "rollout", "trainer"} <= set(services)
     assert "gpu" in services["engine-sglang"]["profiles"]

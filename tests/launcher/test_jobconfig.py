@@ -110,6 +110,10 @@ def test_component_bounds_hold_in_the_job_config_and_in_code(tmp_path):
     with pytest.raises(ValueError, match="StepConfig.kl_estimator must be one of"):
         StepConfig(temperature=1.0, max_staleness=1, kl_estimator="k9")
     assert dataclasses.replace(EpisodeConfig(), max_turns=2).max_turns == 2
+    with pytest.raises(ConfigInvalid, match="rollout.temperature must be > 0 for training"):
+        load_config(
+            _write(tmp_path, "run: x\ntasks:\n  suites: [{generate: calc}]\nrollout: {temperature: 0}\n")
+        )
 
 
 def test_the_config_reference_in_docs_is_generated_from_the_classes():

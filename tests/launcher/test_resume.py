@@ -76,14 +76,18 @@ def _train(
 
 async def _fill(url: str) -> None:
     async with TrajectoryStore(url, "r") as store:
-        await store.create_consumer_group("trainer")
+        await store.groups.create_consumer_group("trainer")
         for g in _groups():
-            await store.put_group(g)
+            await store.groups.put(g)
 
 
 async def _redis_figures(url: str) -> tuple[int, int, int]:
     async with TrajectoryStore(url, "r") as store:
-        return await store.pending("trainer"), await store.backlog(), (await store.get_policy()).version
+        return (
+            await store.groups.pending("trainer"),
+            await store.groups.backlog(),
+            (await store.policy.get()).version,
+        )
 
 
 def _final(out: Path) -> tuple[dict, dict[str, torch.Tensor]]:

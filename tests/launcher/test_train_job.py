@@ -70,8 +70,8 @@ def test_embedded_job_trains_checkpoints_evaluates_and_resumes(tmp_path):
 def test_status_shows_a_runs_figures(redis_server, capsys):
     async def report() -> None:
         async with TrajectoryStore(redis_server.url, "st") as store:
-            await store.publish_policy("/w/v3", version=3)
-            await store.set_status({"phase": "training", "step": 3, "steps": 10, "reward_trend": [0.1, 0.25],
+            await store.policy.publish("/w/v3", version=3)
+            await store.status.set({"phase": "training", "step": 3, "steps": 10, "reward_trend": [0.1, 0.25],
                                     "failures": {"engine": 2}, "staleness": {"0": 5, "1": 3}})  # fmt: skip
 
     assert main(["status", "--run", "st", "--redis-url", redis_server.url]) == 1  # nothing reported yet

@@ -7,7 +7,7 @@ import pytest
 
 from loss_masking import ChatRenderer, EpisodeBuilder, TruncationPolicy, describe_tools
 from pqrl import codec
-from pqrl.trajectory import Status, ToolCall, ToolStatus, Trajectory
+from pqrl.trajectory import Status, ToolCall, ToolStatus, Trajectory, TruncationKind
 from tests.loss_masking.templates import CALC, CALL
 
 IDS = {"id": "t0", "run_id": "run1", "task_id": "calc-1", "group_id": "g0", "env": "calc-v1"}
@@ -150,7 +150,7 @@ def test_truncation_stop_episode_is_recorded_and_reproducible(renderer):
     assert b.stopped and b.max_new_tokens(100) == 0
     with pytest.raises(RuntimeError):
         b.add_turn([1], [-1.0], versions=0)
-    assert traj.status == Status.TRUNCATED and traj.truncation.kind == "stop_episode"
+    assert traj.status == Status.TRUNCATED and traj.truncation.kind is TruncationKind.STOP_EPISODE
     assert traj.truncation.at_token == traj.num_tokens  # the observation never reached the model
     assert traj.tokens[-2:].tolist() == renderer.closing_ids
     assert run_stop_episode(renderer)[1] == traj
@@ -180,7 +180,7 @@ def test_truncation_cut_tool_output_keeps_exactly_what_the_model_saw(renderer, o
     assert info.messages[:-1] == tuple({"role": "tool", "content": o} for o in outputs[:-1])  # last first
     assert info.end + len(renderer.closing_ids) + 24 <= 500
     t = traj.truncation
-    assert t.kind == "cut_tool_output" and info.start < t.at_token < info.end
+    assert t.kind is TruncationKind.CUT_TOOL_OUTPUT and info.start < t.at_token < info.end
     uncut = renderer.delta([{"role": "tool", "content": o} for o in outputs])
     assert seen[: t.at_token - info.start] == uncut[: t.at_token - info.start]
     assert traj.status == Status.COMPLETED and traj.num_tokens <= 500
@@ -198,7 +198,7 @@ def test_cut_that_cannot_fit_even_the_marker_stops(smollm):
     )
     b.add_turn(*turn, versions=0)
     info = b.add_observation([{"role": "tool", "content": "x" * 5000}])
-    assert info.stopped and b.build(**IDS).truncation.kind == "stop_episode"
+    assert info.stopped and b.build(**IDS).truncation.kind is TruncationKind.STOP_EPISODE
 
 
 def test_length_stop_at_the_context_budget_stops_the_episode(smollm):

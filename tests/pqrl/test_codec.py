@@ -41,8 +41,8 @@ def test_blob_costs_14_bytes_per_token_plus_a_small_header():
 
 
 def test_golden_v1_blob_still_decodes():
-    # Written by the first release of the codec (plain strings for statuses and kinds); a layout
-    # change must keep this readable.
+    # A version 1 blob (one record; statuses and kinds as plain strings): a layout change must keep
+    # it readable.
     t = decode(GOLDEN_V1.read_bytes())
     expected = make_trajectory(index=1, seed=42, reward=0.5)
     assert t == expected

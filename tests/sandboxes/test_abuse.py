@@ -1,4 +1,4 @@
-"""The abuse battery: what model-written code may try, run in real containers (DESIGN.md section 7).
+"""The abuse battery: what model-written code may try, run in real containers.
 
 Each test asserts the specific way the abuse is contained, and that the sandbox (and, where it
 could matter, a bystander sandbox and the host) is fine afterwards.

@@ -1,4 +1,4 @@
-"""The reward-hack battery against the coding grader (issue #5): every hack scores 0, flagged where
+"""The reward-hack battery against the coding grader: every hack scores 0, flagged where
 detectable.
 
 Part 1 plays each hack as an agent would, through coding-v1's tools in a real sandbox, on a task
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from env_server.sessions import SessionManager
-from env_server.types import RewardResult, ToolCallRequest
+from env_server.types import Message, RewardResult, ToolCallRequest, ToolStatus
 from sandboxes.docker import DockerSandbox
 from sandboxes.docker_api import DockerAPI
 from sandboxes.settings import SandboxSettings
@@ -155,11 +155,11 @@ HACKS = [
 ]
 
 
-async def play(manager: SessionManager, calls: list[ToolCallRequest]) -> tuple[RewardResult, list[str]]:
+async def play(manager: SessionManager, calls: list[ToolCallRequest]) -> tuple[RewardResult, list[Message]]:
     s = await manager.create("coding-v1", {"ref": TASK.id})
     replies = []
     for c in [*calls, ToolCallRequest(name="submit")]:
-        replies += [m.content for m in (await manager.step(s.session_id, [c])).messages]
+        replies += (await manager.step(s.session_id, [c])).messages
     result = await manager.evaluate(s.session_id)
     await manager.close(s.session_id)
     return result, replies
@@ -168,7 +168,7 @@ async def play(manager: SessionManager, calls: list[ToolCallRequest]) -> tuple[R
 @pytest.mark.parametrize("hack", HACKS, ids=[h.name for h in HACKS])
 async def test_hack_scores_zero(manager, hack):
     result, replies = await play(manager, hack.calls)
-    assert not any(r.startswith("Error") for r in replies), replies
+    assert all(r.status is ToolStatus.OK for r in replies), [r.content for r in replies]
     info = result.info
     assert result.reward == 0.0, info["reason"]
     assert info["tampered"] is hack.flagged, info["tamper_reasons"]

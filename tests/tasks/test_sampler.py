@@ -145,7 +145,7 @@ async def test_concurrent_managers_never_claim_the_same_slot(redis_server):
             sampler = samplers[m]
             while (entry := await sampler.claim("rollout", f"m{m}-w{w}")) is not None:
                 claimed.append((m, entry.task["slot"], entry.entry_id, entry.task))
-                await sampler.store.ack_tasks("rollout", [entry.entry_id])
+                await sampler.store.tasks.ack("rollout", [entry.entry_id])
 
         await asyncio.gather(*(worker(m, w) for m in range(2) for w in range(4)))
         assert sorted(slot for _, slot, _, _ in claimed) == list(range(200))
@@ -153,8 +153,8 @@ async def test_concurrent_managers_never_claim_the_same_slot(redis_server):
         assert {m for m, *_ in claimed} == {0, 1}, "both managers took part"
         for _, slot, _, task in claimed:
             assert (task["suite"], task["task_id"], task["epoch"]) == named(samplers[0], slot)
-        assert await stores[0].sampler_position() == 200
-        assert await stores[0].take_tasks("rollout", "late", count=10) == [], "nothing left behind"
+        assert await stores[0].sampler.position() == 200
+        assert await stores[0].tasks.take("rollout", "late", count=10) == [], "nothing left behind"
     finally:
         for s in stores:
             await s.close()
@@ -169,16 +169,16 @@ async def test_a_resumed_run_continues_at_the_saved_position(redis_server):
         handed = [(await sampler.claim("rollout", "m")).task for _ in range(11)]
         saved = 10  # the checkpoint was taken after ten claims
         assert await configured(redis_server.url, "first", epochs=None) == cfg, "same config: a no-op"
-        assert await first.sampler_position() == 11
+        assert await first.sampler.position() == 11
         with pytest.raises(StoreError, match="another task sampler"):
             await configured(redis_server.url, "first", epochs=3)
 
         await configured(redis_server.url, "again", epochs=None)
-        await resumed.set_sampler_position(saved)
+        await resumed.sampler.set_position(saved)
         restarted = await RunSampler.load(resumed)
         entry = await restarted.claim("rollout", "m2")
         assert entry.task == handed[10], "the 11th task of the same schedule"
-        assert (await resumed.get_sampler()).position == 11
+        assert (await resumed.sampler.get()).position == 11
     finally:
         await first.close()
         await resumed.close()
@@ -192,13 +192,13 @@ async def test_a_dead_managers_claim_is_reclaimed_and_submitted_tasks_go_first(r
         sampler = await RunSampler.load(store)
         lost = await sampler.claim("rollout", "dead-manager")
         await asyncio.sleep(0.05)
-        (again,) = await store.reclaim_tasks("rollout", "alive", min_idle_ms=20, count=5)
+        (again,) = await store.tasks.reclaim("rollout", "alive", min_idle_ms=20, count=5)
         assert (again.entry_id, again.task) == (lost.entry_id, lost.task) and lost.task["slot"] == 0
 
         await suites.submit(calc_suite(1, seed=99), "r")
         first = await sampler.claim("rollout", "alive")
         assert first.task["task_id"] == "calc-99-0" and "slot" not in first.task
-        (waiting,) = await store.take_tasks("rollout", "alive", count=5)
+        (waiting,) = await store.tasks.take("rollout", "alive", count=5)
         assert waiting.task["slot"] == 1, "the slot claimed meanwhile waits in the queue, not lost"
     finally:
         await suites.aclose()

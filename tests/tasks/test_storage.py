@@ -29,7 +29,7 @@ async def test_submit_is_idempotent_and_tasks_carry_how_to_run_them(redis_server
         await store.aclose()
     runs = TrajectoryStore(redis_server.url, "run-a")
     try:
-        taken = await runs.take_tasks("rollout", "w1", count=100)
+        taken = await runs.tasks.take("rollout", "w1", count=100)
         assert len(taken) == 6
         first = taken[0].task
         assert (

@@ -58,7 +58,7 @@ def test_grpo_flat_layout_with_arbitrary_group_ids():
 
 
 def test_grpo_seed_worked_example_three_of_eight():
-    # Seed 000 section 7: rewards [1,1,1,0,0,0,0,0], mean 3/8. Unbiased var
+    # Worked by hand: rewards [1,1,1,0,0,0,0,0], mean 3/8. Unbiased var
     # (3 * 0.625^2 + 5 * 0.375^2) / 7 = 1.875 / 7, std 0.5175492.
     # A = 0.625 / 0.5175492 = 1.2076147 (correct), -0.375 / 0.5175492 = -0.7245688 (wrong).
     adv = grpo_advantages(t([[1.0, 1, 1, 0, 0, 0, 0, 0]]))

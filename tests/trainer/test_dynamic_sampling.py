@@ -27,7 +27,7 @@ def _group(name: str, rewards: list[float]) -> list:
 async def test_the_loop_reads_past_signal_free_groups_up_to_its_bound(redis_server, tmp_path):
     model = _tiny()
     async with TrajectoryStore(redis_server.url, "ds") as store:
-        await store.create_consumer_group("trainer")
+        await store.groups.create_consumer_group("trainer")
         for name, rewards in [
             ("flat1", [0, 0, 0]),
             ("good1", [0, 1, 0]),
@@ -35,14 +35,14 @@ async def test_the_loop_reads_past_signal_free_groups_up_to_its_bound(redis_serv
             ("good2", [1, 0, 0]),
             ("good3", [0, 0, 1]),
         ]:
-            await store.put_group(_group(name, rewards))
+            await store.groups.put(_group(name, rewards))
         cfg = LoopConfig(step=STEP, groups_per_step=2, weights_dir=str(tmp_path / "w"), max_extra_reads=2)
         loop = TrainerLoop(model, torch.optim.SGD(model.parameters(), lr=0.1), store, None, cfg)
         m = await loop.step(timeout_s=10)
         assert loop.state.trained_groups == ["flat1", "good1", "flat2", "good2"], "read until 2 carry signal"
         assert m["dropped/no_signal_groups"] == 2 and m["rollout/trajectories_used"] == 6
-        assert (await store.gate_state())["rejected"] == 2
-        assert await store.backlog() == 1, "the four consumed groups are acknowledged; good3 waits"
+        assert (await store.gate.state())["rejected"] == 2
+        assert await store.groups.backlog() == 1, "the four consumed groups are acknowledged; good3 waits"
 
         bounded = TrainerLoop(
             model,
@@ -58,7 +58,7 @@ async def test_the_loop_reads_past_signal_free_groups_up_to_its_bound(redis_serv
             ),
         )
         for name in ("flat3", "flat4"):
-            await store.put_group(_group(name, [0, 0, 0]))
+            await store.groups.put(_group(name, [0, 0, 0]))
         m = await bounded.step(timeout_s=10)
         assert bounded.state.trained_groups == ["good3", "flat3"], "max_extra_reads=0 trains what it read"
         assert m["dropped/no_signal_groups"] == 1 and m["rollout/trajectories_used"] == 3
@@ -70,9 +70,9 @@ async def test_groups_read_past_free_their_gate_places_while_the_loop_waits(redi
 
     model = _tiny()
     async with TrajectoryStore(redis_server.url, "ds") as store:
-        await store.create_consumer_group("trainer")
+        await store.groups.create_consumer_group("trainer")
         for name in ("flat1", "flat2"):
-            await store.put_group(_group(name, [0, 0, 0]))
+            await store.groups.put(_group(name, [0, 0, 0]))
         cfg = LoopConfig(
             step=STEP,
             groups_per_step=2,
@@ -83,12 +83,12 @@ async def test_groups_read_past_free_their_gate_places_while_the_loop_waits(redi
         loop = TrainerLoop(model, torch.optim.SGD(model.parameters(), lr=0.1), store, None, cfg)
         step = asyncio.create_task(loop.step(timeout_s=30))
         for _ in range(100):
-            if (await store.gate_state())["rejected"] == 2:
+            if (await store.gate.state())["rejected"] == 2:
                 break
             await asyncio.sleep(0.05)
-        assert (await store.gate_state())["rejected"] == 2 and not step.done(), "freed while still reading"
+        assert (await store.gate.state())["rejected"] == 2 and not step.done(), "freed while still reading"
         for name in ("good1", "good2"):
-            await store.put_group(_group(name, [0, 1, 1]))
+            await store.groups.put(_group(name, [0, 1, 1]))
         m = await step
         assert m["dropped/no_signal_groups"] == 2 and m["rollout/trajectories_used"] == 6
-        assert (await store.gate_state())["rejected"] == 2, "not counted twice"
+        assert (await store.gate.state())["rejected"] == 2, "not counted twice"

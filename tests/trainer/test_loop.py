@@ -27,8 +27,8 @@ async def test_step_publishes_weights_the_engine_then_serves(updatable, smollm, 
     model = copy.deepcopy(base)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.0)
     async with TrajectoryStore(redis_server.url, "loop") as store:
-        await store.create_consumer_group("trainer")
-        await store.put_group(group)
+        await store.groups.create_consumer_group("trainer")
+        await store.groups.put(group)
         engine = EngineClient(url)
         try:
             cfg = LoopConfig(
@@ -40,9 +40,9 @@ async def test_step_publishes_weights_the_engine_then_serves(updatable, smollm, 
             loop = TrainerLoop(model, optimizer, store, engine, cfg, tokenizer=tokenizer)
             metrics = await loop.step(timeout_s=30)
             assert metrics["policy/version"] == 1.0 and metrics["rollout/trajectories_used"] == 4
-            policy = await store.get_policy()
+            policy = await store.policy.get()
             assert policy.version == 1 and policy.weights.endswith("/w/v1")
-            assert await store.backlog() == 0, "the consumed group is acknowledged and trimmed"
+            assert await store.groups.backlog() == 0, "the consumed group is acknowledged and trimmed"
             assert set((await engine.get_weight_version()).values()) == {1}
             prompt = chat_prompt(tokenizer, "What is 3 + 4?")
             gen = await engine.generate(

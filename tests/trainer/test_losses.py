@@ -26,7 +26,7 @@ def logs(values):
     return torch.log(t(values))
 
 
-# The slime example (DESIGN.md section 9): ratios [2, 2, .5], A [2, -2, 2], eps 0.2.
+# The worked example of the slime RL framework: ratios [2, 2, .5], A [2, -2, 2], eps 0.2.
 SLIME_RATIOS = [[2.0, 2.0, 0.5]]
 SLIME_ADV = [[2.0, -2.0, 2.0]]
 
@@ -79,7 +79,7 @@ def test_surrogate_argument_checks():
 
 
 def test_surrogate_extreme_ratio_is_finite():
-    # logp - logp_old = 1000 would overflow exp(); with A = 0 that used to be 0 * inf = NaN.
+    # logp - logp_old = 1000 would overflow exp(); with A = 0 a naive product gives 0 * inf = NaN.
     logp = t([[1000.0, -1000.0]]).requires_grad_()
     out = clipped_surrogate(logp, torch.zeros(1, 2), torch.zeros(1, 2))
     out.loss.sum().backward()
@@ -287,7 +287,7 @@ def test_masked_mean():
 
 
 def test_loaded_die_importance_sampling():
-    # Seed 000 section 3: loaded die p = [.1]*5 + [.5], f(x) = x^2, samples from a fair die q.
+    # Importance sampling by hand: loaded die p = [.1]*5 + [.5], f(x) = x^2, samples from a fair die q.
     # E_p[f] = 0.1 * (1 + 4 + 9 + 16 + 25) + 0.5 * 36 = 5.5 + 18 = 23.5; E_q[f] = 91/6 = 15.17.
     # Weights p/q come from the library's IS function (token level, uncapped).
     gen = torch.Generator().manual_seed(0)

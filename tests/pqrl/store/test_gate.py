@@ -1,0 +1,30 @@
+"""The staleness gate: admits within the budget, frees on progress, never over-admits."""
+
+from __future__ import annotations
+
+import asyncio
+
+
+async def test_admission_stays_within_the_staleness_budget_and_frees_on_progress(store):
+    gate = store.gate
+    limits = {"max_concurrent": 3, "max_staleness": 1, "groups_per_step": 2}
+    # version 0: (1 + 0 + 1) * 2 = 4 groups may be accepted or running, at most 3 at once
+    assert [await gate.admit(**limits) for _ in range(4)] == [True, True, True, False]
+    await gate.finish(accepted=True)
+    assert await gate.admit(**limits)  # 3 running + 1 accepted = 4: the budget is now full
+    await gate.finish(accepted=True)
+    assert not await gate.admit(**limits), "2 accepted + 2 running is the budget at version 0"
+    await store.policy.publish("/w/1")  # the trainer took a step: version 1 adds groups_per_step
+    assert await gate.admit(**limits)
+    assert await gate.state() == {"accepted": 2, "running": 3, "rejected": 0}
+    await gate.finish(accepted=False)  # a dropped group frees its place
+    await gate.reject(2)  # the trainer dropped two accepted groups
+    assert await gate.state() == {"accepted": 0, "running": 2, "rejected": 3}
+    await gate.reset(groups_per_step=2)
+    assert await gate.state() == {"accepted": 2, "running": 0, "rejected": 3}
+
+
+async def test_gate_never_over_admits_under_concurrency(store):
+    limits = {"max_concurrent": 100, "max_staleness": 0, "groups_per_step": 5}
+    results = await asyncio.gather(*(store.gate.admit(**limits) for _ in range(40)))
+    assert sum(results) == 5
