@@ -31,6 +31,7 @@ _OUT = sys.stdout.buffer
 _ACTIVE = set()  # process groups of the commands running now
 _ACTIVE_LOCK = threading.Lock()
 _GRACE_S = 0.05  # after the command exits, how long to drain pipes held open by its children
+_EXIT_WAIT_S = 1.0  # after its pipes closed, how long a command may take to exit before it is killed
 
 
 def _send(msg):
@@ -172,8 +173,13 @@ def _pump(p, output, deadline):
     return timed_out
 
 
-def _reap(p):
+def _reap(p, timed_out):
     """Kills the command's group and every process that left it; returns the exit code."""
+    if not timed_out:
+        # a command may close its pipes just before it exits (cat does): let it finish so its own
+        # exit code is reported, not the kill's
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            p.wait(timeout=_EXIT_WAIT_S)
     _kill_group(p.pid)  # background children die with their command
     exit_code = p.wait()
     with _ACTIVE_LOCK:
@@ -211,7 +217,7 @@ def op_exec(req):
     output = _CappedOutput(p, cap)
     timed_out = _pump(p, output, t0 + timeout)
     output.drain()
-    exit_code = _reap(p)
+    exit_code = _reap(p, timed_out)
     return {
         "stdout": _b64(bytes(output.bufs[output.out_fd])),
         "stderr": _b64(bytes(output.bufs[output.err_fd])),

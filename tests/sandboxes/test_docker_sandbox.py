@@ -83,6 +83,12 @@ async def test_exec_stdin_binary_round_trip(sandbox):
     assert r.stdout.strip() == b"2", r
 
 
+async def test_a_command_that_closes_its_output_before_exiting_keeps_its_exit_code(sandbox):
+    """cat closes stdout before it exits; the agent must not kill it in between and report -9."""
+    codes = [(await sandbox.exec(["cat"], stdin=b"x" * 4096)).exit_code for _ in range(100)]
+    assert codes == [0] * 100, sorted(set(codes))
+
+
 async def test_exec_without_stdin_sees_eof(sandbox):
     """A command reading stdin must not hang when none is given."""
     r = await sandbox.exec("cat; echo done", timeout=5)
