@@ -18,7 +18,7 @@ import contextlib
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -55,37 +55,27 @@ async def run_episode(
     cfg: EpisodeConfig | None = None,
 ) -> Trajectory:
     """Runs one episode of a queued task (``{"env_id", "task", "task_id", "env_kwargs"}``)."""
-    episode = _Episode(
-        queued,
-        engine=engine,
-        env=env,
-        renderer=renderer,
-        run_id=run_id,
-        group_id=group_id,
-        index=index,
-        cfg=cfg or EpisodeConfig(),
-    )
-    return await episode.run()
+    ids = _EpisodeIds(run_id, group_id, index)
+    return await _Episode(queued, engine, env, renderer, ids, cfg or EpisodeConfig()).run()
+
+
+class _EpisodeIds(NamedTuple):
+    run_id: str
+    group_id: str
+    index: int
 
 
 class _Episode:
     """One episode's state: its collaborators, timings, the invalid-call streak and the outcome."""
 
     def __init__(
-        self,
-        queued: dict[str, Any],
-        *,
-        engine: Engine,
-        env: EnvClient,
-        renderer: ChatRenderer,
-        run_id: str,
-        group_id: str,
-        index: int,
-        cfg: EpisodeConfig,
-    ) -> None:
+        self, queued: dict[str, Any], engine: Engine, env: EnvClient, renderer: ChatRenderer,
+        ids: _EpisodeIds, cfg: EpisodeConfig,
+    ) -> None:  # fmt: skip
         self.queued, self.engine, self.env, self.renderer = queued, engine, env, renderer
-        self.run_id, self.group_id, self.index, self.cfg = run_id, group_id, index, cfg
-        self.rollout_id = f"{group_id}-{index}"
+        self.run_id, self.group_id, self.index = ids
+        self.cfg = cfg
+        self.rollout_id = f"{ids.group_id}-{ids.index}"
         self.timings: dict[str, float] = {"generate_s": 0.0, "env_s": 0.0}
         self.t_start = time.perf_counter()
         self.out = _Outcome()

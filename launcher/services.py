@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from launcher.jobconfig import TrainConfig
-from pqrl.redis_server import RedisServer, die_with_parent, free_port
+from pqrl.redis_server import RedisServer, die_with_parent, free_port, stop_process
 
 __all__ = ["job_services"]
 
@@ -50,9 +50,4 @@ def _engine_process(cfg: TrainConfig, port: int) -> Iterator[subprocess.Popen[by
     try:
         yield proc
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)

@@ -18,9 +18,9 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-__all__ = ["RedisServer", "RedisServerError", "free_port"]
+__all__ = ["RedisServer", "RedisServerError", "free_port", "stop_process"]
 
 AppendFsync = Literal["always", "everysec", "no"]
 
@@ -37,6 +37,18 @@ def die_with_parent() -> None:
 
     PR_SET_PDEATHSIG = 1
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def stop_process(proc: subprocess.Popen[Any], *, timeout_s: float = 15.0) -> None:
+    """SIGTERM, then SIGKILL if it has not exited within ``timeout_s``; returns once it is reaped."""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def free_port() -> int:
@@ -121,13 +133,8 @@ class RedisServer:
         self.proc = None
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.proc is not None:
+            stop_process(self.proc, timeout_s=10)
         self.proc = None
 
     def close(self) -> None:

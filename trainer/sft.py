@@ -32,6 +32,7 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from pqrl.model_cache import DEFAULT_MODEL
 from pqrl.trajectory import Trajectory
 
 __all__ = [
@@ -53,7 +54,7 @@ class SFTConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     model: str = Field(
-        "smollm2-135m-instruct", description="The model to fine-tune: the built-in name or a model directory."
+        DEFAULT_MODEL, description="The model to fine-tune: the built-in name or a model directory."
     )
     demonstrations: str = Field(
         description="A file written by agent_loop.demonstrations.write_demonstrations, or calc:N[:SEED] "

@@ -25,6 +25,7 @@ from fastapi import FastAPI
 from env_server import registry as registry_module
 from env_server.app import ServerSettings, create_app
 from env_server.sessions import SessionManager
+from pqrl.redis_server import stop_process
 from sandboxes.docker import owner_id
 from sandboxes.docker_api import DockerAPI
 from tests.env_server import envs  # noqa: F401  (registers the test environments)
@@ -115,12 +116,7 @@ def serve_in_subprocess(token: str = TOKEN, **env: str) -> Iterator[LiveServer]:
             time.sleep(0.05)
         yield LiveServer(url, token)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
+        stop_process(proc)
         sock.close()
 
 
