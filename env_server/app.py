@@ -37,7 +37,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from env_server.sessions import EnvServerError, SessionManager, TooManySessions
-from env_server.types import RewardResult, SessionInfo, StepResult, ToolCallRequest
+from env_server.types import ErrorBody, RewardResult, SessionInfo, StepResult, ToolCallRequest
 
 __all__ = ["ServerSettings", "create_app"]
 
@@ -171,21 +171,21 @@ def create_app(settings: ServerSettings | None = None, manager: SessionManager |
     sessions = manager or SessionManager(
         max_sessions=settings.max_sessions, ttl_s=settings.session_ttl_s, pool_size=settings.sandbox_pool_size
     )
-    # No /docs or /openapi.json: every route but /healthz needs the token (app.openapi() still works).
+    # The OpenAPI spec is served (behind the token, like every route but /healthz); no HTML docs.
     app = FastAPI(
         title="pqrl env server",
         version="1",
         lifespan=_lifespan(settings, sessions),
         docs_url=None,
         redoc_url=None,
-        openapi_url=None,
+        openapi_url="/openapi.json",
     )
     app.add_middleware(_BodyLimit, limit=settings.max_body_bytes)
     app.add_middleware(_TokenGate, token=settings.token)  # added last: runs first
     app.state.sessions = sessions
     _add_error_handlers(app)
     # Every route on this router needs the token; /healthz sits on the app itself.
-    api = APIRouter(dependencies=[Depends(_authorizer(settings))])
+    api = APIRouter(dependencies=[Depends(_authorizer(settings))], responses=_ERROR_RESPONSES)
     _add_info_routes(app, api, sessions)
     _add_session_routes(api, sessions)
     app.include_router(api)
@@ -258,6 +258,19 @@ def _add_error_handlers(app: FastAPI) -> None:
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
         return JSONResponse({"error": "invalid_request", "detail": problems}, status_code=422)
+
+
+# documented for every route behind the token, so a client (or a fuzzer) can validate error bodies
+# (as JSON, inline: /metrics answers text/plain when it succeeds, JSON when it fails)
+_ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"description": what, "content": {"application/json": {"schema": ErrorBody.model_json_schema()}}}
+    for status, what in [
+        (401, "no bearer token"), (403, "wrong token"), (404, "no such session or route"),
+        (409, "session done, or a request id reused with another body"), (413, "body too large"),
+        (422, "invalid request"), (429, "too many sessions (Retry-After)"),
+        (500, "the environment's own code failed"), (502, "the session's sandbox failed"),
+    ]
+}  # fmt: skip
 
 
 def _add_info_routes(app: FastAPI, api: APIRouter, sessions: SessionManager) -> None:

@@ -20,6 +20,7 @@ from env_server.sessions import (
     InfraFailure,
     InvalidRequest,
     NotFound,
+    RequestConflict,
     SessionDone,
     SessionManager,
     TooManySessions,
@@ -99,7 +100,16 @@ class LocalEnvClient:
 
 
 _ERRORS: dict[str, type[EnvServerError]] = {
-    cls.code: cls for cls in (NotFound, SessionDone, InvalidRequest, TooManySessions, InfraFailure, AuthError)
+    cls.code: cls
+    for cls in (
+        NotFound,
+        SessionDone,
+        RequestConflict,
+        InvalidRequest,
+        TooManySessions,
+        InfraFailure,
+        AuthError,
+    )
 }
 
 

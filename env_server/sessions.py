@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import json
 import logging
 import time
 import uuid
@@ -54,6 +56,12 @@ class SessionDone(EnvServerError):
     status, code = 409, "session_done"
 
 
+class RequestConflict(EnvServerError):
+    """A request id came back with another body: a client bug, never answered with the old reply."""
+
+    status, code = 409, "request_id_conflict"
+
+
 class InvalidRequest(EnvServerError):
     status, code = 422, "invalid_request"
 
@@ -91,7 +99,7 @@ class _Session:
     pool: SandboxPool | None
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     last_used: float = field(default_factory=time.monotonic)
-    replies: OrderedDict[str, StepResult] = field(default_factory=OrderedDict)
+    replies: OrderedDict[str, tuple[str, StepResult]] = field(default_factory=OrderedDict)
     done: bool = False
 
 
@@ -115,7 +123,7 @@ class SessionManager:
         self._pools: dict[SandboxSettings, SandboxPool] = {}
         self._pools_lock = asyncio.Lock()
         self._sessions: dict[str, _Session] = {}
-        self._created: OrderedDict[str, SessionInfo] = OrderedDict()
+        self._created: OrderedDict[str, tuple[str, SessionInfo]] = OrderedDict()
         self._create_locks: dict[str, tuple[asyncio.Lock, int]] = {}  # request id -> (lock, users)
         self._creating = 0
         self.metrics = CollectorRegistry()
@@ -150,16 +158,20 @@ class SessionManager:
     ) -> SessionInfo:
         """Opens a session of ``env_id`` (with ``env_kwargs`` over its registered defaults).
 
-        A ``request_id`` seen before returns the session that request opened, so a client may
-        retry a create whose reply was lost without opening a second session.
+        A ``request_id`` seen before with the same body returns the session that request opened, so
+        a client may retry a create whose reply was lost without opening a second session; with
+        another body it is refused (``RequestConflict``).
         """
         if request_id is not None:
+            fingerprint = _fingerprint([env_id, task, seed, env_kwargs or {}])
             async with self._create_lock(request_id):
                 known = self._created.get(request_id)
-                if known is not None and known.session_id in self._sessions:
-                    return known
+                if known is not None:
+                    info = _replayed(request_id, known, fingerprint)
+                    if info.session_id in self._sessions:
+                        return info
                 info = await self.create(env_id, task, seed, env_kwargs)
-                self._created[request_id] = info
+                self._created[request_id] = (fingerprint, info)
                 while len(self._created) > _CREATES_REMEMBERED:
                     self._created.popitem(last=False)
                 return info
@@ -177,8 +189,9 @@ class SessionManager:
     ) -> StepResult:
         s = self._get(session_id)
         async with s.lock:
-            if request_id is not None and request_id in s.replies:
-                return s.replies[request_id]  # a retried request: applied once, answered again
+            fingerprint = _fingerprint([c.model_dump(mode="json") for c in tool_calls])
+            if request_id is not None and request_id in s.replies:  # a retry: applied once, answered again
+                return _replayed(request_id, s.replies[request_id], fingerprint)
             if s.done:
                 self._error("step_after_done")
                 raise SessionDone(f"session {session_id} is done; evaluate or close it")
@@ -194,7 +207,7 @@ class SessionManager:
             self._step_seconds.labels(s.env_id).observe(time.perf_counter() - t0)
             s.done = result.done
             if request_id is not None:
-                s.replies[request_id] = result
+                s.replies[request_id] = (fingerprint, result)
                 while len(s.replies) > _DONE_RESULTS_KEPT:
                     s.replies.popitem(last=False)
             return result
@@ -329,3 +342,17 @@ class SessionManager:
             log.warning("closing environment %s failed: %s", s.env_id, e)
         if s.sandbox is not None and s.pool is not None:
             s.pool.release(s.sandbox)
+
+
+def _fingerprint(body: Any) -> str:
+    """What identifies a request's body, to tell a retry from a reused request id."""
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), default=repr)
+    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+
+
+def _replayed(request_id: str, remembered: tuple[str, Any], fingerprint: str) -> Any:
+    """The remembered reply of a retried request; the same id with another body is a conflict."""
+    seen, reply = remembered
+    if seen != fingerprint:
+        raise RequestConflict(f"request_id {request_id!r} was already used with a different body")
+    return reply

@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pqrl.trajectory import ToolStatus
 
 __all__ = [
+    "ErrorBody",
     "Message",
     "Observation",
     "RewardResult",
@@ -78,3 +79,10 @@ class SessionInfo(_Model):
     session_id: str
     env_id: str
     observation: Observation
+
+
+class ErrorBody(_Model):
+    """What every error of the env server answers, whatever its status."""
+
+    error: str = Field(description="a stable code, e.g. not_found, invalid_request, request_id_conflict")
+    detail: str = Field(description="what went wrong, for people")

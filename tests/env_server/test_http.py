@@ -21,6 +21,7 @@ from env_server.sessions import (
     InfraFailure,
     InvalidRequest,
     NotFound,
+    RequestConflict,
     SessionDone,
     SessionManager,
     TooManySessions,
@@ -174,8 +175,14 @@ async def test_every_route_but_healthz_needs_the_token(server):
         assert r.status_code == 200 and r.json() == {"ok": True, "sessions": 0}
         for hidden in ("/openapi.json", "/docs", "/redoc"):
             assert (await c.get(hidden)).status_code == 401, f"{hidden} answers without a token"
-            with_token = await c.get(hidden, headers={"Authorization": f"Bearer {TOKEN}"})
-            assert with_token.status_code == 404, f"{hidden} is served"
+        auth = {"Authorization": f"Bearer {TOKEN}"}
+        for html in ("/docs", "/redoc"):
+            assert (await c.get(html, headers=auth)).status_code == 404, f"{html} is served"
+        spec = await c.get("/openapi.json", headers=auth)
+        assert spec.status_code == 200 and set(spec.json()["paths"]) >= {
+            "/sessions",
+            "/sessions/{session_id}/step",
+        }
 
 
 async def test_http_client_with_a_wrong_token_raises_auth_error(server):
@@ -394,6 +401,24 @@ async def test_a_retried_step_is_applied_once_and_answered_identically(raw, clie
     again = await client.step(info.session_id, [call("incr")], request_id="req-3")
     assert again == last, "a retry after the episode ended must get the original answer, not 409"
     assert (await client.evaluate(info.session_id)).info == {"count": 3}
+
+
+async def test_a_request_id_reused_with_another_body_is_409_and_changes_nothing(raw, client):
+    info = await client.create_session("pytest-counter-v1", {})
+    path = f"/sessions/{info.session_id}/step"
+    body = {"tool_calls": [{"name": "incr", "id": "k"}], "request_id": "req-1"}
+    assert (await raw.post(path, json=body)).status_code == 200
+    other = {**body, "tool_calls": [{"name": "incr", "id": "other"}]}
+    assert error_of(await raw.post(path, json=other))[:2] == (409, "request_id_conflict")
+    with pytest.raises(RequestConflict):  # the client raises the typed error
+        await client.step(info.session_id, [call("incr")], request_id="req-1")
+    assert (await client.evaluate(info.session_id)).info == {"count": 1}, "a conflicting step ran"
+    create = {"env_id": "echo-v1", "task": {"prompt": "p", "expected": "x"}, "request_id": "create-x"}
+    first = await raw.post("/sessions", json=create)
+    assert first.status_code == 201
+    changed = await raw.post("/sessions", json={**create, "task": {"prompt": "q", "expected": "y"}})
+    assert error_of(changed)[:2] == (409, "request_id_conflict")
+    assert (await raw.post("/sessions", json=create)).json()["session_id"] == first.json()["session_id"]
 
 
 # ---------------------------------------------------------------- several servers
