@@ -24,38 +24,75 @@ from tasks.suite import CodingTask
 __all__ = ["WORKSPACE", "Submission", "capture_workspace", "submission_from_patch"]
 
 WORKSPACE = "/workspace"
-MAX_ENTRIES = 20_000
+MAX_ENTRIES = 200_000  # entries walked at most; a workspace past it is graded on what was seen
 _MAX_SOURCE_READ = 1 << 20
+_NAMES_BUDGET = 40_000  # bytes of other paths reported back: the reply stays under the exec output cap
 
 # Runs in the agent's container with python3 -I (no environment, no user site, no cwd on the path).
+# The reply is bounded whatever the agent left behind: the task's own paths are hashed by name,
+# every other path is only counted, and names are reported shallowest first up to a byte budget.
+# The walk is iterative (no recursion limit on deep trees), never follows links (no loops), and an
+# entry it cannot read is reported as such, never an error. Byte-code and caches are counted apart
+# (the rule of tasks.coding.diffs.is_noise).
 _LIST_SCRIPT = r"""
-import hashlib, json, os, sys
-root, limit = sys.argv[1], int(sys.argv[2])
-out, truncated = {}, False
-for dirpath, dirnames, filenames in os.walk(root):
-    if dirpath == root:
-        dirnames[:] = [d for d in dirnames if d != ".git"]
-    dirnames.sort()
-    links = [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]
-    for name in sorted(filenames) + links:
-        if len(out) >= limit:
+import hashlib, json, os, stat, sys
+root, repo, limit, budget = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+
+def digest(full):
+    try:
+        st = os.lstat(full)
+    except OSError:
+        return None
+    if stat.S_ISLNK(st.st_mode):
+        return "link:" + os.readlink(full)
+    if not stat.S_ISREG(st.st_mode):
+        return "special"
+    if st.st_size > 64 << 20:
+        return "big:%d" % st.st_size
+    h = hashlib.sha256()
+    try:
+        with open(full, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+    except OSError:
+        return "unreadable"
+    return h.hexdigest()
+
+def noise(rel):
+    parts = rel.split("/")
+    return rel.endswith(".pyc") or "__pycache__" in parts or ".pytest_cache" in parts
+
+others, noise_count, seen, truncated, stack = [], 0, 0, False, [""]
+while stack and not truncated:
+    rel_dir = stack.pop()
+    try:
+        entries = sorted(os.scandir(os.path.join(root, rel_dir)), key=lambda e: e.name)
+    except OSError:
+        others.append(rel_dir + "/")  # a directory the walk cannot enter
+        continue
+    for e in entries:
+        seen += 1
+        if seen > limit:
             truncated = True
             break
-        full = os.path.join(dirpath, name)
-        rel = os.path.relpath(full, root).replace(os.sep, "/")
-        if os.path.islink(full):
-            out[rel] = "link:" + os.readlink(full)
-        elif not os.path.isfile(full):
-            out[rel] = "special"
-        elif os.path.getsize(full) > 64 << 20:
-            out[rel] = "big:%d" % os.path.getsize(full)
-        else:
-            h = hashlib.sha256()
-            with open(full, "rb") as f:
-                for chunk in iter(lambda: f.read(1 << 20), b""):
-                    h.update(chunk)
-            out[rel] = h.hexdigest()
-print(json.dumps({"files": out, "truncated": truncated}))
+        rel = (rel_dir + "/" + e.name) if rel_dir else e.name
+        if rel == ".git":
+            continue
+        if e.is_dir(follow_symlinks=False):
+            stack.append(rel)
+        elif rel not in repo:
+            if noise(rel):
+                noise_count += 1
+            else:
+                others.append(rel)
+names, used = [], 0
+for rel in sorted(others, key=lambda r: (r.count("/"), r)):
+    used += len(json.dumps(rel)) + 2
+    if used > budget:
+        break
+    names.append(rel)
+print(json.dumps({"repo": {p: digest(os.path.join(root, p)) for p in repo}, "others": names,
+                  "others_total": len(others), "noise": noise_count, "truncated": truncated}))
 """
 
 
@@ -83,25 +120,24 @@ def submission_from_patch(task: CodingTask, patch: str) -> Submission:
 async def capture_workspace(sandbox: Sandbox, task: CodingTask, base_commit: str | None = None) -> Submission:
     """Compares ``/workspace`` in the agent's sandbox with the task's repository snapshot."""
     listing = await sandbox.exec(
-        ["python3", "-I", "-c", _LIST_SCRIPT, WORKSPACE, str(MAX_ENTRIES)], timeout=120
-    )
+        ["python3", "-I", "-c", _LIST_SCRIPT, WORKSPACE, json.dumps(sorted(task.repo)), str(MAX_ENTRIES),
+         str(_NAMES_BUDGET)], timeout=120,
+    )  # fmt: skip
     try:
         found = json.loads(listing.stdout)
-        files: dict[str, str] = found["files"]
+        hashes: dict[str, str | None] = found["repo"]
+        others: list[str] = found["others"]
+        other_total, noise = int(found["others_total"]), int(found["noise"])
+        truncated = bool(found["truncated"])
     except (ValueError, KeyError, TypeError):
         raise RuntimeError(f"cannot list the workspace: {listing.text()[-500:]}") from None
     sources = source_files(task.repo, task.hidden_tests)
-    changed_sources, dropped, ignored = [], [], 0
-    for path in sorted(set(files) | set(task.repo)):
-        pristine = task.repo.get(path)
-        if pristine is not None and files.get(path) == _sha(pristine):
+    changed_sources, dropped = [], []
+    for path, pristine in sorted(task.repo.items()):
+        if hashes.get(path) == _sha(pristine):
             continue
-        if path in sources:
-            changed_sources.append(path)
-        elif is_noise(path):
-            ignored += 1
-        else:
-            dropped.append(path)
+        (changed_sources if path in sources else dropped).append(path)
+    dropped = sorted(dropped + [p for p in others if not is_noise(p)])
     patch = []
     for path in changed_sources:
         try:
@@ -115,8 +151,9 @@ async def capture_workspace(sandbox: Sandbox, task: CodingTask, base_commit: str
     head_sha = head.stdout.decode(errors="replace").strip() or None
     info = {
         "changed_sources": changed_sources,
-        "ignored_noise_files": ignored,
-        "listing_truncated": bool(found.get("truncated")),
+        "ignored_noise_files": noise,
+        "other_files": other_total,  # dropped_paths lists the shallowest of them
+        "listing_truncated": truncated or len(others) < other_total,
         "base_commit": base_commit,
         "head": head_sha,
         "head_moved": base_commit is not None and head_sha != base_commit,

@@ -78,6 +78,45 @@ async def test_the_gold_patch_applied_by_the_agent_scores_one(manager, task_id):
     await manager.close(s.session_id)
 
 
+LEFTOVERS = r"""
+import os
+for i in range(1000):
+    os.makedirs("junk", exist_ok=True)
+    open(f"junk/f{i}.txt", "w").close()
+deep = "deep"
+for _ in range(600):
+    deep += "/d"
+os.makedirs(deep)
+os.symlink("loop", "loop")
+os.symlink(".", "self")
+os.mkdir("locked")
+open("locked/x", "w").close()
+os.chmod("locked", 0)
+open("secret", "w").close()
+os.chmod("secret", 0)
+open(b"caf\xe9.txt", "w").close()
+"""
+
+
+async def test_a_correct_fix_scores_one_whatever_the_agent_leaves_behind(manager):
+    """1,000 files, a deep tree, link loops, unreadable entries, a non-UTF-8 name: the grader's
+    listing stays bounded and grades the fix."""
+    task = builtin_suite().task("roman-03")
+    s = await manager.create("coding-v1", task.model_dump())
+    await call(manager, s.session_id, "write_file", path="/tmp/fix.diff", content=task.gold_patch)
+    assert (await call(manager, s.session_id, "run", command="git apply /tmp/fix.diff")).startswith(
+        "[exit code 0]"
+    )
+    await call(manager, s.session_id, "write_file", path="/tmp/leftovers.py", content=LEFTOVERS)
+    out = await call(manager, s.session_id, "run", command="python3 /tmp/leftovers.py")
+    assert out.startswith("[exit code 0]"), out
+    result = await manager.evaluate(s.session_id)
+    assert result.reward == 1.0, result.info["reason"]
+    assert result.info["other_files"] >= 1000 and not result.info["tampered"]
+    assert "junk/f0.txt" in result.info["dropped_paths"]
+    await manager.close(s.session_id)
+
+
 async def test_no_change_scores_zero(manager):
     s = await manager.create("coding-v1", {"ref": "stats-00"})
     result = await manager.evaluate(s.session_id)
