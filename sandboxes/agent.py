@@ -291,6 +291,9 @@ def op_download(req):
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
         tar.add(path, arcname=os.path.basename(path.rstrip("/")) or ".")
+    limit = int(req.get("max_bytes", 64 << 20))
+    if buf.tell() > limit:  # the host refuses longer replies
+        raise ValueError(f"{path} archives to more than {limit} bytes")
     return {"tar": _b64(buf.getvalue())}
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from sandboxes import agent
 from sandboxes.docker_api import AttachStream, DockerAPI
-from sandboxes.protocol import ExecResult, SandboxDied, SandboxError
+from sandboxes.protocol import ExecResult, SandboxDied, SandboxError, SandboxFlooded
 from sandboxes.settings import SandboxSettings
 
 __all__ = ["AGENT_SOURCE", "DockerSandbox", "owner_id"]
@@ -54,6 +54,19 @@ def owner_id(pid: int | None = None) -> str:
     return f"{socket.gethostname()}:{pid}:{_process_start_ticks(pid)}"
 
 
+_LINE_SLACK = 16 << 10  # JSON framing around a reply's payload; the whole ready line
+
+
+def _reply_bound(op: str, fields: dict[str, Any], output_cap: int) -> int:
+    """The longest reply line a call may get: its payload's limit in base64, plus framing."""
+    payload = {
+        "exec": 2 * output_cap,
+        "read_file": fields.get("max_bytes", 0),
+        "download": fields.get("max_bytes", 0),
+    }
+    return 4 * payload.get(op, 0) // 3 + 4 + _LINE_SLACK
+
+
 class DockerSandbox:
     """A running container with the exec agent attached. Create with ``DockerSandbox.create``."""
 
@@ -64,6 +77,7 @@ class DockerSandbox:
         self._stream = stream
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._reply_bounds: dict[int, int] = {}  # request id -> longest reply line it may get
         self._ready = asyncio.get_running_loop().create_future()
         self._died: SandboxDied | None = None
         self._closed = False
@@ -170,8 +184,8 @@ class DockerSandbox:
             archive = buf.getvalue()
         await self._call("upload", 120.0, dest=dest, tar=base64.b64encode(archive).decode())
 
-    async def download(self, path: str) -> bytes:
-        reply = await self._call("download", 120.0, path=path)
+    async def download(self, path: str, *, max_bytes: int = 64 << 20) -> bytes:
+        reply = await self._call("download", 120.0, path=path, max_bytes=max_bytes)
         return base64.b64decode(reply["tar"])
 
     async def close(self) -> None:
@@ -196,6 +210,7 @@ class DockerSandbox:
         rid = next(self._ids)
         fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._pending[rid] = fut
+        self._reply_bounds[rid] = _reply_bound(op, fields, self.settings.output_cap)
         try:
             await self._stream.write(json.dumps({"id": rid, "op": op, **fields}).encode() + b"\n")
             reply = await asyncio.wait_for(fut, wait)
@@ -207,6 +222,7 @@ class DockerSandbox:
             raise self._died or SandboxError(f"sandbox {self.id[:12]}: stdio lost: {e}") from e
         finally:
             self._pending.pop(rid, None)
+            self._reply_bounds.pop(rid, None)
         if not reply.get("ok"):
             kind = _ERRORS.get(reply.get("error", ""), SandboxError)
             raise kind(f"{op} in sandbox: {reply.get('message', reply.get('error'))}")
@@ -227,8 +243,22 @@ class DockerSandbox:
                     del buf[: end + 1]
                     scanned = 0
                 scanned = len(buf)
+                # a line can only be a reply to a pending call: no more than the largest of them may get
+                limit = max(self._reply_bounds.values(), default=_LINE_SLACK)
+                if len(buf) > limit:
+                    raise SandboxFlooded(
+                        f"sandbox {self.id[:12]}: {len(buf)} bytes without a newline on the host channel "
+                        f"(at most {limit} expected): something in the sandbox writes to it"
+                    )
         except EOFError:
             pass
+        except SandboxFlooded as e:
+            log.warning("%s; removing it", e)
+            self._died = e
+            self._fail_pending(e)
+            with contextlib.suppress(Exception):
+                await self.api.remove(self.id)
+            return
         except asyncio.CancelledError:
             raise
         except Exception as e:  # a garbled stream is as fatal as a dead container

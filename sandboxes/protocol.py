@@ -56,6 +56,11 @@ class ImageMissing(SandboxError):
     """The sandbox image is not present in the engine."""
 
 
+class SandboxFlooded(SandboxError):
+    """Something in the sandbox wrote more to the host channel than the pending calls can answer
+    (e.g. a command writing to the agent's stdout): the container is removed, the call fails."""
+
+
 class SandboxDied(SandboxError):
     """The container stopped under a command (OOM kill of the agent, lifetime expired, removed)."""
 
@@ -89,8 +94,8 @@ class Sandbox(Protocol):
         """Copies a local directory, or a tar archive given as bytes, into ``dest``."""
         ...
 
-    async def download(self, path: str) -> bytes:
-        """A tar archive of ``path`` (a file or a directory)."""
+    async def download(self, path: str, *, max_bytes: int = 64 << 20) -> bytes:
+        """A tar archive of ``path`` (a file or a directory), refused when larger than ``max_bytes``."""
         ...
 
     async def close(self) -> None: ...
