@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from env_server.environment import ToolEnvironment
 from env_server.registry import UnknownEnvironment, make, registry, spec
-from env_server.types import RewardResult, SessionInfo, StepResult, ToolCallRequest
+from env_server.types import Message, RewardResult, SessionInfo, StepResult, ToolCallRequest, ToolStatus
 from env_server.wrappers import Wrapper
 from sandboxes.docker import DockerSandbox
 from sandboxes.docker_api import DockerAPI
@@ -101,6 +101,7 @@ class _Session:
     last_used: float = field(default_factory=time.monotonic)
     replies: OrderedDict[str, tuple[str, StepResult]] = field(default_factory=OrderedDict)
     done: bool = False
+    broken_by_agent: str | None = None  # why the agent's own command ended its sandbox
 
 
 class SessionManager:
@@ -200,8 +201,13 @@ class SessionManager:
                 result = await s.env.step(tool_calls)
             except SandboxError as e:
                 s.done = True
-                self._error("infra")
-                raise InfraFailure(f"session {session_id}: sandbox failed: {e}") from e
+                if not e.agent_caused:
+                    self._error("infra")
+                    raise InfraFailure(f"session {session_id}: sandbox failed: {e}") from e
+                # the policy broke its own sandbox: its failure (reward 0), not the infrastructure's
+                self._error("sandbox_broken_by_agent")
+                s.broken_by_agent = str(e)
+                result = _broken_by_agent(tool_calls, str(e))
             finally:
                 s.last_used = time.monotonic()
             self._step_seconds.labels(s.env_id).observe(time.perf_counter() - t0)
@@ -215,6 +221,9 @@ class SessionManager:
     async def evaluate(self, session_id: str) -> RewardResult:
         s = self._get(session_id)
         async with s.lock:
+            if s.broken_by_agent is not None:
+                return RewardResult(reward=0.0, info={"reason": "a command broke the sandbox",
+                                                      "cause": s.broken_by_agent})  # fmt: skip
             try:
                 return await s.env.evaluate()
             except SandboxError as e:
@@ -356,3 +365,14 @@ def _replayed(request_id: str, remembered: tuple[str, Any], fingerprint: str) ->
     if seen != fingerprint:
         raise RequestConflict(f"request_id {request_id!r} was already used with a different body")
     return reply
+
+
+def _broken_by_agent(tool_calls: list[ToolCallRequest], cause: str) -> StepResult:
+    """The end of an episode whose command killed or flooded its sandbox: every call of the turn
+    answered with the cause, the episode done."""
+    messages = [
+        Message(role="tool", name=c.name, tool_call_id=c.id, status=ToolStatus.ERROR,
+                content=f"Error: the sandbox stopped while running this command ({cause})")
+        for c in tool_calls
+    ]  # fmt: skip
+    return StepResult(messages=messages, done=True, info={"sandbox_broken_by_agent": cause})

@@ -57,6 +57,14 @@ def owner_id(pid: int | None = None) -> str:
 _LINE_SLACK = 16 << 10  # JSON framing around a reply's payload; the whole ready line
 
 
+def _under_command(exc: Exception) -> Exception:
+    """The death as a command in flight sees it: the agent's doing when the container's own state
+    says it stopped (an exit code), not when it vanished (the engine went away)."""
+    if isinstance(exc, SandboxDied) and exc.exit_code is not None:
+        return SandboxDied(str(exc), oom_killed=exc.oom_killed, exit_code=exc.exit_code, agent_caused=True)
+    return exc
+
+
 def _reply_bound(op: str, fields: dict[str, Any], output_cap: int) -> int:
     """The longest reply line a call may get: its payload's limit in base64, plus framing."""
     payload = {
@@ -78,6 +86,7 @@ class DockerSandbox:
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self._reply_bounds: dict[int, int] = {}  # request id -> longest reply line it may get
+        self._execs: set[int] = set()  # request ids of commands in flight
         self._ready = asyncio.get_running_loop().create_future()
         self._died: SandboxDied | None = None
         self._closed = False
@@ -211,6 +220,8 @@ class DockerSandbox:
         fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._pending[rid] = fut
         self._reply_bounds[rid] = _reply_bound(op, fields, self.settings.output_cap)
+        if op == "exec":
+            self._execs.add(rid)
         try:
             await self._stream.write(json.dumps({"id": rid, "op": op, **fields}).encode() + b"\n")
             reply = await asyncio.wait_for(fut, wait)
@@ -223,6 +234,7 @@ class DockerSandbox:
         finally:
             self._pending.pop(rid, None)
             self._reply_bounds.pop(rid, None)
+            self._execs.discard(rid)
         if not reply.get("ok"):
             kind = _ERRORS.get(reply.get("error", ""), SandboxError)
             raise kind(f"{op} in sandbox: {reply.get('message', reply.get('error'))}")
@@ -279,9 +291,9 @@ class DockerSandbox:
             fut.set_result(msg)
 
     def _fail_pending(self, exc: Exception) -> None:
-        for fut in self._pending.values():
+        for rid, fut in self._pending.items():
             if not fut.done():
-                fut.set_exception(exc)
+                fut.set_exception(_under_command(exc) if rid in self._execs else exc)
 
     async def _why_dead(self) -> SandboxDied:
         tail = self._stderr_tail.decode(errors="replace").strip()[-500:]

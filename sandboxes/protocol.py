@@ -45,7 +45,11 @@ class ExecResult:
 
 
 class SandboxError(RuntimeError):
-    """Base class: the sandbox infrastructure failed (a rollout records ``failed_infra``)."""
+    """Base class: the sandbox failed. ``agent_caused`` says whether the agent's own commands did it
+    (then the episode scores 0 with the cause recorded); otherwise it is an infrastructure failure
+    (the rollout records ``failed_infra``)."""
+
+    agent_caused = False
 
 
 class SandboxUnavailable(SandboxError):
@@ -60,14 +64,28 @@ class SandboxFlooded(SandboxError):
     """Something in the sandbox wrote more to the host channel than the pending calls can answer
     (e.g. a command writing to the agent's stdout): the container is removed, the call fails."""
 
+    agent_caused = True
+
 
 class SandboxDied(SandboxError):
-    """The container stopped under a command (OOM kill of the agent, lifetime expired, removed)."""
+    """The container stopped (OOM kill of the agent, lifetime expired, killed, removed).
 
-    def __init__(self, message: str, *, oom_killed: bool = False, exit_code: int | None = None) -> None:
+    ``agent_caused`` when it stopped while running one of the agent's commands and its own state
+    says how (``kill -9 -1``, a memory blow-up): not when it was found dead before a call, or gone.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        oom_killed: bool = False,
+        exit_code: int | None = None,
+        agent_caused: bool = False,
+    ) -> None:
         super().__init__(message)
         self.oom_killed = oom_killed
         self.exit_code = exit_code
+        self.agent_caused = agent_caused
 
 
 @runtime_checkable

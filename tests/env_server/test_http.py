@@ -606,6 +606,32 @@ async def test_dead_sandbox_is_an_infra_failure_in_process(docker_api):
     assert await wait_until_gone(docker_api) == []
 
 
+@pytest.mark.parametrize(
+    "command",
+    ["kill -9 -1", "head -c 400000000 /dev/zero | tr '\\0' x > /proc/1/fd/1"],
+    ids=["kill_everything", "flood_the_channel"],
+)
+async def test_a_command_that_breaks_its_own_sandbox_scores_zero_not_failed_infra(docker_api, command):
+    """The policy's own doing is its failure: the episode ends, evaluates to 0 with the cause, and
+    is never an infrastructure failure (which would be retried and left out of training)."""
+    manager = SessionManager(pool_size=0, run=RUN_LABEL)
+    local = LocalEnvClient(manager)
+    try:
+        info = await local.create_session("shell-v1", SHELL_TASK)
+        await local.step(info.session_id, [call("write_file", path="hello.txt", content="hi")])
+        result = await local.step(info.session_id, [call("run", id="c1", command=command)])
+        assert result.done and result.messages[0].status is ToolStatus.ERROR, result
+        assert result.messages[0].tool_call_id == "c1" and "sandbox stopped" in result.messages[0].content
+        reward = await local.evaluate(info.session_id)
+        assert reward.reward == 0.0 and reward.info["cause"], reward
+        with pytest.raises(SessionDone):
+            await local.step(info.session_id, [call("submit")])
+        await local.close_session(info.session_id)
+    finally:
+        await local.aclose()
+    assert await wait_until_gone(docker_api) == []
+
+
 async def test_reset_crash_releases_the_sandbox(docker_api, restore_registry):
     register_environment("pytest-crash-v1", "tests.env_server.envs:SandboxCrashOnReset")
     manager = SessionManager(pool_size=0, run=RUN_LABEL)
