@@ -20,8 +20,8 @@ ranks follow.
 Why SUM, not FSDP's default average: the loss is a token-mean over the whole step, so each rank
 divides its summed token loss by the global token count and the step gradient is the plain sum of
 the ranks' gradients. FSDP2 averages by default, with ``ReduceOp.AVG`` for fp32/bf16 reductions,
-and gloo's reduce-scatter has silently run AVG as SUM (pytorch issue #162338, Sept. 2025), so
-the same code gave gradients ``world_size`` times apart on CPU and GPU. On torch 2.13 AVG is a true
+and some torch releases' gloo reduce-scatter silently ran AVG as SUM, so the same code gave
+gradients ``world_size`` times apart on CPU and GPU. On torch 2.13 AVG is a true
 average (tests/trainer/test_distributed.py measures both), but a SUM reduction needs no divide
 factor at all and every backend implements it, so ``shard`` forces it.
 

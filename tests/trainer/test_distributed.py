@@ -1,7 +1,7 @@
 """FSDP2 on 2 gloo processes gives the single-process gradient and update of the same step.
 
 The comparison is the test: FSDP2 on gloo has reduced gradients by SUM where it promised AVG
-(pytorch issue #162338), so the two-process step is launched with torchrun and checked against
+(in some torch releases), so the two-process step is launched with torchrun and checked against
 one process running the whole batch, parameter by parameter.
 """
 
@@ -101,7 +101,7 @@ def test_one_clipped_adamw_step_gives_the_same_parameters(two_rank_step, one_pro
 
 def test_raw_fsdp2_averages_on_gloo_so_shard_must_sum(two_rank_step):
     # Rank r's gradient is r + 1: the mean is 1.5, the sum 3.0. A torch where gloo runs AVG as SUM
-    # (pytorch #162338) reports 3.0 here; shard() forces SUM and is exact either way.
+    # reports 3.0 here; shard() forces SUM and is exact either way.
     assert two_rank_step["raw_reduction"] == pytest.approx(1.5, abs=1e-6)
 
 
