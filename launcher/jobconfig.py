@@ -6,7 +6,8 @@ into a silently ignored option. Without ``services`` URLs the job is *embedded*:
 a private Redis, an engine process, an in-process env server, the rollout manager and the trainer.
 With URLs it joins shared services, so rollout workers and trainers run on different machines.
 
-Only pydantic and the standard library here: reading a config needs nothing of the rest.
+Only pydantic, the standard library and the components' settings classes (standard library
+themselves) here: reading a config imports no torch, Redis, FastAPI or Docker client.
 """
 
 from __future__ import annotations
@@ -14,14 +15,14 @@ from __future__ import annotations
 import dataclasses
 import re
 from pathlib import Path
-from typing import Any, Literal, get_args, get_origin
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
 from agent_loop.config import EpisodeConfig, ManagerConfig
 from pqrl.model_cache import DEFAULT_MODEL
-from pqrl.settings import fields_of
+from pqrl.settings import fields_of, type_name
 from trainer.config import LoopConfig, StepConfig
 
 __all__ = [
@@ -120,13 +121,11 @@ def _component_fields(cls: type, *, exclude: tuple[str, ...] = ()) -> dict[str, 
     and bounds taken from the component's own dataclass. Fields without a default are the ones the
     job derives from another section (the trainer's temperature is the episode's), so they are left
     out, as are nested settings and ``exclude``."""
-    out: dict[str, Any] = {}
-    for f, meta in zip(fields_of(cls), dataclasses.fields(cls), strict=True):
-        if f.required or f.name in exclude or dataclasses.is_dataclass(f.type):
-            continue
-        bounds = {k: meta.metadata[k] for k in ("ge", "gt", "le", "lt") if k in meta.metadata}
-        out[f.name] = (f.type, Field(f.default, description=f.description, **bounds))
-    return out
+    return {
+        f.name: (f.type, Field(f.default, description=f.description, **f.bounds))
+        for f in fields_of(cls)
+        if not (f.required or f.name in exclude or dataclasses.is_dataclass(f.type))
+    }
 
 
 def _composed(name: str, base: type[_Section], *parts: dict[str, Any]) -> Any:
@@ -139,13 +138,9 @@ def _composed(name: str, base: type[_Section], *parts: dict[str, Any]) -> Any:
     return create_model(name, __base__=base, __module__=__name__, **fields)
 
 
-class _RolloutBase(_Section):
-    pass
-
-
 # the rollout manager's settings and each episode's, side by side in one section
 RolloutSection = _composed(
-    "RolloutSection", _RolloutBase, _component_fields(ManagerConfig), _component_fields(EpisodeConfig)
+    "RolloutSection", _Section, _component_fields(ManagerConfig), _component_fields(EpisodeConfig)
 )
 
 
@@ -277,7 +272,7 @@ def explain(model: type[BaseModel] = TrainConfig, prefix: str = "") -> list[tupl
             out += explain(ann, f"{prefix}{name}.")
             continue
         default = "required" if f.is_required() else repr(f.get_default(call_default_factory=True))
-        out.append((f"{prefix}{name}", _type_name(ann), default, f.description or ""))
+        out.append((f"{prefix}{name}", type_name(ann), default, f.description or ""))
     return out
 
 
@@ -294,12 +289,3 @@ def explain_markdown() -> str:
         cells = (f"`{path}`", f"`{tp}`", f"`{default}`", desc)
         rows.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")  # a pipe ends a cell
     return "\n".join(rows) + "\n"
-
-
-def _type_name(ann: Any) -> str:
-    if isinstance(ann, type) and get_origin(ann) is None:
-        return ann.__name__
-    if get_origin(ann) is Literal:
-        return " | ".join(repr(a) for a in get_args(ann))
-    text = str(ann).replace("typing.", "").replace("launcher.jobconfig.", "")
-    return re.sub(r"Optional\[(.*)\]", r"\1 | None", text)

@@ -17,12 +17,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import re
 import types
 import typing
 from collections.abc import Iterator, Sequence
 from typing import Any, Literal, get_args, get_origin
 
-__all__ = ["FieldInfo", "Settings", "add_arguments", "fields_of", "from_arguments", "setting"]
+__all__ = ["FieldInfo", "Settings", "add_arguments", "fields_of", "from_arguments", "setting", "type_name"]
 
 _BOUNDS = {"ge": (lambda v, b: v >= b, ">="), "gt": (lambda v, b: v > b, ">"),
            "le": (lambda v, b: v <= b, "<="), "lt": (lambda v, b: v < b, "<")}  # fmt: skip
@@ -78,14 +79,11 @@ class FieldInfo:
     type: Any
     default: Any  # _NO_DEFAULT when required
     description: str
+    bounds: dict[str, float]  # ge / gt / le / lt as given to ``setting``
 
     @property
     def required(self) -> bool:
         return self.default is _NO_DEFAULT
-
-    @property
-    def type_name(self) -> str:
-        return _type_name(self.type)
 
 
 def fields_of(cls: type) -> Iterator[FieldInfo]:
@@ -98,16 +96,15 @@ def fields_of(cls: type) -> Iterator[FieldInfo]:
             default = f.default_factory()
         else:
             default = _NO_DEFAULT
-        yield FieldInfo(f.name, hints[f.name], default, f.metadata.get("description", ""))
+        bounds = {k: f.metadata[k] for k in _BOUNDS if k in f.metadata}
+        yield FieldInfo(f.name, hints[f.name], default, f.metadata.get("description", ""), bounds)
 
 
-def add_arguments(
-    parser: argparse.ArgumentParser | Any, cls: type, *, exclude: Sequence[str] = (), only: Sequence[str] = ()
-) -> None:
+def add_arguments(parser: argparse.ArgumentParser | Any, cls: type, *, exclude: Sequence[str] = ()) -> None:
     """One ``--flag`` per scalar field of ``cls`` (``max_turns`` -> ``--max-turns``), default and help
-    taken from the field; nested settings and fields in ``exclude`` (or not in ``only``) are left out."""
+    taken from the field; nested settings and fields in ``exclude`` are left out."""
     for f in fields_of(cls):
-        if f.name in exclude or (only and f.name not in only) or _is_settings(f.type):
+        if f.name in exclude or _is_settings(f.type):
             continue
         flag = "--" + f.name.replace("_", "-")
         help_ = f"{f.description} (default: {f.default!r})" if not f.required else f.description
@@ -128,7 +125,7 @@ def add_arguments(
         elif base in (int, float, str):
             kwargs["type"] = base
         else:
-            raise TypeError(f"{cls.__name__}.{f.name}: no command-line form for {f.type_name}")
+            raise TypeError(f"{cls.__name__}.{f.name}: no command-line form for {type_name(f.type)}")
         if optional and kwargs.get("type") in (int, float):
             kwargs["type"] = _optional(kwargs["type"])
         parser.add_argument(flag, **kwargs)
@@ -170,7 +167,13 @@ def _optional(convert: Any) -> Any:
     return parse
 
 
-def _type_name(tp: Any) -> str:
+def type_name(tp: Any) -> str:
+    """An annotation as a reader writes it: ``int``, ``'a' | 'b'``, ``float | None``, ``list[str]``."""
     if isinstance(tp, type) and get_origin(tp) is None:
         return tp.__name__
-    return str(tp).replace("typing.", "")
+    if get_origin(tp) is Literal:
+        return " | ".join(repr(a) for a in get_args(tp))
+    base, optional = _unwrap_optional(tp)
+    if optional:
+        return f"{type_name(base)} | None"
+    return re.sub(r"\b[\w.]+\.(\w+)", r"\1", str(tp).replace("typing.", ""))  # module paths off
