@@ -190,9 +190,11 @@ class SessionManager:
     ) -> StepResult:
         s = self._get(session_id)
         async with s.lock:
-            fingerprint = _fingerprint([c.model_dump(mode="json") for c in tool_calls])
-            if request_id is not None and request_id in s.replies:  # a retry: applied once, answered again
-                return _replayed(request_id, s.replies[request_id], fingerprint)
+            fingerprint = ""
+            if request_id is not None:
+                fingerprint = _fingerprint([c.model_dump(mode="json") for c in tool_calls])
+                if request_id in s.replies:  # a retry: applied once, answered again
+                    return _replayed(request_id, s.replies[request_id], fingerprint)
             if s.done:
                 self._error("step_after_done")
                 raise SessionDone(f"session {session_id} is done; evaluate or close it")
