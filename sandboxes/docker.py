@@ -85,8 +85,7 @@ class DockerSandbox:
         self._stream = stream
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
-        self._reply_bounds: dict[int, int] = {}  # request id -> longest reply line it may get
-        self._execs: set[int] = set()  # request ids of commands in flight
+        self._calls: dict[int, tuple[str, int]] = {}  # request id -> (op, longest reply line it may get)
         self._ready = asyncio.get_running_loop().create_future()
         self._died: SandboxDied | None = None
         self._closed = False
@@ -219,9 +218,7 @@ class DockerSandbox:
         rid = next(self._ids)
         fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._pending[rid] = fut
-        self._reply_bounds[rid] = _reply_bound(op, fields, self.settings.output_cap)
-        if op == "exec":
-            self._execs.add(rid)
+        self._calls[rid] = (op, _reply_bound(op, fields, self.settings.output_cap))
         try:
             await self._stream.write(json.dumps({"id": rid, "op": op, **fields}).encode() + b"\n")
             reply = await asyncio.wait_for(fut, wait)
@@ -233,8 +230,7 @@ class DockerSandbox:
             raise self._died or SandboxError(f"sandbox {self.id[:12]}: stdio lost: {e}") from e
         finally:
             self._pending.pop(rid, None)
-            self._reply_bounds.pop(rid, None)
-            self._execs.discard(rid)
+            self._calls.pop(rid, None)
         if not reply.get("ok"):
             kind = _ERRORS.get(reply.get("error", ""), SandboxError)
             raise kind(f"{op} in sandbox: {reply.get('message', reply.get('error'))}")
@@ -256,7 +252,7 @@ class DockerSandbox:
                     scanned = 0
                 scanned = len(buf)
                 # a line can only be a reply to a pending call: no more than the largest of them may get
-                limit = max(self._reply_bounds.values(), default=_LINE_SLACK)
+                limit = max((bound for _, bound in self._calls.values()), default=_LINE_SLACK)
                 if len(buf) > limit:
                     raise SandboxFlooded(
                         f"sandbox {self.id[:12]}: {len(buf)} bytes without a newline on the host channel "
@@ -293,7 +289,8 @@ class DockerSandbox:
     def _fail_pending(self, exc: Exception) -> None:
         for rid, fut in self._pending.items():
             if not fut.done():
-                fut.set_exception(_under_command(exc) if rid in self._execs else exc)
+                in_command = self._calls.get(rid, ("", 0))[0] == "exec"
+                fut.set_exception(_under_command(exc) if in_command else exc)
 
     async def _why_dead(self) -> SandboxDied:
         tail = self._stderr_tail.decode(errors="replace").strip()[-500:]

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sandboxes.protocol import Sandbox
-from tasks.coding.diffs import filter_patch, is_noise, is_protected, source_files, unified_diff
+from tasks.coding.diffs import filter_patch, is_protected, source_files, unified_diff
 from tasks.suite import CodingTask
 
 __all__ = ["WORKSPACE", "Submission", "capture_workspace", "submission_from_patch"]
@@ -36,7 +36,7 @@ _NAMES_BUDGET = 40_000  # bytes of other paths reported back: the reply stays un
 # (the rule of tasks.coding.diffs.is_noise).
 _LIST_SCRIPT = r"""
 import hashlib, json, os, stat, sys
-root, repo, limit, budget = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+root, repo, limit, budget = sys.argv[1], set(json.loads(sys.argv[2])), int(sys.argv[3]), int(sys.argv[4])
 
 def digest(full):
     try:
@@ -137,7 +137,7 @@ async def capture_workspace(sandbox: Sandbox, task: CodingTask, base_commit: str
         if hashes.get(path) == _sha(pristine):
             continue
         (changed_sources if path in sources else dropped).append(path)
-    dropped = sorted(dropped + [p for p in others if not is_noise(p)])
+    dropped = sorted(dropped + others)  # the listing counted byte-code and caches apart
     patch = []
     for path in changed_sources:
         try:
