@@ -154,7 +154,9 @@ async def test_python_fork_bomb_hits_pids_limit(make_sandbox):
 async def test_shell_fork_bomb_is_contained_and_neighbours_unaffected(make_sandbox):
     """The classic shell fork bomb fails to fork, is killed at the timeout, and a neighbour is fine."""
     sb, neighbour = await make_sandbox(pids_limit=32), await make_sandbox()
-    bomb = asyncio.create_task(sb.exec("bomb() { bomb | bomb & }; bomb; sleep 30", timeout=2))
+    # The parent shell then spins on builtins: a `sleep` there would itself fail to fork under the
+    # limit and end the command early, and the test is about the timeout killing the whole group.
+    bomb = asyncio.create_task(sb.exec("bomb() { bomb | bomb & }; bomb; while :; do :; done", timeout=2))
     await asyncio.sleep(1.0)  # the bomb is at the limit now
     await assert_responsive(neighbour, within=1.0)
     r = await bomb
