@@ -1,4 +1,5 @@
-"""The coding grader: the source-only diff, applied in a fresh container, judged by hidden tests.
+"""The coding grader: the source-only diff, applied in a fresh container, judged by hidden tests
+whose expected values never enter that container.
 
 For each submission (tasks/coding/capture.py says how it is taken from the agent's workspace):
 
@@ -7,44 +8,41 @@ For each submission (tasks/coding/capture.py says how it is taken from the agent
 2. the patched source files are read back and checked by the source policy (tasks/coding/policy.py)
    *before anything runs*: a patch that imports ``os``/``sys``/``atexit``/``_pytest``/
    ``unittest``/``builtins``, calls ``eval``/``open``/``getattr``, reaches for dunders or frames,
-   or adds comparison dunders scores 0 and is flagged;
-3. the hidden tests are copied over the tests, and a grader-owned runner (tasks/coding/runner.py,
+   or adds comparison dunders scores 0 and is flagged. This is a second layer that flags; the
+   verdict below does not depend on it;
+3. the hidden tests, rewritten on the host (tasks/coding/probes.py: asserts become probes that
+   record the values the code computed; literals, polarities, exception types and messages stay on
+   the host), are copied over the tests, and a grader-owned runner (tasks/coding/runner.py,
    uploaded after the check into a randomly named directory of the grader's) starts
    ``python -I -B -m pytest -c <grader ini> -p no:cacheprovider --noconftest`` with
-   ``PYTEST_DISABLE_PLUGIN_AUTOLOAD=1``, from that directory, on the hidden tests plus two
-   canary tests with per-run random names (one must pass, one must fail);
-4. pytest writes its JUnit XML into a pipe held by the runner, which is non-dumpable (no other
-   process of the user can open its fds or ptrace it); after pytest exits the runner kills every
-   leftover process, then creates a fresh, randomly named report directory and writes the report
-   there. The host reads it through the sandbox API and parses it itself; stdout is never read
-   for results.
+   ``PYTEST_DISABLE_PLUGIN_AUTOLOAD=1``, from that directory, on them plus two canary tests with
+   per-run random names (one must pass, one must fail);
+4. pytest writes its JUnit XML and the probes their record into pipes held by the runner, which is
+   non-dumpable (no other process of the user can open its fds or ptrace it); after pytest exits
+   the runner kills every leftover process, then creates a fresh, randomly named report directory
+   and writes the report there. The host reads it through the sandbox API and judges it itself.
 
 The reward is 1 only if the report is one well-formed document, the canaries came out as they
-must, pytest's exit status is 1 (the failing canary), nothing outlived pytest, and the set of
-test ids equals FAIL_TO_PASS + PASS_TO_PASS exactly with every one passing.
+must, pytest's exit status is 1 (the failing canary), nothing outlived pytest, the set of test
+ids equals FAIL_TO_PASS + PASS_TO_PASS exactly with every one passing, and (with a gold patch)
+every test's probe record satisfies the original asserts on the host and follows the gold
+solution's record (``CodingGrader.reference``: computed once per task and process, in a fresh
+container, twice, so values that vary between runs are known).
 
-Remaining risk, precisely. The verdict comes from the process that ran the submitted code, so it
-rests on the source policy: a patch that passes the policy yet still subverts pytest would need a
-way out of its subset of Python (whitelisted imports and names, no dunder or frame attributes, no
-``getattr``/``eval``/``open``/``type(name, bases, ns)``...); every route out we know needs one of
-those. Inside the subset, a whitelisted pure-Python class can still be mutated through a local
-alias (``C = Counter; C.most_common = f``), process-wide; no pytest verdict path we know reads
-such an attribute. If the policy is bypassed, the runtime checks still catch a blanket
-"everything passes" patch (the failing canary passes, or the exit status is 0), an early exit (no
-report, or exit status 0), a rewrite of the report after pytest wrote it or before (two documents
-in the pipe), and processes left running; they do not catch code that forges outcomes for the
-real tests only while running the canaries honestly (tests/tasks/test_coding_hacks.py pins this),
-nor, given arbitrary code, forged replies written into the exec agent's stdout: the agent is a
-dumpable process of the same user, so ``/proc/<agent>/fd/1`` is writable from inside the
-container (the sandbox layer should make the agent non-dumpable, as the runner is). Separately, a
-solution that special-cases exactly the inputs of the hidden tests passes them: a limit of the
-tests (they check more inputs than the issue shows), not of the grader.
+Why the record and not pytest's word: code in the test process can rewrite that process's
+verdict, whatever the policy missed (tests/tasks/test_coding_hacks.py plays such forgers with
+the policy on and off). The record it can forge too, but a forged record scores only with the
+values the correct code computes, which are not in the container. What this leaves open is
+listed in tasks/coding/probes.py and the README: expectations a test carries outside its asserts,
+guessable exception types, non-builtin objects recorded by type, and solutions that special-case
+the hidden inputs. A task without a gold patch is judged by pytest's outcomes alone.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
 import io
 import json
 import os
@@ -60,6 +58,7 @@ from typing import Any
 
 from sandboxes.docker import DockerSandbox
 from sandboxes.protocol import Sandbox, SandboxDied
+from tasks.coding import probes
 from tasks.coding.capture import WORKSPACE, Submission, capture_workspace, submission_from_patch
 from tasks.coding.diffs import source_files
 from tasks.coding.junit import ReportError, parse_junit
@@ -69,8 +68,9 @@ from tasks.suite import CodingTask
 __all__ = ["CodingGrader", "GradeResult", "grading_slots", "judge"]
 
 RUNNER_SOURCE = (Path(__file__).parent / "runner.py").read_text()
+PROBE_RUNTIME_SOURCE = (Path(__file__).parent / "probe_runtime.py").read_text()
 _INI = (
-    "[pytest]\naddopts =\npythonpath = {root}\njunit_family = xunit2\njunit_logging = no\n"
+    "[pytest]\naddopts =\npythonpath = {lib} {root}\njunit_family = xunit2\njunit_logging = no\n"
     "python_files = test_*.py\npython_classes = Test\npython_functions = test_*\n"
 )
 _CANARY = (
@@ -111,8 +111,25 @@ def _tar(files: Mapping[str, str | bytes]) -> bytes:
     return buf.getvalue()
 
 
-def judge(task: CodingTask, report: dict[str, Any], canary: str) -> GradeResult:
-    """Turns the runner's report into the reward: pure, so it is tested without containers."""
+def _held_out_failures(reference: Reference, report: dict[str, Any], tests: list[str]) -> dict[str, str]:
+    """Test id -> why its probe record differs from the gold one (every test, if the record is
+    unreadable)."""
+    if report.get("probes_overflow"):
+        return dict.fromkeys(tests, "the probe record is larger than the runner keeps")
+    try:
+        record = probes.parse_record(base64.b64decode(report.get("probes", "")))
+    except ValueError as e:  # written into by something other than the probes
+        return dict.fromkeys(tests, f"the probe record is malformed: {str(e)[:200]}")
+    judged = [t for t in tests if t not in reference.unstable_tests]
+    return probes.compare(reference.gold, record, reference.sites, judged, reference.unstable)
+
+
+def judge(
+    task: CodingTask, report: dict[str, Any], canary: str, reference: Reference | None = None
+) -> GradeResult:
+    """Turns the runner's report into the reward: pure, so it is tested without containers. With
+    a ``reference`` the tests ran rewritten (tasks/coding/probes.py) and a test passes only if
+    pytest passed it *and* its probe record matches the gold one."""
     info: dict[str, Any] = {"exit_code": report.get("exit_code"), "tampered": False, "tamper_reasons": []}
     integrity: list[str] = info["tamper_reasons"]
     if report.get("leftover_processes"):
@@ -145,6 +162,10 @@ def judge(task: CodingTask, report: dict[str, Any], canary: str) -> GradeResult:
     if exit_code == 0:
         integrity.append("pytest exited 0 although a canary test fails")
     expected = set(task.fail_to_pass) | set(task.pass_to_pass)
+    if reference is not None and outcomes:
+        failures = _held_out_failures(reference, report, sorted(expected))
+        info["held_out_failures"] = dict(list(failures.items())[:50])
+        tests.update({t: "failed" for t in failures if tests.get(t) == "passed"})
     missing = sorted(expected - set(tests))
     unexpected = sorted(set(tests) - expected)
     info["tests"] = {t: tests.get(t, "missing") for t in sorted(expected | set(tests))}
@@ -205,6 +226,7 @@ class CodingGrader:
         self.slots = slots
         self.test_timeout = test_timeout
         self.source_policy = source_policy
+        self._reference_locks: dict[str, asyncio.Lock] = {}
 
     @classmethod
     async def for_sandbox(cls, sandbox: Sandbox, **kwargs: Any) -> CodingGrader:
@@ -239,13 +261,15 @@ class CodingGrader:
 
     async def grade(self, task: CodingTask, submission: Submission) -> GradeResult:
         t0 = time.monotonic()
+        # The gold record first: computing it takes a slot of its own, so it must not wait inside one.
+        reference = await self.reference(task) if task.gold_patch else None
         slots = self.slots or grading_slots()
         async with slots:
             timings = {"queue_s": round(time.monotonic() - t0, 3)}
             sandbox = await self.make_sandbox()
             timings["sandbox_s"] = round(time.monotonic() - t0 - timings["queue_s"], 3)
             try:
-                result = await self._run(task, submission, sandbox, timings)
+                result = await self._run(task, submission, sandbox, timings, reference)
             finally:
                 await sandbox.close()
         tampered = bool(submission.tampered_paths) or result.info.get("tampered", False)
@@ -261,7 +285,12 @@ class CodingGrader:
         return GradeResult(result.reward, info)
 
     async def _run(
-        self, task: CodingTask, sub: Submission, sandbox: Sandbox, timings: dict[str, float]
+        self,
+        task: CodingTask,
+        sub: Submission,
+        sandbox: Sandbox,
+        timings: dict[str, float],
+        reference: Reference | None,
     ) -> GradeResult:
         t = time.monotonic()
         gdir = f"/tmp/pqrl-grade-{secrets.token_hex(8)}"
@@ -291,74 +320,139 @@ class CodingGrader:
         timings["apply_s"] = round(time.monotonic() - t, 3)
         if violations:
             return GradeResult(0.0, _rejected(violations))
-        return await self._test(task, sandbox, gdir, timings)
+        return await self._test(task, sandbox, gdir, timings, reference)
 
     async def _test(
-        self, task: CodingTask, sandbox: Sandbox, gdir: str, timings: dict[str, float]
+        self,
+        task: CodingTask,
+        sandbox: Sandbox,
+        gdir: str,
+        timings: dict[str, float],
+        reference: Reference | None,
     ) -> GradeResult:
         t = time.monotonic()
+        files = reference.files if reference else task.hidden_tests
+        try:
+            report, canary = await self._run_tests(task, sandbox, gdir, files)
+        except SandboxDied as e:  # the submitted code took the container down (e.g. memory)
+            return GradeResult(0.0, {"reason": f"the grading sandbox died during the tests: {e}"})
+        except _RunnerFailed as e:
+            return GradeResult(0.0, e.info)
+        timings["tests_s"] = round(time.monotonic() - t, 3)
+        result = await asyncio.to_thread(judge, task, report, canary, reference)
+        result.info["runner_dumpable_off"] = report.get("dumpable_off")
+        return result
+
+    async def _run_tests(
+        self, task: CodingTask, sandbox: Sandbox, gdir: str, tests: Mapping[str, str]
+    ) -> tuple[dict[str, Any], str]:
+        """Copies ``tests`` over the workspace's tests and runs them under the runner; returns its
+        report and the canary name. Raises _RunnerFailed when the runner itself fails."""
         canary = f"pqrl_{secrets.token_hex(6)}"
         report_dir = f"/tmp/pqrl-report-{secrets.token_hex(16)}"
-        await sandbox.upload(_tar(task.hidden_tests), WORKSPACE)  # over the (pristine) visible tests
+        await sandbox.upload(_tar(tests), WORKSPACE)  # over the (pristine) visible tests
         await sandbox.upload(
             _tar(
                 {
                     "runner.py": RUNNER_SOURCE,
-                    "pytest.ini": _INI.format(root=WORKSPACE),
+                    f"lib/{probes.MODULE}.py": PROBE_RUNTIME_SOURCE,
+                    "pytest.ini": _INI.format(root=WORKSPACE, lib=f"{gdir}/lib"),
                     f"canary/test_{canary}.py": _CANARY.format(name=canary),
                 }
             ),
             gdir,
         )
-        tests = [f"{WORKSPACE}/{p}" for p in sorted(task.hidden_tests)] + [f"{gdir}/canary/test_{canary}.py"]
+        paths = [f"{WORKSPACE}/{p}" for p in sorted(tests)] + [f"{gdir}/canary/test_{canary}.py"]
         argv = [
-            "python3",
-            "-I",
-            "-B",
-            "-m",
-            "pytest",
-            "-c",
-            f"{gdir}/pytest.ini",
-            "--rootdir",
-            WORKSPACE,
-            "-p",
-            "no:cacheprovider",
-            "--noconftest",
-            "--junitxml={junit}",
-            "-q",
-            "--tb=short",
-            *tests,
+            *("python3", "-I", "-B", "-m", "pytest", "-c", f"{gdir}/pytest.ini", "--rootdir", WORKSPACE),
+            *("-p", "no:cacheprovider", "--noconftest", "--junitxml={junit}", "-q", "--tb=short"),
+            *paths,
         ]
-        env = {
-            "PATH": _PATH,
-            "HOME": f"{gdir}/home",
-            "LANG": "C.UTF-8",
-            "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
-        }
-        config = {
-            "argv": argv,
-            "cwd": gdir,
-            "env": env,
-            "timeout": self.test_timeout,
-            "report_dir": report_dir,
-        }
-        try:
-            runner = ["python3", "-I", "-B", f"{gdir}/runner.py"]
-            stdin = json.dumps(config).encode()
-            run = await sandbox.exec(runner, cwd=gdir, stdin=stdin, timeout=self.test_timeout + 30)
-            if not run.ok:
-                planted = run.exit_code == 3
-                info = {
+        env = {"PATH": _PATH, "HOME": f"{gdir}/home", "LANG": "C.UTF-8"}
+        env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+        config = {"argv": argv, "cwd": gdir, "env": env, "timeout": self.test_timeout}
+        config["report_dir"] = report_dir
+        runner = ["python3", "-I", "-B", f"{gdir}/runner.py"]
+        stdin = json.dumps(config).encode()
+        run = await sandbox.exec(runner, cwd=gdir, stdin=stdin, timeout=self.test_timeout + 30)
+        if not run.ok:
+            planted = run.exit_code == 3
+            raise _RunnerFailed(
+                {
                     "reason": f"the test runner failed (exit {run.exit_code})",
                     "tampered": planted,
                     "runner_output": run.text()[-2000:],
                     "tamper_reasons": ["the report directory existed before the run"] if planted else [],
                 }
-                return GradeResult(0.0, info)
-            report = json.loads(await sandbox.read_file(f"{report_dir}/report.json", max_bytes=8 << 20))
-        except SandboxDied as e:  # the submitted code took the container down (e.g. memory)
-            return GradeResult(0.0, {"reason": f"the grading sandbox died during the tests: {e}"})
-        timings["tests_s"] = round(time.monotonic() - t, 3)
-        result = await asyncio.to_thread(judge, task, report, canary)
-        result.info["runner_dumpable_off"] = report.get("dumpable_off")
-        return result
+            )
+        return json.loads(await sandbox.read_file(f"{report_dir}/report.json", max_bytes=32 << 20)), canary
+
+    async def reference(self, task: CodingTask) -> Reference:
+        """The gold solution's probe record for ``task``, computed once per process (two runs in a
+        fresh sandbox, so values that vary between runs are known) and kept on the host."""
+        key = _reference_key(task)
+        if key in _REFERENCES:
+            return _REFERENCES[key]
+        lock = self._reference_locks.setdefault(key, asyncio.Lock())
+        async with lock:
+            if key not in _REFERENCES:
+                _REFERENCES[key] = await self._compute_reference(task)
+        return _REFERENCES[key]
+
+    async def _compute_reference(self, task: CodingTask) -> Reference:
+        instrumented = await asyncio.to_thread(probes.instrument, task.hidden_tests)
+        gdir = f"/tmp/pqrl-grade-{secrets.token_hex(8)}"
+        async with self.slots or grading_slots():
+            sandbox = await self.make_sandbox()
+            try:
+                await sandbox.upload(_tar(task.repo), WORKSPACE)
+                await sandbox.upload(_tar({"gold.diff": task.gold_patch or ""}), gdir)
+                applied = await sandbox.exec(
+                    ["git", "apply", "--whitespace=nowarn", f"{gdir}/gold.diff"], cwd=WORKSPACE
+                )
+                if not applied.ok:
+                    why = applied.text()[-500:]
+                    raise GoldReferenceError(f"task {task.id}: the gold patch does not apply: {why}")
+                records = []
+                for _ in range(2):
+                    report, canary = await self._run_tests(task, sandbox, gdir, instrumented.files)
+                    verdict = judge(task, report, canary, None)
+                    if verdict.reward != 1.0:
+                        why = verdict.info["reason"]
+                        raise GoldReferenceError(f"task {task.id}: the gold patch fails: {why}")
+                    records.append(probes.parse_record(base64.b64decode(report.get("probes", ""))))
+            finally:
+                await sandbox.close()
+        entries, tests = probes.unstable_entries(*records)
+        return Reference(instrumented.files, instrumented.sites, records[0], entries, tests)
+
+
+class _RunnerFailed(Exception):
+    def __init__(self, info: dict[str, Any]) -> None:
+        super().__init__(info["reason"])
+        self.info = info
+
+
+class GoldReferenceError(RuntimeError):
+    """The gold solution does not pass its own rewritten tests: the task (or the grader) is broken,
+    never the submission's fault."""
+
+
+@dataclass(frozen=True)
+class Reference:
+    """What the host keeps about a task's rewritten tests: the files sent into the container, the
+    sites (with the expectations that never leave the host) and the gold record."""
+
+    files: dict[str, str]
+    sites: dict[int, probes.Site]
+    gold: dict[str, list[tuple[int, list[Any]]]]
+    unstable: set[tuple[str, int]]
+    unstable_tests: set[str]
+
+
+_REFERENCES: dict[str, Reference] = {}
+
+
+def _reference_key(task: CodingTask) -> str:
+    blob = json.dumps([probes.SCHEME, task.repo, task.hidden_tests, task.gold_patch], sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()

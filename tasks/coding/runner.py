@@ -6,9 +6,10 @@ Run as ``python3 -I -B runner.py`` with a JSON config on stdin (``argv``, ``cwd`
 1. makes itself non-dumpable (``prctl(PR_SET_DUMPABLE, 0)``), so other processes of the same
    user (the code under test) cannot open its ``/proc/<pid>/fd``, read its memory or ptrace it;
 2. starts pytest (``argv``, with ``{junit}`` replaced by ``/dev/fd/N``) in a new session, with the
-   write end of a pipe as its only extra file descriptor: the JUnit XML goes into that pipe and
+   write ends of two pipes as its only extra file descriptors: the JUnit XML goes into one and
    exists nowhere on disk, so no path can be overwritten afterwards, and a second write (an exit
-   hook appending a forged report) makes the document malformed;
+   hook appending a forged report) makes the document malformed; the rewritten tests' probe
+   record (tasks/coding/probes.py) goes into the other (``PQRL_PROBE_FD``);
 3. after pytest exits (or times out), kills its process group and then every other process but
    itself, its parent (the exec agent) and init, counting what it had to kill beyond the group;
 4. only then creates ``report_dir`` (exclusively: a directory planted in advance fails the run)
@@ -29,6 +30,7 @@ import sys
 import time
 
 MAX_XML = 2 << 20
+MAX_PROBES = 8 << 20
 MAX_OUTPUT = 16 << 10
 GRACE_S = 2.0  # after pytest exits: how long to wait for the pipes to reach end-of-file
 
@@ -55,23 +57,23 @@ def sweep(keep: set) -> int:
     return killed
 
 
-def start_pytest(config: dict, xml_w: int, out_w: int) -> subprocess.Popen:
-    """pytest in a new session, the JUnit XML into ``xml_w`` (its only extra descriptor) and its
-    output into ``out_w``; both write ends are closed here, so the pipes reach end-of-file when
-    pytest and its children are gone."""
+def start_pytest(config: dict, xml_w: int, probe_w: int, out_w: int) -> subprocess.Popen:
+    """pytest in a new session, the JUnit XML into ``xml_w`` and the probe record into ``probe_w``
+    (its only extra descriptors), its output into ``out_w``; the write ends are closed here, so
+    the pipes reach end-of-file when pytest and its children are gone."""
     argv = [a.replace("{junit}", f"/dev/fd/{xml_w}") for a in config["argv"]]
     child = subprocess.Popen(
         argv,
         cwd=config["cwd"],
-        env=config["env"],
+        env={**config["env"], "PQRL_PROBE_FD": str(probe_w)},
         stdin=subprocess.DEVNULL,
         stdout=out_w,
         stderr=out_w,
-        pass_fds=(xml_w,),
+        pass_fds=(xml_w, probe_w),
         start_new_session=True,
     )
-    os.close(xml_w)
-    os.close(out_w)
+    for fd in (xml_w, probe_w, out_w):
+        os.close(fd)
     return child
 
 
@@ -84,26 +86,29 @@ def stop(child: subprocess.Popen) -> int:
     return sweep({1, os.getpid(), os.getppid()})
 
 
-def store(buf: bytearray, chunk: bytes, is_output: bool) -> bool:
-    """Adds ``chunk`` to its pipe's buffer; False when it would take the XML past ``MAX_XML``
-    (the chunk is dropped, so an oversized report is flagged rather than cut and parsed)."""
-    if is_output:  # keep the tail of the output
+def store(buf: bytearray, chunk: bytes, limit: "int | None") -> bool:
+    """Adds ``chunk`` to its pipe's buffer; False when it would take the buffer past ``limit``
+    (the chunk is dropped, so an oversized report is flagged rather than cut and parsed). The
+    output (``limit`` None) keeps its last ``MAX_OUTPUT`` bytes."""
+    if limit is None:
         buf += chunk
         del buf[: max(0, len(buf) - MAX_OUTPUT)]
-    elif len(buf) + len(chunk) > MAX_XML:
+    elif len(buf) + len(chunk) > limit:
         return False
     else:
         buf += chunk
     return True
 
 
-def collect(child: subprocess.Popen, deadline: float, xml_r: int, out_r: int) -> dict:
-    """Reads both pipes until pytest has exited (or timed out, then it is killed) and they reach
-    end-of-file, at most ``GRACE_S`` after that; returns what the run left for the report."""
-    buffers = {xml_r: bytearray(), out_r: bytearray()}
-    xml_overflow = False
+def collect(child: subprocess.Popen, deadline: float, pipes: dict) -> dict:
+    """Reads the pipes (name -> (read fd, byte limit or None)) until pytest has exited (or timed
+    out, then it is killed) and they reach end-of-file, at most ``GRACE_S`` after that; returns
+    what the run left for the report."""
+    names = {fd: name for name, (fd, _) in pipes.items()}
+    buffers = {name: bytearray() for name in pipes}
+    overflow = set()
     sel = selectors.DefaultSelector()
-    for fd in buffers:
+    for fd in names:
         os.set_blocking(fd, False)
         sel.register(fd, selectors.EVENT_READ)
     timed_out = False
@@ -117,7 +122,7 @@ def collect(child: subprocess.Popen, deadline: float, xml_r: int, out_r: int) ->
             leftovers = stop(child)
         if exited_at is not None and (not sel.get_map() or now - exited_at > GRACE_S):
             break
-        if not sel.get_map():  # both pipes closed; pytest is still exiting
+        if not sel.get_map():  # every pipe closed; pytest is still exiting
             time.sleep(0.01)
             continue
         for key, _ in sel.select(timeout=0.05):
@@ -128,18 +133,18 @@ def collect(child: subprocess.Popen, deadline: float, xml_r: int, out_r: int) ->
             if not chunk:
                 sel.unregister(key.fd)
                 continue
-            if not store(buffers[key.fd], chunk, is_output=key.fd == out_r):
-                xml_overflow = True
+            name = names[key.fd]
+            if not store(buffers[name], chunk, pipes[name][1]):
+                overflow.add(name)
     pipe_open = bool(sel.get_map())
     sel.close()
     return {
-        "xml": bytes(buffers[xml_r]),
-        "xml_overflow": xml_overflow,
+        **{name: bytes(buf) for name, buf in buffers.items()},
+        "overflow": sorted(overflow),
         "timed_out": timed_out,
         "exited_at": exited_at,
         "leftovers": leftovers,
         "pipe_open": pipe_open,
-        "output": bytes(buffers[out_r]),
     }
 
 
@@ -160,13 +165,17 @@ def main() -> int:
     config = json.loads(sys.stdin.read())
     dumpable_off = undumpable()
     xml_r, xml_w = os.pipe()
+    probe_r, probe_w = os.pipe()
     out_r, out_w = os.pipe()
     started = time.monotonic()
-    child = start_pytest(config, xml_w, out_w)
-    run = collect(child, started + float(config["timeout"]), xml_r, out_r)
+    child = start_pytest(config, xml_w, probe_w, out_w)
+    pipes = {"xml": (xml_r, MAX_XML), "probes": (probe_r, MAX_PROBES), "output": (out_r, None)}
+    run = collect(child, started + float(config["timeout"]), pipes)
     report = {
         "xml": base64.b64encode(run["xml"]).decode(),
-        "xml_overflow": run["xml_overflow"],
+        "xml_overflow": "xml" in run["overflow"],
+        "probes": base64.b64encode(run["probes"]).decode(),
+        "probes_overflow": "probes" in run["overflow"],
         "exit_code": child.returncode,
         "timed_out": run["timed_out"],
         "duration_s": round((run["exited_at"] or time.monotonic()) - started, 3),

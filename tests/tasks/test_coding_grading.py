@@ -255,7 +255,7 @@ def test_judge_flags_integrity_failures(report, reason):
 def test_judge_does_not_flag_honest_crashes():
     for report in ({"xml": "", "exit_code": -9}, {"xml": "", "exit_code": 2}, {"xml": "", "timed_out": True}):
         result = judge(TASK, report, CANARY)
-        assert result.reward == 0.0 and not result.info["tampered"], result.info
+        assert result.reward == 0.0 and not result.info["tampered"], result.info["reason"]
 
 
 # ---------------------------------------------------------------- Docker
@@ -302,7 +302,7 @@ async def test_a_wrong_solution_scores_zero(docker_api, task):
     result = await make_grader(docker_api).grade_patch(
         task, unified_diff(source, task.repo[source], other.repo[source])
     )
-    assert result.reward == 0.0 and not result.info["tampered"]
+    assert result.reward == 0.0 and not result.info["tampered"], result.info["reason"]
     assert result.info["fail_to_pass"]["passed"] + result.info["pass_to_pass"]["passed"] < len(
         result.info["tests"]
     )

@@ -1,0 +1,392 @@
+"""Held-out expectations: the hidden tests' expected values never enter the grading container.
+
+Whatever runs in the process that imports the patched code can rewrite that process's verdict
+(pytest's outcome, its report, the exit status). So the grader does not ask that process whether
+the tests passed. It rewrites every hidden test on the host before upload (``instrument``):
+
+- ``assert A == <literal>`` becomes ``_probe(site, ops, lambda: A)``: the literal is dropped, and
+  the value ``A`` computed by the code under test is recorded (encoded by
+  tasks/coding/probe_runtime.py) into a pipe the runner reads. Every ``Compare`` is rewritten
+  this way; operands that are not literals are all recorded, and when none is a literal the truth
+  of the comparison is recorded too (``pytest.approx(<literal>)`` counts as a literal).
+- ``assert X`` and ``assert not X`` both become ``_probe(site, (), lambda: X)``: the polarity
+  stays on the host, so the recorded truth value cannot be guessed from the rewritten source.
+- ``with pytest.raises(E, match=...)`` becomes ``with _raises(site):``, which records the type
+  (its MRO names) and message of what the body raised; ``E`` and ``match`` stay on the host.
+- assert messages are dropped (they often spell the expected value out).
+
+The same rewritten tests run once on the gold solution, on the host's behalf and in a fresh
+container (twice, to find values that vary between runs). ``compare`` then checks, test by test,
+that the submission's record equals the gold record entry by entry. A forger that takes over the
+test process can write any record it likes, but to match it must know what the correct code
+computes for every recorded call: the values that are not in the container.
+
+What the record does not protect: values a test carries outside its asserts (module constants,
+parametrize tables, fixtures, data files, expected values the test computes itself) are in the
+container and can be copied by a forger that emulates the test; exception types are guessable;
+and recorded objects that are neither builtin values nor exceptions are compared by type only
+(their comparison's truth, which the process reports, carries the rest).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import math
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "Instrumented",
+    "Site",
+    "compare",
+    "instrument",
+    "parse_record",
+    "strong_tests",
+    "unstable_entries",
+]
+
+SCHEME = "1"  # bump when the rewriting or the record changes: cached gold records are keyed by it
+PROBE, RAISES, MODULE = "_pqrl_probe", "_pqrl_raises", "pqrl_probe_runtime"
+_OPS = {
+    ast.Eq: "==", ast.NotEq: "!=", ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=",
+    ast.Is: "is", ast.IsNot: "is not", ast.In: "in", ast.NotIn: "not in",
+}  # fmt: skip
+REL_TOL, ABS_TOL = 1e-6, 1e-12  # pytest.approx's defaults: a correct fix may round differently
+
+
+@dataclass(frozen=True)
+class Site:
+    """One rewritten assert or ``pytest.raises`` block, as the host remembers it."""
+
+    path: str
+    line: int
+    kind: str  # "compare" | "value" | "raises"
+    test: str  # the enclosing test's node id as far as the source says (``path::Class::func``)
+    strong: bool  # its expectation is held on the host only (a dropped literal or a polarity)
+    negated: bool = False
+    ops: tuple[str, ...] = ()  # a comparison's operators, in order
+    literals: tuple[tuple[int, str], ...] = ()  # (operand index, source) of the dropped literals
+    raises: tuple[str, ...] = ()
+    match: str | None = None
+
+
+@dataclass
+class Instrumented:
+    files: dict[str, str]
+    sites: dict[int, Site] = field(default_factory=dict)
+
+
+def _is_literal(node: ast.expr) -> bool:
+    if isinstance(node, ast.Call) and ast.unparse(node.func) in ("pytest.approx", "approx"):
+        return all(_is_literal(a) for a in node.args) and not node.keywords
+    try:
+        ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return False
+    return True
+
+
+def _thunk(node: ast.expr) -> ast.Lambda:
+    empty = ast.arguments(posonlyargs=[], args=[], kwonlyargs=[], kw_defaults=[], defaults=[])
+    return ast.Lambda(args=empty, body=node)
+
+
+def _raised_names(node: ast.expr) -> tuple[str, ...]:
+    """``E``, ``mod.E`` or ``(A, B)`` -> the class names the block must raise (one of)."""
+    items = node.elts if isinstance(node, ast.Tuple) else [node]
+    return tuple(ast.unparse(i).rsplit(".", 1)[-1] for i in items)
+
+
+class _Rewriter(ast.NodeTransformer):
+    def __init__(self, path: str, sites: dict[int, Site]) -> None:
+        self.path, self.sites, self.scope = path, sites, []
+
+    def _site(self, node: ast.stmt, kind: str, strong: bool, **extra: Any) -> int:
+        site = len(self.sites)
+        test = "::".join([self.path, *self.scope])
+        self.sites[site] = Site(self.path, node.lineno, kind, test, strong, **extra)
+        return site
+
+    def _scoped(self, node: ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) -> ast.AST:
+        self.scope.append(node.name)
+        try:
+            return self.generic_visit(node)
+        finally:
+            self.scope.pop()
+
+    visit_FunctionDef = visit_AsyncFunctionDef = visit_ClassDef = _scoped
+
+    def visit_Assert(self, node: ast.Assert) -> ast.stmt:
+        expr, negated = node.test, False
+        while isinstance(expr, ast.UnaryOp) and isinstance(expr.op, ast.Not):
+            expr, negated = expr.operand, not negated
+        if isinstance(expr, ast.Compare) and all(type(op) in _OPS for op in expr.ops):
+            operands = [expr.left, *expr.comparators]
+            all_ops = tuple(_OPS[type(op)] for op in expr.ops)
+            literals = tuple((i, ast.unparse(o)) for i, o in enumerate(operands) if _is_literal(o))
+            kept = [o for o in operands if not _is_literal(o)]
+            ops = [] if literals else list(all_ops)  # with a literal dropped, the host compares
+            site = self._site(
+                node, "compare", strong=bool(literals), negated=negated, ops=all_ops, literals=literals
+            )
+        else:
+            kept, ops = [expr], ["bool"]
+            site = self._site(node, "value", strong=True, negated=negated)
+        call = ast.Call(
+            func=ast.Name(PROBE, ast.Load()),
+            args=[ast.Constant(site), ast.Tuple([ast.Constant(o) for o in ops], ast.Load())]
+            + [_thunk(k) for k in kept],
+            keywords=[],
+        )
+        return ast.copy_location(ast.Expr(call), node)
+
+    def visit_With(self, node: ast.With) -> ast.stmt:
+        self.generic_visit(node)
+        item = node.items[0] if len(node.items) == 1 else None
+        ctx = item.context_expr if item else None
+        if not (
+            isinstance(ctx, ast.Call) and ctx.args and ast.unparse(ctx.func) in ("pytest.raises", "raises")
+        ):
+            return node
+        match = next((k.value for k in ctx.keywords if k.arg == "match"), None)
+        pattern = match.value if isinstance(match, ast.Constant) and isinstance(match.value, str) else None
+        site = self._site(node, "raises", strong=False, raises=_raised_names(ctx.args[0]), match=pattern)
+        call = ast.Call(func=ast.Name(RAISES, ast.Load()), args=[ast.Constant(site)], keywords=[])
+        item.context_expr = call
+        return node
+
+
+def instrument(files: dict[str, str]) -> Instrumented:
+    """The hidden test files rewritten so that no expected value is left in asserts (see module
+    docstring); raises SyntaxError for a test file that does not parse."""
+    out = Instrumented(files={})
+    header = f"from {MODULE} import probe as {PROBE}, raises as {RAISES}\n"
+    for path in sorted(files):
+        tree = _Rewriter(path, out.sites).visit(ast.parse(files[path], filename=path))
+        out.files[path] = header + ast.unparse(ast.fix_missing_locations(tree)) + "\n"
+    return out
+
+
+def strong_tests(sites: dict[int, Site]) -> set[str]:
+    """Test functions (``path::func``) with at least one expectation held only on the host."""
+    return {s.test for s in sites.values() if s.strong}
+
+
+# ---------------------------------------------------------------- the record
+
+
+def parse_record(data: bytes, limit: int = 1 << 20) -> dict[str, list[tuple[int, list[Any]]]]:
+    """The runner's probe pipe -> test node id -> [(site, values)] in order; ValueError when
+    it is malformed (the code under test may have written into it: then nothing counts)."""
+    record: dict[str, list[tuple[int, list[Any]]]] = defaultdict(list)
+    for n, line in enumerate(data.splitlines()):
+        if n >= limit:
+            raise ValueError(f"more than {limit} probe entries")
+        entry = json.loads(line)
+        well_formed = isinstance(entry, dict) and isinstance(entry.get("s"), int)
+        if not (well_formed and isinstance(entry.get("v"), list)):
+            raise ValueError(f"probe entry {n} is not {{t, s, v}}")
+        record[str(entry.get("t", ""))].append((entry["s"], entry["v"]))
+    return dict(record)
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Encoded values equal, with floats compared as pytest.approx does."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return a is b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return a == b or math.isclose(a, b, rel_tol=REL_TOL, abs_tol=ABS_TOL)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    return a == b
+
+
+def _raised_ok(site: Site, got: list[Any]) -> bool:
+    entry = got[0] if len(got) == 1 and isinstance(got[0], dict) else {}
+    mro = entry.get("!raised") or []
+    if not (isinstance(mro, list) and any(name in mro for name in site.raises)):
+        return False
+    return site.match is None or re.search(site.match, str(entry.get("msg", ""))) is not None
+
+
+class Opaque:
+    """A recorded value that is not a builtin one: equal to nothing on the host."""
+
+    def __eq__(self, other: object) -> bool:
+        return False
+
+    __hash__ = object.__hash__
+
+
+def decode(v: Any) -> Any:
+    """The inverse of probe_runtime.encode for builtin values; anything else is ``Opaque``."""
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    if not isinstance(v, dict):
+        return Opaque()
+    if "int" in v:
+        return int(v["int"])
+    if "float" in v:
+        return float(v["float"])
+    if "list" in v or "tuple" in v:
+        items = [decode(x) for x in v.get("list", v.get("tuple"))]
+        return items if "list" in v else tuple(items)
+    if "set" in v:
+        return {_hashable(decode(json.loads(k))) for k in v["set"]}
+    if "dict" in v:
+        return {_hashable(decode(json.loads(k))): decode(x) for k, x in v["dict"]}
+    if "bytes" in v:
+        return bytes.fromhex(v["bytes"])
+    if "complex" in v:
+        return complex(decode(v["complex"][0]), decode(v["complex"][1]))
+    if "str" in v:
+        return v["str"]  # cut at the recorder's limit: compares unequal to the full string
+    return Opaque()
+
+
+def _hashable(v: Any) -> Any:
+    return v if getattr(v, "__hash__", None) else Opaque()
+
+
+def _opaque_inside(v: Any) -> bool:
+    if isinstance(v, Opaque):
+        return True
+    if isinstance(v, (list, tuple, set, frozenset)):
+        return any(_opaque_inside(x) for x in v)
+    if isinstance(v, dict):
+        return any(_opaque_inside(k) or _opaque_inside(x) for k, x in v.items())
+    return False
+
+
+class Approx:
+    """``pytest.approx(<literal>)`` on the host: numbers within its default tolerances."""
+
+    def __init__(self, expected: Any) -> None:
+        self.expected = expected
+
+    def __eq__(self, other: object) -> bool:
+        return _approx(self.expected, other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def _approx(want: Any, got: Any) -> bool:
+    if isinstance(want, (list, tuple)) and isinstance(got, (list, tuple)):
+        return len(want) == len(got) and all(_approx(w, g) for w, g in zip(want, got, strict=True))
+    if isinstance(want, dict) and isinstance(got, dict):
+        return want.keys() == got.keys() and all(_approx(want[k], got[k]) for k in want)
+    if isinstance(want, (int, float)) and isinstance(got, (int, float)) and not isinstance(got, bool):
+        return want == got or math.isclose(got, want, rel_tol=REL_TOL, abs_tol=ABS_TOL)
+    return bool(want == got)
+
+
+def _literal(source: str) -> Any:
+    tree = ast.parse(source, mode="eval").body
+    if isinstance(tree, ast.Call):  # pytest.approx(<literal>)
+        return Approx(ast.literal_eval(tree.args[0]))
+    return ast.literal_eval(tree)
+
+
+_HOST_OPS = {
+    "==": lambda a, b: a == b, "!=": lambda a, b: a != b, "<": lambda a, b: a < b,
+    "<=": lambda a, b: a <= b, ">": lambda a, b: a > b, ">=": lambda a, b: a >= b,
+    "is": lambda a, b: a is b, "is not": lambda a, b: a is not b,
+    "in": lambda a, b: a in b, "not in": lambda a, b: a not in b,
+}  # fmt: skip
+
+
+def _holds_on_host(site: Site, got: list[Any]) -> bool | None:
+    """The original assert, evaluated on the host with the recorded operands and the dropped
+    literals; None when an operand is not a builtin value (then the gold record decides)."""
+    recorded = [decode(v) for v in got]
+    if any(_opaque_inside(v) for v in recorded):
+        return None
+    by_index = dict(site.literals)
+    operands = [_literal(by_index[i]) if i in by_index else recorded.pop(0) for i in range(len(site.ops) + 1)]
+    if site.ops[0] in ("is", "is not") and any(isinstance(o, (bool, type(None))) for o in operands):
+        # identity with None/True/False survives the round trip as equality of those singletons
+        ops = tuple("==" if op == "is" else "!=" for op in site.ops)
+    else:
+        ops = site.ops
+    try:
+        truth = all(_HOST_OPS[op](a, b) for op, a, b in zip(ops, operands, operands[1:], strict=False))
+    except Exception:  # e.g. ``<`` between recorded values of types that do not order
+        return False
+    return truth is not site.negated
+
+
+def _raised_in(got: list[Any]) -> bool:
+    return any(isinstance(v, dict) and "!raised" in v for v in got)
+
+
+def _entry_ok(site: Site | None, want: list[Any] | None, got: list[Any]) -> bool:
+    """One recorded check against the host's expectation (``want``: the gold entry, None when it
+    varies between gold runs)."""
+    if site is None:
+        return False
+    if site.kind == "raises":
+        return _raised_ok(site, got)
+    if _raised_in(got):
+        return False  # the original assert would have raised: the test fails
+    if site.kind == "value":
+        return got == [{"!truth": not site.negated}]
+    if site.literals:
+        if len(got) != len(site.ops) + 1 - len(site.literals):
+            return False
+        held = _holds_on_host(site, got)
+        return held if held is not None else (want is not None and _same(want, got))
+    truth = got[-1] if got else None
+    if truth != {"!truth": not site.negated}:
+        return False
+    equal_chain = not site.negated and set(site.ops) == {"=="}
+    return not equal_chain or want is None or _same(want, got)
+
+
+def compare(
+    gold: dict[str, list[tuple[int, list[Any]]]],
+    got: dict[str, list[tuple[int, list[Any]]]],
+    sites: dict[int, Site],
+    tests: list[str],
+    unstable: set[tuple[str, int]] = frozenset(),  # type: ignore[assignment]
+) -> dict[str, str]:
+    """Test id -> why its record differs from the gold one (absent: it matches). Entries are
+    compared in order; ``unstable`` (test, index) entries varied between gold runs, so only their
+    site is compared. The reason names the site's file and line, never the expected value."""
+    problems: dict[str, str] = {}
+    for test in tests:
+        want, have = gold.get(test, []), got.get(test, [])
+        if len(want) != len(have):
+            problems[test] = f"{len(have)} checks recorded, the correct code records {len(want)}"
+            continue
+        for i, ((w_site, w_values), (h_site, h_values)) in enumerate(zip(want, have, strict=True)):
+            site = sites.get(h_site)
+            where = f"{site.path}:{site.line}" if site else f"unknown site {h_site}"
+            if w_site != h_site:
+                problems[test] = f"check {i} ran at {where}, the correct code's ran elsewhere"
+                break
+            want_values = None if (test, i) in unstable else w_values
+            if not _entry_ok(site, want_values, h_values):
+                problems[test] = f"the check at {where} failed"
+                break
+    return problems
+
+
+def unstable_entries(
+    first: dict[str, list[tuple[int, list[Any]]]], second: dict[str, list[tuple[int, list[Any]]]]
+) -> tuple[set[tuple[str, int]], set[str]]:
+    """Two gold runs -> the (test, index) entries whose values differ, and the tests whose
+    sequence of sites differs (those are judged by pytest's outcome alone)."""
+    entries: set[tuple[str, int]] = set()
+    tests: set[str] = set()
+    for test in first.keys() | second.keys():
+        a, b = first.get(test, []), second.get(test, [])
+        if [s for s, _ in a] != [s for s, _ in b]:
+            tests.add(test)
+            continue
+        entries |= {(test, i) for i, ((_, x), (_, y)) in enumerate(zip(a, b, strict=True)) if not _same(x, y)}
+    return entries, tests
