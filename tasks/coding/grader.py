@@ -226,7 +226,6 @@ class CodingGrader:
         self.slots = slots
         self.test_timeout = test_timeout
         self.source_policy = source_policy
-        self._reference_locks: dict[str, asyncio.Lock] = {}
 
     @classmethod
     async def for_sandbox(cls, sandbox: Sandbox, **kwargs: Any) -> CodingGrader:
@@ -393,9 +392,11 @@ class CodingGrader:
         key = _reference_key(task)
         if key in _REFERENCES:
             return _REFERENCES[key]
-        lock = self._reference_locks.setdefault(key, asyncio.Lock())
-        async with lock:
+        locks = _REFERENCE_LOCKS.setdefault(asyncio.get_running_loop(), {})
+        async with locks.setdefault(key, asyncio.Lock()):  # one computation per task, across graders
             if key not in _REFERENCES:
+                while len(_REFERENCES) >= MAX_REFERENCES:  # oldest first: a bounded cache
+                    _REFERENCES.pop(next(iter(_REFERENCES)))
                 _REFERENCES[key] = await self._compute_reference(task)
         return _REFERENCES[key]
 
@@ -451,6 +452,10 @@ class Reference:
 
 
 _REFERENCES: dict[str, Reference] = {}
+MAX_REFERENCES = 4096
+_REFERENCE_LOCKS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, asyncio.Lock]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def _reference_key(task: CodingTask) -> str:
