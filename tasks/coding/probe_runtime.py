@@ -137,6 +137,18 @@ class raises:
     def __enter__(self):
         return self
 
+    @property
+    def typename(self):
+        return self.type.__name__ if self.type else None
+
+    def match(self, regexp):
+        """As pytest's ExceptionInfo.match: the message must contain ``regexp``."""
+        import re
+
+        if self.value is None or not re.search(regexp, str(self.value)):
+            raise AssertionError(f"exception message does not match {regexp!r}")
+        return True
+
     def __exit__(self, exc_type, exc, tb):
         if exc_type is None:
             _emit(self.site, [{"!raised": None}])
