@@ -1,10 +1,18 @@
-"""The exec agent: runs inside every sandbox as its main process (under docker-init).
+"""The exec agent: runs inside every sandbox as its only long-lived process, pid 1.
 
 Standard library only, Python >= 3.8, no network: the host talks to it over the container's
 attached stdin/stdout, one JSON object per line each way, so a tool call costs a pipe round trip
 instead of a ``docker exec`` (about 70 ms). Requests carry an ``id``; each runs in its own thread,
 so several may be in flight. The source of this file is passed to ``python3 -c`` when the
 container starts, so images need nothing but python3.
+
+That stdin/stdout is the host channel, and whoever can write to it can forge replies. The agent
+is pid 1 (no docker-init) so that it is the only process holding it, and it makes itself
+undumpable, so no process of the same user can open ``/proc/1/fd``; it reports in its ready line
+whether that worked, and the host refuses an agent that is dumpable. Commands get their own pipes.
+Being pid 1 has two consequences: orphans are reparented to the agent, which reaps them (they
+would count against the pids limit), and a signal from inside the sandbox reaches it only if it
+has a handler for it, so it keeps none: ``kill -9 -1`` or ``kill -INT 1`` cannot end it.
 
 Every command runs in its own process group (a new session); on timeout, and when the command
 returns, the whole group is killed, and so is any process that left the group (setsid), so no
@@ -32,6 +40,8 @@ _ACTIVE = set()  # process groups of the commands running now
 _ACTIVE_LOCK = threading.Lock()
 _GRACE_S = 0.05  # after the command exits, how long to drain pipes held open by its children
 _EXIT_WAIT_S = 1.0  # after its pipes closed, how long a command may take to exit before it is killed
+_SETTLE_S = 0.5  # after a command, how long to wait for the processes killed with it to die
+_REAP_EVERY_S = 0.5  # how often orphaned zombies are reaped between commands
 
 
 def _send(msg):
@@ -71,21 +81,64 @@ def _kill_group(pid):
         os.killpg(pid, signal.SIGKILL)
 
 
-def _sweep():
-    """Kills every process but init, the agent and the running commands' groups: a process that
-    left its command's group (setsid, a daemon) does not outlive the command. Hold _ACTIVE_LOCK."""
-    me = os.getpid()
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) in (1, me):
-            continue
-        try:
-            with open(f"/proc/{name}/stat") as f:
-                pgrp = int(f.read().rsplit(")", 1)[1].split()[2])
-        except (OSError, IndexError, ValueError):
-            continue  # already gone
-        if pgrp not in _ACTIVE:
+def _stat(pid):
+    """(state, ppid, pgrp) of a process from /proc/<pid>/stat; None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return fields[0], int(fields[1]), int(fields[2])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _pids():
+    return [int(name) for name in os.listdir("/proc") if name.isdigit()]
+
+
+def _kill_strays():
+    """Kills every process but the agent and the running commands' groups; returns how many were
+    still alive (not zombies). Hold _ACTIVE_LOCK."""
+    me, alive = os.getpid(), 0
+    for pid in _pids():
+        stat = _stat(pid)
+        if pid != me and stat is not None and stat[0] != "Z" and stat[2] not in _ACTIVE:
+            alive += 1
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(int(name), signal.SIGKILL)
+                os.kill(pid, signal.SIGKILL)
+    return alive
+
+
+def _sweep():
+    """Kills every process that left its command's group (setsid, a daemon), so none outlives the
+    command, and reaps them once dead: a burst of commands must not pile zombies up against the
+    pids limit. Waits at most _SETTLE_S for them to die."""
+    deadline = time.monotonic() + _SETTLE_S
+    while True:
+        with _ACTIVE_LOCK:
+            alive = _kill_strays()
+            _reap_orphans()
+        if not alive or time.monotonic() >= deadline:
+            return
+        time.sleep(0.002)
+
+
+def _reap_orphans():
+    """Reaps the zombies the agent inherited as pid 1 (processes whose parent died): they would
+    count against the pids limit. A command's leader is left to its Popen, which needs its exit
+    status; the lock keeps a new one from starting unseen. Hold _ACTIVE_LOCK."""
+    me = os.getpid()
+    for pid in _pids():
+        stat = _stat(pid)
+        if stat is not None and stat[0] == "Z" and stat[1] == me and pid not in _ACTIVE:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
+
+
+def _reap_forever():
+    while True:
+        time.sleep(_REAP_EVERY_S)
+        with _ACTIVE_LOCK:
+            _reap_orphans()
 
 
 def _start(argv, cwd, env, with_stdin):
@@ -184,7 +237,7 @@ def _reap(p, timed_out):
     exit_code = p.wait()
     with _ACTIVE_LOCK:
         _ACTIVE.discard(p.pid)
-        _sweep()
+    _sweep()
     for f in (p.stdout, p.stderr):
         f.close()
     return exit_code
@@ -315,23 +368,38 @@ def handle(req):
         _send({"id": rid, "ok": False, "error": type(e).__name__, "message": str(e)})
 
 
-def _not_dumpable():
-    """Other processes of the same user must not open /proc/<agent>/fd: through the agent's
-    stdout they could forge replies to the host. Children get the flag back on exec."""
-    with contextlib.suppress(OSError, AttributeError):
+def _undumpable():
+    """Makes the agent undumpable and says whether it is: otherwise processes of the same user could
+    open /proc/<agent>/fd and forge replies on its stdout. Children get the flag back on exec."""
+    try:
         import ctypes
 
-        ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4
+        return libc.prctl(3, 0, 0, 0, 0) == 0  # PR_GET_DUMPABLE = 3
+    except (OSError, AttributeError):
+        return False
+
+
+def _no_signal_handlers():
+    """As pid 1 the agent gets only the signals it handles from inside the sandbox: drop Python's
+    handlers (SIGINT's KeyboardInterrupt). SIG_DFL, not SIG_IGN, which commands would inherit."""
+    for sig in signal.valid_signals():
+        with contextlib.suppress(OSError, ValueError):
+            if callable(signal.getsignal(sig)):
+                signal.signal(sig, signal.SIG_DFL)
 
 
 def main():
-    _not_dumpable()
+    undumpable = _undumpable()
+    _no_signal_handlers()
     lifetime = float(os.environ.get("PQRL_LIFETIME", "0") or 0)
     if lifetime > 0:
         timer = threading.Timer(lifetime, lambda: os._exit(3))
         timer.daemon = True
         timer.start()
-    _send({"ready": True, "pid": os.getpid()})
+    threading.Thread(target=_reap_forever, daemon=True).start()
+    _send({"ready": True, "pid": os.getpid(), "undumpable": undumpable})
     for line in sys.stdin.buffer:
         try:
             req = json.loads(line)

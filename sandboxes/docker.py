@@ -75,6 +75,17 @@ def _reply_bound(op: str, fields: dict[str, Any], output_cap: int) -> int:
     return 4 * payload.get(op, 0) // 3 + 4 + _LINE_SLACK
 
 
+def _unsafe_agent(ready: dict[str, Any]) -> str | None:
+    """Why an agent's ready line makes the sandbox unsafe to use, or None. Fails closed: the host
+    channel is safe from forged replies only if the agent is pid 1 (nothing else holds it) and
+    undumpable (nothing can open it through /proc/1/fd)."""
+    if ready.get("undumpable") is not True:
+        return "the exec agent could not make itself undumpable, so commands could forge its replies"
+    if ready.get("pid") != 1:
+        return f"the exec agent is pid {ready.get('pid')}, not 1: pid 1 holds the host channel too"
+    return None
+
+
 class DockerSandbox:
     """A running container with the exec agent attached. Create with ``DockerSandbox.create``."""
 
@@ -280,7 +291,11 @@ class DockerSandbox:
     def _dispatch(self, msg: dict[str, Any]) -> None:
         if msg.get("ready"):
             if not self._ready.done():
-                self._ready.set_result(None)
+                refusal = _unsafe_agent(msg)
+                if refusal:
+                    self._ready.set_exception(SandboxError(f"sandbox {self.id[:12]}: {refusal}"))
+                else:
+                    self._ready.set_result(None)
             return
         fut = self._pending.get(msg.get("id", -1))
         if fut is not None and not fut.done():

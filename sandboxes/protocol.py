@@ -61,8 +61,9 @@ class ImageMissing(SandboxError):
 
 
 class SandboxFlooded(SandboxError):
-    """Something in the sandbox wrote more to the host channel than the pending calls can answer
-    (e.g. a command writing to the agent's stdout): the container is removed, the call fails."""
+    """Something in the sandbox wrote more to the host channel than the pending calls can answer:
+    the container is removed, the call fails. Commands cannot reach the channel (only the agent,
+    pid 1 and undumpable, holds it), so this is the second line of defence."""
 
     agent_caused = True
 
@@ -71,7 +72,8 @@ class SandboxDied(SandboxError):
     """The container stopped (OOM kill of the agent, lifetime expired, killed, removed).
 
     ``agent_caused`` when it stopped while running one of the agent's commands and its own state
-    says how (``kill -9 -1``, a memory blow-up): not when it was found dead before a call, or gone.
+    says how (memory no process owns, such as a memfd, gets the agent OOM-killed): not when it was
+    found dead before a call, or gone.
     """
 
     def __init__(

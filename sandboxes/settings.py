@@ -88,11 +88,15 @@ class SandboxSettings:
             # No log driver: the agent's stdout carries every command's output, which must not
             # accumulate on the host's disk (json-file would keep it until removal, unbounded).
             "LogConfig": {"Type": "none", "Config": {}},
-            "Init": True,  # docker-init reaps orphans, so killed process groups leave no zombies
+            # No docker-init: the exec agent is pid 1, the only process holding the host channel
+            # (an init would hold it too, dumpable, and anything inside could forge replies through
+            # /proc/1/fd/1); the agent reaps orphans itself.
+            "Init": False,
             "IpcMode": "private",
         }
         return {
             "Image": self.image,
+            "Entrypoint": [],  # the image's entrypoint would be pid 1 instead of the agent
             "Cmd": cmd,
             "User": self.user,
             "WorkingDir": "/workspace",

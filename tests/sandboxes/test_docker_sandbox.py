@@ -332,6 +332,7 @@ async def test_container_host_config_is_hardened(make_sandbox, docker_api):
     assert {"Name": "nofile", "Soft": 512, "Hard": 512} in host["Ulimits"]
     assert "size=32m" in host["Tmpfs"]["/tmp"] and "size=48m" in host["Tmpfs"]["/workspace"]
     assert config["User"] == "1000:1000"
+    assert host["Init"] is False and not config["Entrypoint"], "the exec agent must be pid 1"
     assert info["State"]["Running"] is True
 
 
