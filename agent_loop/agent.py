@@ -6,8 +6,9 @@ environment, and append the tool results as a chat-template delta (loss mask 0).
 when the environment says done, the model makes no tool call, the turn or token budget runs out,
 or too many consecutive turns had only invalid calls. Then the environment scores it.
 
-Failures of the environment's infrastructure (its server, its sandbox) give a ``failed_infra``
-Trajectory, never a silent zero reward; the trainer keeps those out of advantage statistics.
+Failures of the environment's infrastructure (its server, its sandbox, a grader that raised) give
+a ``failed_infra`` Trajectory with the cause, never a silent zero reward; the trainer keeps those
+out of advantage statistics.
 
 Deliberately left out: streaming, parallel tool calls across turns, and reward shaping.
 """
@@ -41,6 +42,7 @@ class _Outcome:
     reason: str = ""
     reward: float = 0.0
     reward_info: dict[str, Any] = field(default_factory=dict)
+    error: str = ""  # why a failed_infra episode failed (the stop reason says how its turns ended)
 
 
 async def run_episode(
@@ -120,8 +122,11 @@ class _Episode:
             scored = await self.env.evaluate(session_id)
             self.record("env_s", t0)
             self.out.reward, self.out.reward_info = scored.reward, dict(scored.info)
-        except (InfraFailure, EnvUnavailable) as e:
-            self.out.status, self.out.reason = Status.FAILED_INFRA, str(e)
+        except EnvServerError as e:
+            if not _server_fault(e):
+                raise
+            self.out.status, self.out.error = Status.FAILED_INFRA, str(e)
+            self.out.reason = self.out.reason or "the environment failed"
         finally:
             self.engine.release(self.rollout_id)
             with contextlib.suppress(EnvServerError):  # expired or gone: nothing left to release
@@ -183,6 +188,8 @@ class _Episode:
         self.timings["total_s"] = time.perf_counter() - self.t_start
         out, queued = self.out, self.queued
         reward_info = {**out.reward_info, "stop_reason": out.reason}
+        if out.error:  # under the key failed_trajectory uses
+            reward_info["error"] = out.error
         return builder.build(
             id=f"{self.rollout_id}-{uuid.uuid4().hex[:6]}",
             run_id=self.run_id,
@@ -194,6 +201,13 @@ class _Episode:
             status=out.status if out.status is Status.FAILED_INFRA else None,
             timings=self.timings,
         )
+
+
+def _server_fault(e: EnvServerError) -> bool:
+    """The environment side failed (a sandbox: 502, a grader: 500, no server: 503, any other 5xx):
+    this episode is failed_infra, the rest of its group stands. Client-side errors (auth, an
+    unknown session) still propagate."""
+    return e.status >= 500
 
 
 def _new_builder(renderer: ChatRenderer, observation: Observation, cfg: EpisodeConfig) -> EpisodeBuilder:

@@ -12,7 +12,9 @@ Routes (all but ``/healthz`` need ``Authorization: Bearer <token>``):
 
 Errors carry ``{"error": code, "detail": message}``: 401 no/bad token, 403 wrong token, 404
 unknown session or environment, 409 step after done, 413 body too large, 422 invalid input,
-429 session limit (with ``Retry-After``), 502 the session's sandbox failed (``failed_infra``).
+429 session limit (with ``Retry-After``), 500 the environment's own code failed (a grader that
+raised is ``grader_failure``: that episode is ``failed_infra``), 502 the session's sandbox failed
+(``failed_infra``).
 A step's ``request_id`` makes retries safe: the same id is applied once and answered again.
 """
 
@@ -259,6 +261,11 @@ def _add_error_handlers(app: FastAPI) -> None:
         problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
         return JSONResponse({"error": "invalid_request", "detail": problems}, status_code=422)
 
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        # a bug of the server or an environment: still the documented body (the traceback is logged)
+        return JSONResponse({"error": "internal", "detail": f"{type(exc).__name__}: {exc}"[:2000]}, 500)
+
 
 # documented for every route behind the token, so a client (or a fuzzer) can validate error bodies
 # (as JSON, inline: /metrics answers text/plain when it succeeds, JSON when it fails)
@@ -268,7 +275,8 @@ _ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
         (401, "no bearer token"), (403, "wrong token"), (404, "no such session or route"),
         (409, "session done, or a request id reused with another body"), (413, "body too large"),
         (422, "invalid request"), (429, "too many sessions (Retry-After)"),
-        (500, "the environment's own code failed"), (502, "the session's sandbox failed"),
+        (500, "the environment's own code failed (grader_failure: its grader raised)"),
+        (502, "the session's sandbox failed"),
     ]
 }  # fmt: skip
 

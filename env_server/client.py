@@ -17,6 +17,7 @@ import httpx
 
 from env_server.sessions import (
     EnvServerError,
+    GraderFailure,
     InfraFailure,
     InvalidRequest,
     NotFound,
@@ -108,6 +109,7 @@ _ERRORS: dict[str, type[EnvServerError]] = {
         InvalidRequest,
         TooManySessions,
         InfraFailure,
+        GraderFailure,
         AuthError,
     )
 }
@@ -119,7 +121,8 @@ class HttpEnvClient:
     Args:
         urls: base URLs of env servers (``http://host:port``).
         token: the servers' bearer token.
-        retries: extra attempts on connection errors and 5xx (not on 502, a dead sandbox).
+        retries: extra attempts on connection errors and 5xx (not on 502, a dead sandbox, nor on a
+            5xx that names a known error, such as a grader that raised: the server's answer).
         backoff_s: first retry delay; doubles each time.
     """
 
@@ -214,7 +217,7 @@ class HttpEnvClient:
             else:
                 if r.status_code < 400:
                     return r.json() if r.content else None
-                if r.status_code < 500 or r.status_code == 502 or last:
+                if r.status_code < 500 or r.status_code == 502 or last or _body(r)[0] in _ERRORS:
                     raise _error(url, r)
             log.info("env server %s %s %s failed; retrying in %.2fs", url, method, path, delay)
             await asyncio.sleep(delay)
@@ -222,12 +225,17 @@ class HttpEnvClient:
         raise AssertionError("unreachable")
 
 
-def _error(url: str, r: httpx.Response) -> EnvServerError:
+def _body(r: httpx.Response) -> tuple[str, str]:
+    """(error code, detail) of an error response; no code when it is not the server's ErrorBody."""
     try:
         body = r.json()
-        code, detail = body.get("error", ""), body.get("detail", r.text)
-    except ValueError:
-        code, detail = "", r.text
+        return str(body.get("error", "")), str(body.get("detail", r.text))
+    except (ValueError, AttributeError):
+        return "", r.text
+
+
+def _error(url: str, r: httpx.Response) -> EnvServerError:
+    code, detail = _body(r)
     if r.status_code == 429:
         return TooManySessions(f"{url}: {detail}", float(r.headers.get("Retry-After", "1")))
     if r.status_code in (401, 403):

@@ -6,14 +6,13 @@ same SessionManager the server uses, so a sandboxed environment is checked with 
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
 from env_server.registry import spec
-from env_server.sessions import SessionDone, SessionManager
+from env_server.sessions import GraderFailure, SessionDone, SessionManager
 from env_server.types import ToolCallRequest, ToolStatus
 
 __all__ = ["ConformanceError", "check_environment"]
@@ -33,8 +32,9 @@ async def check_environment(env_id: str, *, manager: SessionManager | None = Non
     Rules: the class loads and its tool schemas are valid JSON Schema with unique names; reset
     gives at least one message and exactly the class's tools; invalid arguments and unknown
     tools become tool messages whose status is not ``ok`` (one per call, ids kept), not
-    exceptions; evaluate gives a finite reward; a final tool ends the episode and a later step is
-    refused; with ``deterministic`` set, the same task and seed give the same first observation.
+    exceptions; evaluate gives a finite reward without raising; a final tool ends the episode and
+    a later step is refused; with ``deterministic`` set, the same task and seed give the same first
+    observation.
     """
     s = spec(env_id)
     problems: list[str] = []
@@ -74,9 +74,11 @@ async def check_environment(env_id: str, *, manager: SessionManager | None = Non
                 problems.append(
                     f"invalid call to {call.name} was answered as a success: {msg.content[:80]!r}"
                 )
-        reward = await manager.evaluate(first.session_id)
-        if not math.isfinite(reward.reward):
-            problems.append(f"evaluate gave a non-finite reward {reward.reward}")
+        try:  # the manager refuses a non-finite reward or info it cannot send, as a grader failure
+            await manager.evaluate(first.session_id)
+        except GraderFailure as e:
+            cause = e.__cause__ or e
+            problems.append(f"evaluate failed: {type(cause).__name__}: {cause}")
         final = [n for n, t in cls.tools.items() if t.final]
         if final and not result.done:
             spec_final = cls.tools[final[0]]

@@ -8,6 +8,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import math
 import time
 import uuid
 from collections import OrderedDict
@@ -30,6 +31,7 @@ from sandboxes.settings import SandboxSettings
 __all__ = [
     "EnvServerError",
     "EnvironmentBroken",
+    "GraderFailure",
     "InfraFailure",
     "InvalidRequest",
     "NotFound",
@@ -86,8 +88,16 @@ class InfraFailure(EnvServerError):
     status, code = 502, "infra_failure"
 
 
+class GraderFailure(InfraFailure):
+    """The environment's grader raised (or gave a reward that cannot be sent): its own fault, never
+    the policy's, so the episode is ``failed_infra`` like any infrastructure failure."""
+
+    status, code = 500, "grader_failure"
+
+
 _DONE_RESULTS_KEPT = 64  # replies remembered per session for retried step requests
 _CREATES_REMEMBERED = 10_000  # create request ids remembered for retried creates
+_CAUSE_CHARS = 2000  # of a grader's exception, in the error's detail
 
 
 @dataclass
@@ -227,10 +237,15 @@ class SessionManager:
                 return RewardResult(reward=0.0, info={"reason": "a command broke the sandbox",
                                                       "cause": s.broken_by_agent})  # fmt: skip
             try:
-                return await s.env.evaluate()
+                return _sendable(await s.env.evaluate())
             except SandboxError as e:
                 self._error("infra")
                 raise InfraFailure(f"session {session_id}: sandbox failed during evaluation: {e}") from e
+            except Exception as e:  # a grader bug costs this episode only, never the server or the group
+                self._error("grader")
+                log.error("session %s (%s): the grader failed", session_id, s.env_id, exc_info=e)
+                cause = f"{type(e).__name__}: {e}"[:_CAUSE_CHARS]
+                raise GraderFailure(f"session {session_id}: the grader of {s.env_id} failed: {cause}") from e
             finally:
                 s.last_used = time.monotonic()
 
@@ -353,6 +368,17 @@ class SessionManager:
             log.warning("closing environment %s failed: %s", s.env_id, e)
         if s.sandbox is not None and s.pool is not None:
             s.pool.release(s.sandbox)
+
+
+def _sendable(result: Any) -> RewardResult:
+    """The grader's answer if it can be sent and trained on: a RewardResult with a finite reward
+    and JSON-encodable info (otherwise it fails here, as the grader's fault, not in the reply)."""
+    if not isinstance(result, RewardResult):
+        raise TypeError(f"evaluate returned {type(result).__name__}, not a RewardResult")
+    if not math.isfinite(result.reward):
+        raise ValueError(f"evaluate returned a non-finite reward {result.reward}")
+    result.model_dump_json()
+    return result
 
 
 def _fingerprint(body: Any) -> str:

@@ -28,6 +28,7 @@ import json
 import os
 import selectors
 import signal
+import stat
 import subprocess
 import sys
 import tarfile
@@ -282,18 +283,43 @@ def op_exec(req):
     }
 
 
+def _open_regular(path, flags):
+    """Opens ``path`` only if it is a regular file. Non-blocking, so a FIFO planted there cannot
+    hang the call, and checked on the open descriptor, so a link to a device or to the agent's own
+    stdin/stdout (``/dev/stdout``: the host channel) is refused before a byte moves."""
+    try:
+        fd = os.open(path, flags | os.O_NONBLOCK | os.O_NOCTTY, 0o644)
+    except OSError as e:
+        if e.errno == 6:  # ENXIO: a FIFO without a reader, opened for writing
+            raise ValueError(f"{path} is not a regular file") from None
+        raise
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(21, "Is a directory", path)
+        if not stat.S_ISREG(mode):
+            raise ValueError(f"{path} is not a regular file")
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 def op_write_file(req):
     path = req["path"]
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    with open(path, "wb") as f:
+    fd = _open_regular(path, os.O_WRONLY | os.O_CREAT)
+    with os.fdopen(fd, "wb") as f:
+        f.truncate(0)
         f.write(base64.b64decode(req["data"]))
-    os.chmod(path, int(req.get("mode", 0o644)) & 0o777)
+        os.fchmod(fd, int(req.get("mode", 0o644)) & 0o777)
     return {}
 
 
 def op_read_file(req):
     limit = int(req.get("max_bytes", 16 << 20))
-    with open(req["path"], "rb") as f:
+    with os.fdopen(_open_regular(req["path"], os.O_RDONLY), "rb") as f:
         data = f.read(limit + 1)
     if len(data) > limit:
         raise ValueError(f"{req['path']} is larger than {limit} bytes")

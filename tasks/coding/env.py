@@ -21,7 +21,7 @@ from env_server import Message, RewardResult, tool
 from env_server.builtin import ShellEnv
 from env_server.types import Observation
 from sandboxes.protocol import SandboxError
-from tasks.coding.capture import WORKSPACE
+from tasks.coding.capture import WORKSPACE, Ungradable
 from tasks.coding.diffs import source_files
 from tasks.coding.grader import CodingGrader
 from tasks.suite import CodingTask, Suite
@@ -126,8 +126,11 @@ class CodingEnv(ShellEnv):
         if self.result is not None:
             return self.result
         grader = await CodingGrader.for_sandbox(self.sandbox)
-        graded = await grader.grade_workspace(self.task, self.sandbox, self.base_commit)
-        result = RewardResult(reward=graded.reward, info={"task_id": self.task.id, **graded.info})
+        try:
+            graded = await grader.grade_workspace(self.task, self.sandbox, self.base_commit)
+            result = RewardResult(reward=graded.reward, info={"task_id": self.task.id, **graded.info})
+        except Ungradable as e:  # the agent's doing (a FIFO, a huge file for a source file): it scores 0
+            result = RewardResult(reward=0.0, info={"task_id": self.task.id, **e.info})
         if self.done:  # nothing can change after submit: grade once
             self.result = result
         return result

@@ -48,13 +48,14 @@ import json
 import os
 import secrets
 import tarfile
+import threading
 import time
 import uuid
 import weakref
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from sandboxes.docker import DockerSandbox
 from sandboxes.protocol import Sandbox, SandboxDied
@@ -78,7 +79,23 @@ _CANARY = (
     "def test_{name}_must_fail():\n    assert 1 + 1 == 3\n"
 )
 _PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+T = TypeVar("T")
 _SLOTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = weakref.WeakKeyDictionary()
+
+
+_AST_LOCK = threading.Lock()
+
+
+async def _ast_work(fn: Callable[..., T], *args: Any) -> T:
+    """Parsing is CPU work: off the event loop, so rollouts sharing it never wait on it. One at a
+    time: CPython 3.11's ast module keeps recursion state per interpreter, and concurrent parses in
+    threads fail with "AST constructor recursion depth mismatch"."""
+
+    def locked() -> T:
+        with _AST_LOCK:
+            return fn(*args)
+
+    return await asyncio.to_thread(locked)
 
 
 def grading_slots(limit: int | None = None) -> asyncio.Semaphore:
@@ -314,8 +331,7 @@ class CodingGrader:
                 violations.append(Violation(path, 0, "size", f"over {MAX_SOURCE_BYTES} bytes"))
                 continue
             if self.source_policy and patched != task.repo[path].encode():
-                # Parsing is CPU work: off the event loop, so rollouts sharing it never wait on it.
-                violations += await asyncio.to_thread(check_source, path, patched, task.repo[path].encode())
+                violations += await _ast_work(check_source, path, patched, task.repo[path].encode())
         timings["apply_s"] = round(time.monotonic() - t, 3)
         if violations:
             return GradeResult(0.0, _rejected(violations))
@@ -338,7 +354,7 @@ class CodingGrader:
         except _RunnerFailed as e:
             return GradeResult(0.0, e.info)
         timings["tests_s"] = round(time.monotonic() - t, 3)
-        result = await asyncio.to_thread(judge, task, report, canary, reference)
+        result = await _ast_work(judge, task, report, canary, reference)
         result.info["runner_dumpable_off"] = report.get("dumpable_off")
         return result
 
@@ -401,7 +417,7 @@ class CodingGrader:
         return _REFERENCES[key]
 
     async def _compute_reference(self, task: CodingTask) -> Reference:
-        instrumented = await asyncio.to_thread(probes.instrument, task.hidden_tests)
+        instrumented = await _ast_work(probes.instrument, task.hidden_tests)
         gdir = f"/tmp/pqrl-grade-{secrets.token_hex(8)}"
         async with self.slots or grading_slots():
             sandbox = await self.make_sandbox()

@@ -4,17 +4,25 @@ Redis. Groups are complete, the staleness gate holds, and a dead manager's lease
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 
+import httpx
 import pytest
 
 from agent_loop.agent import EpisodeConfig
 from agent_loop.manager import ManagerConfig, RolloutManager
 from engine.client import EngineClient
-from env_server.client import LocalEnvClient
+from env_server import RewardResult
+from env_server import registry as registry_module
+from env_server.app import ServerSettings, create_app
+from env_server.client import HttpEnvClient, LocalEnvClient
+from env_server.registry import register_environment
 from loss_masking import ChatRenderer
 from pqrl.store import TrajectoryStore
-from tasks.calc import calc_suite
-from tasks.storage import SuiteStore
+from pqrl.trajectory import Status
+from tasks.calc import CalcEnv, calc_suite
+from tasks.storage import SuiteStore, queued_task
+from tests.servers import serve_in_thread
 
 EPISODE = EpisodeConfig(max_turns=2, max_new_tokens=16, max_total_tokens=768, seed=3)
 
@@ -90,3 +98,75 @@ async def test_a_dead_managers_lease_is_reclaimed(parts):
     await store.groups.create_consumer_group("trainer")
     (entry,) = await store.groups.read("trainer", "t", count=5)
     assert entry.trajectories[0].task_id == lost.task["task_id"]
+
+
+class GraderCrashesOnce(CalcEnv):
+    """calc-v1 whose grader raises, every time, for one episode: the first one scored."""
+
+    evaluations = 0
+    cursed: object = None  # the session whose grader raises
+
+    async def evaluate(self) -> RewardResult:
+        GraderCrashesOnce.evaluations += 1
+        GraderCrashesOnce.cursed = GraderCrashesOnce.cursed or self
+        if self is GraderCrashesOnce.cursed:
+            raise RuntimeError("grader bug on this episode")
+        return await super().evaluate()
+
+
+CRASH_ENV = "pytest-grader-crash-v1"
+
+
+@pytest.fixture
+def crashing_env_server() -> Iterator[str]:
+    """An env server over loopback HTTP serving calc-v1 with a grader that raises once."""
+    register_environment(CRASH_ENV, f"{__name__}:GraderCrashesOnce")
+    GraderCrashesOnce.evaluations, GraderCrashesOnce.cursed = 0, None
+    try:
+        with serve_in_thread(create_app(ServerSettings(token="crash", sandbox_pool_size=0))) as url:
+            yield url
+    finally:
+        registry_module._REGISTRY.pop(CRASH_ENV, None)
+
+
+@pytest.mark.parametrize("infra_retries", [0, 1])
+async def test_a_grader_crash_fails_one_episode_not_the_group(
+    served, smollm, redis_server, crashing_env_server, infra_retries
+):
+    """The crash is that episode's failed_infra with the cause (re-run while infra_retries allow,
+    as for any infrastructure failure); the group's other episodes are scored and written."""
+    group_size = 4
+    store = TrajectoryStore(redis_server.url, "crash")
+    engine = EngineClient(served[0])
+    env = HttpEnvClient(crashing_env_server, token="crash")
+    try:
+        await store.tasks.push([{**queued_task(calc_suite(1, seed=8), 0), "env_id": CRASH_ENV}])
+        cfg = ManagerConfig(group_size=group_size, groups_per_step=4, infra_retries=infra_retries,
+                            min_valid=2, episode=EPISODE)  # fmt: skip
+        stats = await RolloutManager(store, engine, env, ChatRenderer(smollm[1]), cfg).run()
+        assert stats.groups_written == 1 and stats.groups_dropped == 0, stats
+        await store.groups.create_consumer_group("trainer")
+        (entry,) = await store.groups.read("trainer", "t", count=5)
+        failed = [t for t in entry.trajectories if t.status is Status.FAILED_INFRA]
+        scored = [t for t in entry.trajectories if t.status is not Status.FAILED_INFRA]
+        if infra_retries == 0:
+            assert dict(stats.failures) == {"failed_infra": 1}, stats.failures
+            (crashed,) = failed
+            error = crashed.reward_info["error"]
+            assert "RuntimeError: grader bug on this episode" in error and crashed.reward == 0.0, error
+            assert crashed.num_generated > 0, "the crashed episode's turns are kept for metrics"
+        else:  # re-run once, and the re-run was graded
+            assert dict(stats.failures) == {"infra_retry": 1} and failed == [], stats.failures
+        assert len(entry.trajectories) == group_size and len(scored) == group_size - len(failed)
+        assert all("expected" in t.reward_info for t in scored), "every other episode was graded"
+        assert GraderCrashesOnce.evaluations == group_size + infra_retries, "a grader crash was retried"
+        assert await store.gate.state() == {"accepted": 1, "running": 0, "rejected": 0}
+        async with httpx.AsyncClient(base_url=crashing_env_server, timeout=10) as raw:
+            assert (await raw.get("/healthz")).json() == {"ok": True, "sessions": 0}
+        info = await env.create_session(CRASH_ENV, queued_task(calc_suite(1, seed=8), 0)["task"])
+        assert (await env.evaluate(info.session_id)).reward == 0.0, "the server grades after the crash"
+        await env.close_session(info.session_id)
+    finally:
+        await env.aclose()
+        await engine.aclose()
+        await store.close()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from typing import Any
+from typing import Any, ClassVar
 
 from env_server.environment import ToolEnvironment
 from env_server.registry import register_environment
@@ -171,6 +171,31 @@ class BrokenSilentReset(CounterEnv):
     async def reset(self, *, task: dict[str, Any], seed: int | None = None) -> Observation:
         self.count = 0
         return self.observation([])
+
+
+class BrokenGrader(CounterEnv):
+    """Its grader fails on some counts (``start`` sets the count without a step): at 0 it raises,
+    at 1 it gives a NaN reward, at 2 info that is not JSON; otherwise it scores the count. Every
+    call is recorded in ``evaluations``."""
+
+    evaluations: ClassVar[list[int]] = []
+
+    async def evaluate(self) -> RewardResult:
+        self.evaluations.append(self.count)
+        if self.count == 0:
+            raise RuntimeError("grader bug: nothing to count")
+        if self.count == 1:
+            return RewardResult(reward=float("nan"))
+        if self.count == 2:
+            return RewardResult(reward=2.0, info={"handle": object()})
+        return await super().evaluate()
+
+
+class BrokenStep(CounterEnv):
+    """Its step raises: a bug the server answers with its error body, never a bare 500."""
+
+    async def step(self, tool_calls: list[ToolCallRequest]) -> Any:
+        raise RuntimeError("step bug")
 
 
 class SandboxCrashOnReset(ToolEnvironment):

@@ -41,6 +41,7 @@ def test_the_builtins_are_among_the_checked():
         ("BrokenDuplicateSchemas", "duplicate tool names ['incr', 'stop', 'incr']"),
         ("BrokenNeverEnds", "calling final tool stop did not end the episode"),
         ("BrokenSilentReset", "reset returned no messages"),
+        ("BrokenGrader", "evaluate failed: RuntimeError: grader bug: nothing to count"),
     ],
 )
 async def test_a_broken_environment_is_named_with_its_problem(cls, problem, restore_registry):

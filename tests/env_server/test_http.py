@@ -18,6 +18,7 @@ from env_server.client import AuthError, EnvUnavailable, HttpEnvClient, LocalEnv
 from env_server.registry import register_environment, registry
 from env_server.sessions import (
     EnvServerError,
+    GraderFailure,
     InfraFailure,
     InvalidRequest,
     NotFound,
@@ -36,6 +37,8 @@ from tests.env_server.conftest import (
     serve_in_thread,
     wait_until_gone,
 )
+from tests.env_server.envs import BrokenGrader
+from tests.sandboxes.agents import FLOOD_COMMAND, flooding_agent_source
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -380,6 +383,59 @@ async def test_a_broken_entry_point_gives_a_typed_error(raw, restore_registry):
     assert "no_such_module_xyz" in detail
 
 
+# ---------------------------------------------------------------- environment bugs
+
+GRADER_BUGS = [(0, "RuntimeError: grader bug: nothing to count"), (1, "non-finite reward nan"),
+               (2, "PydanticSerializationError")]  # fmt: skip
+
+
+@pytest.mark.parametrize(("count", "cause"), GRADER_BUGS, ids=["raises", "nan_reward", "info_not_json"])
+async def test_a_failing_grader_fails_only_its_episode_over_http(raw, client, server, restore_registry,
+                                                                 count, cause):  # fmt: skip
+    """A grader bug is the documented 500 ``grader_failure`` naming the cause, raised by the client
+    as an InfraFailure without retrying; the other sessions and the server carry on."""
+    register_environment("pytest-broken-grader-v1", "tests.env_server.envs:BrokenGrader")
+    BrokenGrader.evaluations.clear()
+    other = await client.create_session("pytest-broken-grader-v1", {}, env_kwargs={"start": 5})
+    broken = await client.create_session("pytest-broken-grader-v1", {}, env_kwargs={"start": count})
+    status, code, detail = error_of(await raw.post(f"/sessions/{broken.session_id}/evaluate"))
+    assert (status, code) == (500, "grader_failure") and cause in detail, detail
+    with pytest.raises(GraderFailure, match=cause) as e:
+        await client.evaluate(broken.session_id)
+    assert isinstance(e.value, InfraFailure), "a grader bug must make the episode failed_infra"
+    assert BrokenGrader.evaluations == [count, count], "a grader failure was retried"
+    assert (await client.evaluate(other.session_id)).reward == 5.0
+    for s in (other, broken):
+        await client.close_session(s.session_id)
+    assert server.healthz() == {"ok": True, "sessions": 0}
+    r = await raw.get("/metrics")
+    assert 'pqrl_env_errors_total{kind="grader"} 2.0' in r.text
+
+
+async def test_a_failing_grader_is_an_infra_failure_in_process(restore_registry):
+    register_environment("pytest-broken-grader-v1", "tests.env_server.envs:BrokenGrader")
+    local = LocalEnvClient(SessionManager(pool_size=0))
+    try:
+        info = await local.create_session("pytest-broken-grader-v1", {})
+        with pytest.raises(GraderFailure, match="RuntimeError: grader bug") as e:
+            await local.evaluate(info.session_id)
+        assert isinstance(e.value.__cause__, RuntimeError)
+        await local.close_session(info.session_id)
+    finally:
+        await local.aclose()
+
+
+async def test_an_unexpected_exception_still_answers_the_error_body(raw, server, restore_registry):
+    register_environment("pytest-broken-step-v1", "tests.env_server.envs:BrokenStep")
+    r = await raw.post("/sessions", json={"env_id": "pytest-broken-step-v1"})
+    sid = r.json()["session_id"]
+    step = {"tool_calls": [{"name": "incr"}]}
+    status, code, detail = error_of(await raw.post(f"/sessions/{sid}/step", json=step))
+    assert (status, code, detail) == (500, "internal", "RuntimeError: step bug")
+    assert (await raw.delete(f"/sessions/{sid}")).status_code == 204
+    assert server.healthz() == {"ok": True, "sessions": 0}
+
+
 # ---------------------------------------------------------------- idempotency
 
 
@@ -606,14 +662,25 @@ async def test_dead_sandbox_is_an_infra_failure_in_process(docker_api):
     assert await wait_until_gone(docker_api) == []
 
 
+# Memory in a memfd belongs to no process, so the OOM killer takes the largest one: the agent.
+MEMFD_BOMB = (
+    'python3 -c \'import itertools, os; fd = os.memfd_create("m"); '
+    "any(os.write(fd, bytes(1 << 20)) < 0 for _ in itertools.count())'"
+)
+
+
 @pytest.mark.parametrize(
     "command",
-    ["kill -9 -1", "head -c 400000000 /dev/zero | tr '\\0' x > /proc/1/fd/1"],
-    ids=["kill_everything", "flood_the_channel"],
+    [MEMFD_BOMB, FLOOD_COMMAND],
+    ids=["oom_kill_the_agent", "flood_the_channel"],
 )
-async def test_a_command_that_breaks_its_own_sandbox_scores_zero_not_failed_infra(docker_api, command):
+async def test_a_command_that_breaks_its_own_sandbox_scores_zero_not_failed_infra(
+    docker_api, monkeypatch, command
+):
     """The policy's own doing is its failure: the episode ends, evaluates to 0 with the cause, and
     is never an infrastructure failure (which would be retried and left out of training)."""
+    if command == FLOOD_COMMAND:  # commands cannot reach the host channel: an altered agent floods it
+        monkeypatch.setattr("sandboxes.docker.AGENT_SOURCE", flooding_agent_source())
     manager = SessionManager(pool_size=0, run=RUN_LABEL)
     local = LocalEnvClient(manager)
     try:

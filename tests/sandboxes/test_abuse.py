@@ -586,3 +586,21 @@ async def test_an_image_entrypoint_does_not_displace_the_agent_as_pid_1(make_san
         await assert_only_the_agent(sb)
     finally:
         subprocess.run(["docker", "rmi", "-f", tag, "pqrl-test-entrypoint:latest"], capture_output=True)
+
+
+@pytest.mark.parametrize("target", ["/dev/stdout", "/dev/stdin", "/proc/1/fd/1", "/dev/zero", "fifo"])
+async def test_file_calls_refuse_links_to_the_channel_devices_and_fifos(sandbox, target):
+    """read_file/write_file through a planted link or FIFO: refused at once, nothing reaches the
+    host channel (the agent's own stdin/stdout), and the sandbox keeps answering."""
+    if target == "fifo":
+        assert (await sandbox.exec("mkfifo /workspace/x")).ok
+    else:
+        assert (await sandbox.exec(f"ln -s {target} /workspace/x")).ok
+    forged = b'{"id": 0, "ok": true, "stdout": "Rk9SR0VE"}\n' * 100
+    with pytest.raises(ValueError, match="not a regular file"):
+        await asyncio.wait_for(sandbox.write_file("/workspace/x", forged), 5)
+    with pytest.raises(ValueError, match="not a regular file"):
+        await asyncio.wait_for(sandbox.read_file("/workspace/x"), 5)
+    for _ in range(5):
+        r = await sandbox.exec("echo real")
+        assert r.stdout == b"real\n", r

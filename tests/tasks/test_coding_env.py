@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -114,7 +115,110 @@ async def test_a_correct_fix_scores_one_whatever_the_agent_leaves_behind(manager
     assert result.reward == 1.0, result.info["reason"]
     assert result.info["other_files"] >= 1000 and not result.info["tampered"]
     assert "junk/f0.txt" in result.info["dropped_paths"]
+    assert "caf\\xe9.txt" in result.info["dropped_paths"], "a name that is not UTF-8 is shown escaped"
+    result.model_dump_json()  # and the reward can be sent
     await manager.close(s.session_id)
+
+
+async def fixed(manager: SessionManager, task_id: str = "roman-03") -> str:
+    """A session on ``task_id`` with its gold patch applied by the agent; its id."""
+    task = builtin_suite().task(task_id)
+    s = await manager.create("coding-v1", task.model_dump())
+    await call(manager, s.session_id, "write_file", path="/tmp/fix.diff", content=task.gold_patch)
+    out = await call(manager, s.session_id, "run", command="git apply /tmp/fix.diff")
+    assert out.startswith("[exit code 0]"), out
+    return s.session_id
+
+
+# Left beside a correct fix, outside the task's source files: dropped, and the fix scores 1. The
+# huge files are 60 MiB: big, yet they fit the workspace tmpfs (SandboxSettings.workspace_mb).
+JUNK = {
+    "huge_new_file": ("head -c 60M /dev/urandom > junk.bin", "junk.bin"),
+    "huge_repo_file": ("head -c 60M /dev/zero | tr '\\0' x > README.md", "README.md"),
+    "sparse_new_file": ("truncate -s 10G junk.img", "junk.img"),
+    "sparse_repo_file": ("truncate -s 10G README.md", "README.md"),
+    "fifo_named_py": ("mkfifo extra.py", "extra.py"),
+    "fifo_repo_file": ("rm README.md && mkfifo README.md", "README.md"),
+    "dev_zero_link": ("ln -s /dev/zero zero.py", "zero.py"),
+    "dev_zero_repo_link": ("ln -sf /dev/zero README.md", "README.md"),
+    "source_linked_in_workspace": ("mv roman.py fixed.py && ln -s fixed.py roman.py", "fixed.py"),
+}
+
+
+@pytest.mark.parametrize("command", list(JUNK.values()), ids=list(JUNK))
+async def test_junk_outside_the_source_files_is_dropped_and_the_fix_scores_one(manager, command):
+    command, path = command
+    sid = await fixed(manager)
+    out = await call(manager, sid, "run", command=command)
+    assert out.startswith("[exit code 0]"), out
+    result = await manager.evaluate(sid)
+    assert result.reward == 1.0, result.info["reason"]
+    assert path in result.info["dropped_paths"] and not result.info["tampered"], result.info
+    await manager.close(sid)
+
+
+# A task source file the grader cannot take as text: 0, with the reason, and nothing waits on it.
+UNGRADABLE = {
+    "huge": ("head -c 60M /dev/zero | tr '\\0' '#' >> roman.py", "over the limit of 1048576 bytes"),
+    "sparse": ("truncate -s 10G roman.py", "is 10737418240 bytes, over the limit of 1048576 bytes"),
+    "fifo": ("rm roman.py && mkfifo roman.py", "is a FIFO, not a regular file"),
+    "directory": ("rm roman.py && mkdir roman.py", "is a directory, not a regular file"),
+    "dev_zero_link": ("ln -sf /dev/zero roman.py", "is a link out of the workspace (to /dev/zero)"),
+    "stdin_link": ("ln -sf /dev/stdin roman.py", "is a link out of the workspace"),
+    "not_utf8": ("printf '\\377' >> roman.py", "is not UTF-8 text"),
+}
+
+
+@pytest.mark.parametrize("command", list(UNGRADABLE.values()), ids=list(UNGRADABLE))
+async def test_a_source_file_that_cannot_be_taken_scores_zero_with_the_reason(manager, command):
+    command, why = command
+    sid = await fixed(manager)
+    out = await call(manager, sid, "run", command=command)
+    assert out.startswith("[exit code 0]"), out
+    t0 = time.monotonic()
+    result = await manager.evaluate(sid)
+    assert time.monotonic() - t0 < 30, "capture waited on the file"
+    info = result.info
+    assert result.reward == 0.0 and why in info["rejected_sources"]["roman.py"], info
+    assert info["reason"].startswith("source file roman.py ") and why in info["reason"], info["reason"]
+    assert info["changed_sources"] == ["roman.py"] and not info["tampered"], info
+    await manager.close(sid)
+
+
+GROW = r"""
+import os, sys, time
+chunk = b"# grows\n" * 65536  # 512 KiB
+with open(sys.argv[1], "ab") as f:
+    for _ in range(400):  # 200 MiB at most, at about 50 MiB/s
+        if os.path.exists("/tmp/stop-growing"):
+            break
+        f.write(chunk)
+        f.flush()
+        time.sleep(0.01)
+"""
+
+
+@pytest.mark.parametrize(("path", "reward"), [("roman.py", 0.0), ("README.md", 1.0)])
+async def test_a_file_growing_while_it_is_captured(manager, path, reward):
+    """Only possible for something outliving its command (here a call of the test's own): a growing
+    source file is over the limit, a growing other file is dropped; neither is read to its end."""
+    sid = await fixed(manager)
+    sandbox = manager._sessions[sid].sandbox
+    grower = asyncio.create_task(sandbox.exec(["python3", "-c", GROW, path], cwd="/workspace", timeout=60))
+    try:
+        size = "stat -c %s " + path
+        while int((await sandbox.exec(size, cwd="/workspace")).stdout or 0) < 2 << 20:
+            await asyncio.sleep(0.05)
+        result = await manager.evaluate(sid)
+    finally:
+        await sandbox.exec("touch /tmp/stop-growing")
+        await grower
+    assert result.reward == reward, result.info["reason"]
+    if reward == 0.0:
+        assert "limit of 1048576 bytes" in result.info["rejected_sources"][path], result.info
+    else:
+        assert path in result.info["dropped_paths"]
+    await manager.close(sid)
 
 
 async def test_no_change_scores_zero(manager):
