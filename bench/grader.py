@@ -66,7 +66,7 @@ async def main() -> None:
         json.dumps(
             {
                 "tasks": len(tasks),
-                "gold_ones": sum(r.reward == 1.0 for r in cold + warm) // 2,
+                "gold_ones": min(sum(r.reward == 1.0 for r in rs) for rs in (cold, warm)),
                 "empty_zeros": sum(r.reward == 0.0 for r in empty),
                 "cold_s": round(cold_s, 1),
                 "warm_s": round(warm_s, 1),
