@@ -5,6 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tasks.suite import Suite
 
 __all__ = ["build_parser", "main"]
 
@@ -96,6 +100,20 @@ def _redis_url(args: argparse.Namespace) -> str:
     return url
 
 
+def _generated_suite(args: argparse.Namespace) -> Suite:
+    """The built-in generator ``args.kind`` run with the flags that apply to it."""
+    name = args.name or args.kind
+    if args.kind == "search":
+        from tasks.search import search_suite
+
+        if args.shots is not None or args.level is not None:
+            raise SystemExit("pqrl tasks generate search: --shots and --level are calc's")
+        return search_suite(args.n or 200, args.seed, name=name)
+    from tasks.calc import calc_suite
+
+    return calc_suite(args.n or 256, args.seed, name=name, shots=args.shots or 1, level=args.level or 2)
+
+
 def _cmd_tasks(args: argparse.Namespace) -> int:
     import asyncio
     import json
@@ -103,9 +121,7 @@ def _cmd_tasks(args: argparse.Namespace) -> int:
     from tasks.suite import SuiteInvalid, load_suite
 
     if args.tasks_command == "generate":
-        from tasks.calc import calc_suite
-
-        suite = calc_suite(args.n, args.seed, name=args.name, shots=args.shots, level=args.level)
+        suite = _generated_suite(args)
         with open(args.output, "w") as f:
             f.write(suite.to_jsonl())
         print(f"wrote {suite.id} ({len(suite.tasks)} tasks) to {args.output}")
@@ -274,13 +290,13 @@ def _add_tasks(sub: _SubParsers, group: Callable[[str, str], _SubParsers]) -> No
     tasks.add_parser("list", help="suites stored in Redis")
     p = tasks.add_parser("show", help="a stored suite (NAME, NAME@DIGEST or DIGEST) or one task (SUITE/TASK)")
     p.add_argument("id")
-    p = tasks.add_parser("generate", help="write a built-in generated suite (calc) as JSONL")
-    p.add_argument("kind", choices=["calc"])
-    p.add_argument("--n", type=int, default=256)
+    p = tasks.add_parser("generate", help="write a built-in generated suite (calc, search) as JSONL")
+    p.add_argument("kind", choices=["calc", "search"])
+    p.add_argument("--n", type=int, default=None, help="number of tasks (calc 256, search 200)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--shots", type=int, default=1, help="worked examples rendered into each prompt")
-    p.add_argument("--level", type=int, choices=[1, 2], default=2, help="1: one operation; 2: multi-step")
-    p.add_argument("--name", default="calc")
+    p.add_argument("--shots", type=int, default=None, help="calc: worked examples in each prompt (1)")
+    p.add_argument("--level", type=int, choices=[1, 2], default=None, help="calc: 1 one step, 2 multi-step")
+    p.add_argument("--name", default=None, help="suite name (default: the kind)")
     p.add_argument("-o", "--output", required=True)
     p = tasks.add_parser("filter", help="keep the tasks the policy sometimes solves (0 < pass rate < 1)")
     p.add_argument("suite", help="suite file")

@@ -60,6 +60,20 @@ def test_cli_generate_validate_submit_list_show(tmp_path, redis_server):
     assert missing.returncode == 1 and "no stored suite matches 'nope'" in missing.stderr
 
 
+def test_cli_generates_every_builtin_generated_suite(tmp_path):
+    """search as well as calc: the same suite as the library's generator, flags checked per kind."""
+    from tasks.search import search_suite
+
+    run = lambda *a: subprocess.run([PQRL, "tasks", *a], capture_output=True, text=True, timeout=120)  # noqa: E731
+    path = tmp_path / "search.jsonl"
+    out = run("generate", "search", "--n", "12", "--seed", "3", "-o", str(path))
+    assert out.returncode == 0, out.stderr
+    assert path.read_text() == search_suite(12, 3).to_jsonl()
+    assert "12 valid qa tasks for search-v1" in run("validate", str(path)).stdout
+    wrong = run("generate", "search", "--level", "1", "-o", str(tmp_path / "x.jsonl"))
+    assert wrong.returncode == 1 and "--shots and --level are calc's" in wrong.stderr
+
+
 def test_cli_validate_lists_every_problem(tmp_path):
     bad = tmp_path / "bad.jsonl"
     lines = [json.dumps({"suite": {"name": "x", "version": "1", "env_id": "calc-v1", "kind": "calc",
