@@ -85,24 +85,34 @@ def train_command(args: argparse.Namespace) -> int:
     if ctx.distributed and args.role == "rollout":
         print("pqrl train: --role rollout runs one process; do not start it with torchrun", file=sys.stderr)
         return 2
-    from trainer.distributed import barrier, shutdown
+    from trainer.distributed import exit_rank, shutdown
 
     try:
-        if not ctx.is_main:
-            barrier(ctx)  # rank 0 has prepared the run directory
-            return _follow(cfg, ctx)
-        if args.fresh:
-            shutil.rmtree(cfg.run_dir, ignore_errors=True)
-        cfg.run_dir.mkdir(parents=True, exist_ok=True)
-        dump = yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
-        (cfg.run_dir / "config.yaml").write_text(dump)
-        barrier(ctx)
-        from launcher.services import job_services
-
-        with job_services(cfg) as services:
-            summary = asyncio.run(_run_job(cfg, services, role=args.role, quiet=args.quiet, ctx=ctx))
+        code = _rank(cfg, args, ctx)
     finally:
         shutdown(ctx)
+    if ctx.distributed:
+        exit_rank(code)
+    return code
+
+
+def _rank(cfg: TrainConfig, args: argparse.Namespace, ctx: Any) -> int:
+    """This process's part of the job: the whole of it in a world of one."""
+    from trainer.distributed import barrier
+
+    if not ctx.is_main:
+        barrier(ctx)  # rank 0 has prepared the run directory
+        return _follow(cfg, ctx)
+    if args.fresh:
+        shutil.rmtree(cfg.run_dir, ignore_errors=True)
+    cfg.run_dir.mkdir(parents=True, exist_ok=True)
+    dump = yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+    (cfg.run_dir / "config.yaml").write_text(dump)
+    barrier(ctx)
+    from launcher.services import job_services
+
+    with job_services(cfg) as services:
+        summary = asyncio.run(_run_job(cfg, services, role=args.role, quiet=args.quiet, ctx=ctx))
     print(json.dumps(summary))
     return 0
 

@@ -88,7 +88,12 @@ class _Run:
             await self._wind_down()
         if self.leader is not None:
             await asyncio.to_thread(self.leader.stop)  # the other ranks' work is done
-        if self.eval_suite is not None:
+        if self.eval_suite is not None and self.job.stopping.is_set():
+            # stopped by the user: the checkpoint is written; the final evaluation would keep them
+            # waiting minutes more, so it runs when the job is resumed and finishes instead
+            log.info("stopped at step %d: final evaluation skipped; run the same command again to "
+                     "resume, and it runs when the job finishes", self.trainer.state.step)  # fmt: skip
+        elif self.eval_suite is not None:
             evals["after"] = await self._evaluate(self.trainer.state.step)
         self.writer.close()
         png = plot_curves(self.writer.path, self.cfg.run_dir / "curves.png")
@@ -182,7 +187,17 @@ class _Run:
 
     async def _evaluate(self, step: int) -> tuple[float, Any]:
         t0 = time.monotonic()
-        metrics, solved = await self.job.evaluate(self.eval_suite)
+        bar = _progress(None, 0, disable=self.job.quiet, desc=f"eval@{step}", unit="episode")
+
+        def progress(done: int, total: int) -> None:
+            if bar.total != total:  # greedy pass, then the k samples: one bar each
+                bar.reset(total=total)
+            bar.update(done - bar.n)
+
+        try:
+            metrics, solved = await self.job.evaluate(self.eval_suite, progress)
+        finally:
+            bar.close()
         metrics["perf/eval_s"] = time.monotonic() - t0
         self.writer.log(step, metrics)
         log.info("eval at step %d: %s", step, {k: round(v, 3) for k, v in metrics.items()})
@@ -218,7 +233,9 @@ async def _first(step_task: asyncio.Task[Any], rollout_task: asyncio.Task[Any] |
         raise RuntimeError(f"the rollout manager stopped: {exc!r}")
 
 
-def _progress(total: int, initial: int, *, disable: bool) -> Any:
+def _progress(
+    total: int | None, initial: int, *, disable: bool, desc: str = "train", unit: str = "step"
+) -> Any:
     from tqdm import tqdm
 
-    return tqdm(total=total, initial=initial, desc="train", unit="step", disable=disable, file=sys.stderr)
+    return tqdm(total=total, initial=initial, desc=desc, unit=unit, disable=disable, file=sys.stderr)

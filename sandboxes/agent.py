@@ -40,6 +40,7 @@ _OUT = sys.stdout.buffer
 _ACTIVE = set()  # process groups of the commands running now
 _ACTIVE_LOCK = threading.Lock()
 _GRACE_S = 0.05  # after the command exits, how long to drain pipes held open by its children
+_POLL_S = 0.02  # while the command runs: how often to look whether it exited
 _EXIT_WAIT_S = 1.0  # after its pipes closed, how long a command may take to exit before it is killed
 _SETTLE_S = 0.5  # after a command, how long to wait for the processes killed with it to die
 _REAP_EVERY_S = 0.5  # how often orphaned zombies are reaped between commands
@@ -221,7 +222,8 @@ def _pump(p, output, deadline):
         if exited_at is not None and now - max(exited_at, last_data or exited_at) > _GRACE_S:
             break
         wait = deadline - now if exited_at is None else _GRACE_S
-        for key, _ in sel.select(timeout=max(0.0, min(wait, 0.5))):
+        # wake often enough to see the command exit while a background child keeps its pipe open
+        for key, _ in sel.select(timeout=max(0.0, min(wait, _POLL_S))):
             if output.take(key.fd):
                 last_data = time.monotonic()
     return timed_out

@@ -32,11 +32,13 @@ rank 0's CPU memory) and sharding the reference model of the KL term (each rank 
 
 from __future__ import annotations
 
+import logging
 import os
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, NoReturn, TypeVar
 
 import numpy as np
 import torch
@@ -66,6 +68,7 @@ __all__ = [
     "rank_normalizer",
     "shard",
     "shard_of",
+    "exit_rank",
     "shutdown",
 ]
 
@@ -141,6 +144,17 @@ def shutdown(ctx: DistContext) -> None:
     """Leaves the process group (no-op in a world of one)."""
     if ctx.distributed and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def exit_rank(code: int) -> NoReturn:
+    """Ends a rank's process after ``shutdown`` without running C++ static destructors: gloo can
+    leave a joinable thread in one whose destructor calls std::terminate at interpreter exit, a
+    SIGABRT after all the work is done (seen on a loaded machine) that torchrun reports as the
+    rank failing."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    logging.shutdown()
+    os._exit(code)
 
 
 def shard(model: nn.Module, ctx: DistContext, *, mixed_precision: bool | None = None) -> nn.Module:

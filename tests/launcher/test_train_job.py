@@ -80,3 +80,31 @@ def test_status_shows_a_runs_figures(redis_server, capsys):
     assert main(["status", "--run", "st", "--redis-url", redis_server.url]) == 0
     out = capsys.readouterr().out
     assert "training step 3/10, policy v3" in out and "[0.1, 0.25]" in out and "'engine': 2" in out
+
+
+@pytest.mark.timeout(900)
+def test_ctrl_c_stops_after_the_step_checkpoints_and_skips_the_final_evaluation(tmp_path):
+    """SIGINT during training: the step in flight finishes, is checkpointed, the job exits 0 without
+    the "after" evaluation and says how to get it; evaluations show a progress bar."""
+    import os
+    import signal
+    import time
+
+    config = _job(tmp_path)
+    cmd = [sys.executable, "-m", "launcher.cli", "train", str(config), "--set", "train.steps=50"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = tmp_path / "runs" / "e2e" / "metrics.jsonl"
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and proc.poll() is None:
+        if metrics.exists() and any("rollout/groups" in line for line in metrics.read_text().splitlines()):
+            break
+        time.sleep(0.5)
+    assert proc.poll() is None, proc.communicate()[1][-3000:]
+    os.kill(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err[-3000:]
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert 1 <= summary["steps"] < 50 and "eval_before" in summary and "eval_after" not in summary
+    assert "final evaluation skipped" in err and "eval@0" in err
+    latest = (tmp_path / "runs" / "e2e" / "checkpoints" / "latest").read_text()
+    assert latest == f"step-{summary['steps']:06d}", "the last step trained is checkpointed"

@@ -25,6 +25,7 @@ from trainer.distributed import (
     all_reduce_scalar,
     broadcast_groups,
     equalize_passes,
+    exit_rank,
     init_from_env,
     rank_normalizer,
     shard,
@@ -168,6 +169,7 @@ def main(out: str) -> None:
             out,
         )  # fmt: skip
     shutdown(ctx)
+    exit_rank(0)  # as pqrl train's ranks do: no C++ static destructors (gloo can abort in one)
 
 
 if __name__ == "__main__":
