@@ -44,6 +44,15 @@ def test_no_expected_value_or_message_reaches_the_container():
     compile(source, "test_m.py", "exec")  # still a valid test module
 
 
+def test_docstring_and_future_imports_stay_first():
+    source = '"""Tests."""\n\nfrom __future__ import annotations\n\n\ndef test_x():\n    assert 1 + 1 == 2\n'
+    rewritten = probes.instrument({"tests/test_f.py": source}).files["tests/test_f.py"]
+    compile(rewritten, "test_f.py", "exec")  # a __future__ import after another statement does not compile
+    lines = rewritten.splitlines()
+    assert lines[0] == '"""Tests."""' and lines[1].startswith("from __future__")
+    assert lines[2].startswith(f"from {probes.MODULE} import")
+
+
 def test_sites_keep_the_expectations_on_the_host():
     sites = list(rewritten().sites.values())
     kinds = [(s.kind, s.test, s.negated, s.strong) for s in sites]
