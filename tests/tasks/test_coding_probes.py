@@ -53,6 +53,19 @@ def test_docstring_and_future_imports_stay_first():
     assert lines[2].startswith(f"from {probes.MODULE} import")
 
 
+def test_asserts_that_need_their_frame_stay_as_they_are():
+    source = (
+        "async def test_a():\n    assert await f() == 1\n\n\n"
+        "def test_b():\n    assert (n := g()) == 2\n    assert n == 2\n\n\n"
+        "class TestC(Base):\n    def test_c(self):\n        assert super().h() == 3\n"
+    )
+    rewritten = probes.instrument({"tests/test_f.py": source}).files["tests/test_f.py"]
+    compile(rewritten, "test_f.py", "exec")
+    assert "assert await f() == 1" in rewritten and "assert (n := g()) == 2" in rewritten
+    assert "assert super().h() == 3" in rewritten
+    assert "_pqrl_probe(0, (), lambda: n)" in rewritten  # the one after the walrus is rewritten
+
+
 def test_sites_keep_the_expectations_on_the_host():
     sites = list(rewritten().sites.values())
     kinds = [(s.kind, s.test, s.negated, s.strong) for s in sites]
