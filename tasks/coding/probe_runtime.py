@@ -16,7 +16,7 @@ _FD = int(os.environ.get("PQRL_PROBE_FD", "-1"))
 _MAX_ITEMS = 1000  # per container: longer ones are cut (and marked), the gold record is cut alike
 _MAX_STR = 10000
 _MAX_DEPTH = 20
-_CMP = {
+COMPARISONS = {  # also the host's, when it evaluates an assert on recorded values
     "==": lambda a, b: a == b,
     "!=": lambda a, b: a != b,
     "<": lambda a, b: a < b,
@@ -117,7 +117,7 @@ def probe(site, ops, *thunks):
 
 def _chain(ops, values):
     """``a < b < c`` as Python evaluates it: pairwise, stopping at the first false link."""
-    return all(_CMP[op](a, b) for op, a, b in zip(ops, values, values[1:]))  # noqa: B905 (python3 < 3.10)
+    return all(COMPARISONS[op](a, b) for op, a, b in zip(ops, values, values[1:]))  # noqa: B905 (python3 < 3.10)
 
 
 def _safe_encode(v):

@@ -40,6 +40,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+from tasks.coding.probe_runtime import COMPARISONS
+
 __all__ = [
     "Instrumented",
     "Site",
@@ -70,7 +72,7 @@ class Site:
     strong: bool  # its expectation is held on the host only (a dropped literal or a polarity)
     negated: bool = False
     ops: tuple[str, ...] = ()  # a comparison's operators, in order
-    literals: tuple[tuple[int, str], ...] = ()  # (operand index, source) of the dropped literals
+    literals: tuple[tuple[int, Any], ...] = ()  # (operand index, value) of the dropped literals
     raises: tuple[str, ...] = ()
     match: str | None = None
 
@@ -81,14 +83,20 @@ class Instrumented:
     sites: dict[int, Site] = field(default_factory=dict)
 
 
-def _is_literal(node: ast.expr) -> bool:
+_NOT_LITERAL = object()
+
+
+def _literal_value(node: ast.expr) -> Any:
+    """The value of a literal operand, evaluated once here (``pytest.approx(<literal>)`` as
+    ``Approx``), or ``_NOT_LITERAL``."""
     if isinstance(node, ast.Call) and ast.unparse(node.func) in ("pytest.approx", "approx"):
-        return all(_is_literal(a) for a in node.args) and not node.keywords
+        args = [_literal_value(a) for a in node.args]
+        literal = bool(args) and not node.keywords and _NOT_LITERAL not in args
+        return Approx(args[0]) if literal else _NOT_LITERAL
     try:
-        ast.literal_eval(node)
+        return ast.literal_eval(node)
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-        return False
-    return True
+        return _NOT_LITERAL
 
 
 def _thunk(node: ast.expr) -> ast.Lambda:
@@ -140,8 +148,9 @@ class _Rewriter(ast.NodeTransformer):
         if isinstance(expr, ast.Compare) and all(type(op) in _OPS for op in expr.ops):
             operands = [expr.left, *expr.comparators]
             all_ops = tuple(_OPS[type(op)] for op in expr.ops)
-            literals = tuple((i, ast.unparse(o)) for i, o in enumerate(operands) if _is_literal(o))
-            kept = [o for o in operands if not _is_literal(o)]
+            values = [_literal_value(o) for o in operands]
+            literals = tuple((i, v) for i, v in enumerate(values) if v is not _NOT_LITERAL)
+            kept = [o for o, v in zip(operands, values, strict=True) if v is _NOT_LITERAL]
             ops = [] if literals else list(all_ops)  # with a literal dropped, the host compares
             site = self._site(
                 node, "compare", strong=bool(literals), negated=negated, ops=all_ops, literals=literals
@@ -313,21 +322,6 @@ def _approx(want: Any, got: Any) -> bool:
     return bool(want == got)
 
 
-def _literal(source: str) -> Any:
-    tree = ast.parse(source, mode="eval").body
-    if isinstance(tree, ast.Call):  # pytest.approx(<literal>)
-        return Approx(ast.literal_eval(tree.args[0]))
-    return ast.literal_eval(tree)
-
-
-_HOST_OPS = {
-    "==": lambda a, b: a == b, "!=": lambda a, b: a != b, "<": lambda a, b: a < b,
-    "<=": lambda a, b: a <= b, ">": lambda a, b: a > b, ">=": lambda a, b: a >= b,
-    "is": lambda a, b: a is b, "is not": lambda a, b: a is not b,
-    "in": lambda a, b: a in b, "not in": lambda a, b: a not in b,
-}  # fmt: skip
-
-
 def _holds_on_host(site: Site, got: list[Any]) -> bool | None:
     """The original assert, evaluated on the host with the recorded operands and the dropped
     literals; None when an operand is not a builtin value (then the gold record decides)."""
@@ -335,14 +329,14 @@ def _holds_on_host(site: Site, got: list[Any]) -> bool | None:
     if any(_opaque_inside(v) for v in recorded):
         return None
     by_index = dict(site.literals)
-    operands = [_literal(by_index[i]) if i in by_index else recorded.pop(0) for i in range(len(site.ops) + 1)]
+    operands = [by_index[i] if i in by_index else recorded.pop(0) for i in range(len(site.ops) + 1)]
     if site.ops[0] in ("is", "is not") and any(isinstance(o, (bool, type(None))) for o in operands):
         # identity with None/True/False survives the round trip as equality of those singletons
         ops = tuple("==" if op == "is" else "!=" for op in site.ops)
     else:
         ops = site.ops
     try:
-        truth = all(_HOST_OPS[op](a, b) for op, a, b in zip(ops, operands, operands[1:], strict=False))
+        truth = all(COMPARISONS[op](a, b) for op, a, b in zip(ops, operands, operands[1:], strict=False))
     except Exception:  # e.g. ``<`` between recorded values of types that do not order
         return False
     return truth is not site.negated

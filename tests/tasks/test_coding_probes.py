@@ -79,7 +79,7 @@ def test_sites_keep_the_expectations_on_the_host():
         ("raises", "tests/test_m.py::test_raises", False, False),
         ("compare", "tests/test_m.py::TestComputed::test_both_sides", False, False),
     ]
-    assert sites[0].literals == ((1, "41"),) and sites[6].raises == ("ValueError",)
+    assert sites[0].literals == ((1, 41),) and sites[6].raises == ("ValueError",)
     assert sites[6].match == "negative"
 
 
