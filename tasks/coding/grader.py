@@ -311,16 +311,11 @@ class CodingGrader:
         t = time.monotonic()
         gdir = f"/tmp/pqrl-grade-{secrets.token_hex(8)}"
         sources = source_files(task.repo, task.hidden_tests)
-        await sandbox.upload(_tar(task.repo), WORKSPACE)
-        if sub.patch:
-            await sandbox.upload(_tar({"kept.diff": sub.patch}), gdir)
-            applied = await sandbox.exec(
-                ["git", "apply", "--whitespace=nowarn", f"{gdir}/kept.diff"], cwd=WORKSPACE
+        apply_error = await _checkout(sandbox, task, sub.patch, gdir)
+        if apply_error is not None:
+            return GradeResult(
+                0.0, {"reason": "the patch does not apply", "apply_error": apply_error[-2000:]}
             )
-            if not applied.ok:
-                return GradeResult(
-                    0.0, {"reason": "the patch does not apply", "apply_error": applied.text()[-2000:]}
-                )
         violations: list[Violation] = []
         for path in sources:
             try:
@@ -354,7 +349,7 @@ class CodingGrader:
         except _RunnerFailed as e:
             return GradeResult(0.0, e.info)
         timings["tests_s"] = round(time.monotonic() - t, 3)
-        result = await _ast_work(judge, task, report, canary, reference)
+        result = await asyncio.to_thread(judge, task, report, canary, reference)  # parses the report
         result.info["runner_dumpable_off"] = report.get("dumpable_off")
         return result
 
@@ -422,13 +417,9 @@ class CodingGrader:
         async with self.slots or grading_slots():
             sandbox = await self.make_sandbox()
             try:
-                await sandbox.upload(_tar(task.repo), WORKSPACE)
-                await sandbox.upload(_tar({"gold.diff": task.gold_patch or ""}), gdir)
-                applied = await sandbox.exec(
-                    ["git", "apply", "--whitespace=nowarn", f"{gdir}/gold.diff"], cwd=WORKSPACE
-                )
-                if not applied.ok:
-                    why = applied.text()[-500:]
+                apply_error = await _checkout(sandbox, task, task.gold_patch or "", gdir)
+                if apply_error is not None:
+                    why = apply_error[-500:]
                     raise GoldReferenceError(f"task {task.id}: the gold patch does not apply: {why}")
                 records = []
                 for _ in range(2):
@@ -442,6 +433,17 @@ class CodingGrader:
                 await sandbox.close()
         entries, tests = probes.unstable_entries(*records)
         return Reference(instrumented.files, instrumented.sites, records[0], entries, tests)
+
+
+async def _checkout(sandbox: Sandbox, task: CodingTask, patch: str, gdir: str) -> str | None:
+    """The pristine repository in ``sandbox``'s workspace with ``patch`` applied by ``git apply``;
+    git's complaint when it does not apply, else None."""
+    await sandbox.upload(_tar(task.repo), WORKSPACE)
+    if not patch:
+        return None
+    await sandbox.upload(_tar({"patch.diff": patch}), gdir)
+    applied = await sandbox.exec(["git", "apply", "--whitespace=nowarn", f"{gdir}/patch.diff"], cwd=WORKSPACE)
+    return None if applied.ok else applied.text()
 
 
 class _RunnerFailed(Exception):
