@@ -102,8 +102,8 @@ def _kill_strays():
     still alive (not zombies). Hold _ACTIVE_LOCK."""
     me, alive = os.getpid(), 0
     for pid in _pids():
-        stat = _stat(pid)
-        if pid != me and stat is not None and stat[0] != "Z" and stat[2] not in _ACTIVE:
+        proc = _stat(pid)
+        if pid != me and proc is not None and proc[0] != "Z" and proc[2] not in _ACTIVE:
             alive += 1
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
@@ -130,8 +130,8 @@ def _reap_orphans():
     status; the lock keeps a new one from starting unseen. Hold _ACTIVE_LOCK."""
     me = os.getpid()
     for pid in _pids():
-        stat = _stat(pid)
-        if stat is not None and stat[0] == "Z" and stat[1] == me and pid not in _ACTIVE:
+        proc = _stat(pid)
+        if proc is not None and proc[0] == "Z" and proc[1] == me and pid not in _ACTIVE:
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, os.WNOHANG)
 

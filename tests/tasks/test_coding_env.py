@@ -130,6 +130,14 @@ async def fixed(manager: SessionManager, task_id: str = "roman-03") -> str:
     return s.session_id
 
 
+async def fixed_then(manager: SessionManager, command: str) -> str:
+    """``fixed``, then ``command`` run by the agent (it must succeed); the session's id."""
+    sid = await fixed(manager)
+    out = await call(manager, sid, "run", command=command)
+    assert out.startswith("[exit code 0]"), out
+    return sid
+
+
 # Left beside a correct fix, outside the task's source files: dropped, and the fix scores 1. The
 # huge files are 60 MiB: big, yet they fit the workspace tmpfs (SandboxSettings.workspace_mb).
 JUNK = {
@@ -148,9 +156,7 @@ JUNK = {
 @pytest.mark.parametrize("command", list(JUNK.values()), ids=list(JUNK))
 async def test_junk_outside_the_source_files_is_dropped_and_the_fix_scores_one(manager, command):
     command, path = command
-    sid = await fixed(manager)
-    out = await call(manager, sid, "run", command=command)
-    assert out.startswith("[exit code 0]"), out
+    sid = await fixed_then(manager, command)
     result = await manager.evaluate(sid)
     assert result.reward == 1.0, result.info["reason"]
     assert path in result.info["dropped_paths"] and not result.info["tampered"], result.info
@@ -172,9 +178,7 @@ UNGRADABLE = {
 @pytest.mark.parametrize("command", list(UNGRADABLE.values()), ids=list(UNGRADABLE))
 async def test_a_source_file_that_cannot_be_taken_scores_zero_with_the_reason(manager, command):
     command, why = command
-    sid = await fixed(manager)
-    out = await call(manager, sid, "run", command=command)
-    assert out.startswith("[exit code 0]"), out
+    sid = await fixed_then(manager, command)
     t0 = time.monotonic()
     result = await manager.evaluate(sid)
     assert time.monotonic() - t0 < 30, "capture waited on the file"
