@@ -58,6 +58,7 @@ class ServerSettings(BaseSettings):
     reap_interval_s: float = Field(default=30.0, gt=0)
     max_body_bytes: int = Field(default=1 << 20, ge=1024)
     sandbox_pool_size: int = Field(default=2, ge=0)
+    run: str = Field(default="env-server", description="the pqrl.run label of this server's sandboxes")
 
     def check(self) -> None:
         if not self.token and not self.insecure_local:
@@ -171,7 +172,10 @@ def create_app(settings: ServerSettings | None = None, manager: SessionManager |
     settings = settings or ServerSettings()
     settings.check()
     sessions = manager or SessionManager(
-        max_sessions=settings.max_sessions, ttl_s=settings.session_ttl_s, pool_size=settings.sandbox_pool_size
+        max_sessions=settings.max_sessions,
+        ttl_s=settings.session_ttl_s,
+        pool_size=settings.sandbox_pool_size,
+        run=settings.run,
     )
     # The OpenAPI spec is served (behind the token, like every route but /healthz); no HTML docs.
     app = FastAPI(

@@ -102,16 +102,15 @@ def _redis_url(args: argparse.Namespace) -> str:
 
 def _generated_suite(args: argparse.Namespace) -> Suite:
     """The built-in generator ``args.kind`` run with the flags that apply to it."""
-    name = args.name or args.kind
-    if args.kind == "search":
-        from tasks.search import search_suite
+    from tasks.generators import Generate, generate_suite
 
-        if args.shots is not None or args.level is not None:
-            raise SystemExit("pqrl tasks generate search: --shots and --level are calc's")
-        return search_suite(args.n or 200, args.seed, name=name)
-    from tasks.calc import calc_suite
-
-    return calc_suite(args.n or 256, args.seed, name=name, shots=args.shots or 1, level=args.level or 2)
+    g = Generate(args.kind, n=args.n or (200 if args.kind == "search" else 256), seed=args.seed,
+                 name=args.name or args.kind, shots=args.shots, level=args.level,
+                 format_reward=args.format_reward)  # fmt: skip
+    try:
+        return generate_suite(g)
+    except ValueError as e:
+        raise SystemExit(f"pqrl tasks generate {args.kind}: {e}") from None
 
 
 def _cmd_tasks(args: argparse.Namespace) -> int:
@@ -280,6 +279,7 @@ def _add_tasks(sub: _SubParsers, group: Callable[[str, str], _SubParsers]) -> No
     from agent_loop.config import EpisodeConfig
     from pqrl.model_cache import DEFAULT_MODEL
     from pqrl.settings import add_arguments
+    from tasks.generators import GENERATED
 
     tasks = group("tasks", "task suites")
     p = tasks.add_parser("validate", help="check a suite file and list every problem")
@@ -290,12 +290,13 @@ def _add_tasks(sub: _SubParsers, group: Callable[[str, str], _SubParsers]) -> No
     tasks.add_parser("list", help="suites stored in Redis")
     p = tasks.add_parser("show", help="a stored suite (NAME, NAME@DIGEST or DIGEST) or one task (SUITE/TASK)")
     p.add_argument("id")
-    p = tasks.add_parser("generate", help="write a built-in generated suite (calc, search) as JSONL")
-    p.add_argument("kind", choices=["calc", "search"])
-    p.add_argument("--n", type=int, default=None, help="number of tasks (calc 256, search 200)")
+    p = tasks.add_parser("generate", help="write a built-in suite (calc, data, search, coding) as JSONL")
+    p.add_argument("kind", choices=GENERATED)
+    p.add_argument("--n", type=int, default=None, help="number of tasks (search 200, else 256; not coding)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--shots", type=int, default=None, help="calc: worked examples in each prompt (1)")
-    p.add_argument("--level", type=int, choices=[1, 2], default=None, help="calc: 1 one step, 2 multi-step")
+    p.add_argument("--shots", type=int, default=None, help="calc/data: worked examples (calc 1, data 2)")
+    p.add_argument("--level", type=int, choices=[1, 2], default=None, help="calc/data: 1 or 2 (calc 2)")
+    p.add_argument("--format-reward", type=float, default=0.0, help="calc/data: credit for a grounded miss")
     p.add_argument("--name", default=None, help="suite name (default: the kind)")
     p.add_argument("-o", "--output", required=True)
     p = tasks.add_parser("filter", help="keep the tasks the policy sometimes solves (0 < pass rate < 1)")

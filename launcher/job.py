@@ -8,33 +8,12 @@ rollout side; ``launcher.training`` runs the trainer side with it.
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 from typing import Any
 
-from launcher.jobconfig import SuiteRef, TrainConfig, episode_config, manager_config
+from launcher.jobconfig import TrainConfig, episode_config, manager_config
 
-__all__ = ["Job", "load_suite_ref"]
-
-
-def load_suite_ref(ref: SuiteRef) -> Any:
-    """The suite a config entry names: a built-in generated one, the shipped coding suite, or a file."""
-    from tasks.suite import load_suite
-
-    if ref.generate == "search":
-        from tasks.search import search_suite
-
-        return search_suite(ref.n, ref.seed, name=f"search-s{ref.seed}")
-    if ref.generate == "coding":
-        from importlib.resources import files
-
-        return load_suite(str(files("tasks.coding") / "suite.jsonl"))
-    if ref.generate == "calc":
-        from tasks.calc import calc_suite
-
-        return calc_suite(ref.n, ref.seed, name=f"calc{ref.level}-s{ref.seed}", shots=ref.shots,
-                          level=ref.level, format_reward=ref.format_reward)  # fmt: skip
-    return load_suite(ref.path)  # type: ignore[arg-type]
+__all__ = ["Job"]
 
 
 class Job:
@@ -65,14 +44,13 @@ class Job:
             loop.add_signal_handler(sig, self.stopping.set)
         self.store = TrajectoryStore(self.services["redis_url"], cfg.run)
         self.engine = EngineClient(self.services["engines"]) if self.services["engines"] else None
-        token = cfg.services.env_token or os.environ.get("PQRL_ENV_TOKEN")
-        servers = cfg.services.env_servers
-        self.env = HttpEnvClient(servers, token=token) if servers else LocalEnvClient()
+        servers = self.services["env_servers"]
+        self.env = HttpEnvClient(servers, token=self.services["env_token"]) if servers else LocalEnvClient()
         try:
             await self.store.ping()
             if self.engine is not None:
                 await self.engine.wait_until_healthy(timeout_s=300)
-            self.suites = [load_suite_ref(r) for r in cfg.tasks.suites]
+            self.suites = [r.build() for r in cfg.tasks.suites]
         except BaseException:
             await self.__aexit__()
             raise

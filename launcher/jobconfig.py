@@ -77,6 +77,11 @@ class ServicesSection(_Section):
         default_factory=list, description="env-server URLs; empty = environments in the rollout process"
     )
     env_token: str | None = Field(None, description="bearer token of the env servers ($PQRL_ENV_TOKEN)")
+    sandbox_pool: int = Field(
+        0,
+        ge=0,
+        description="embedded: warm sandboxes of the private env server; 0 = group_size x concurrent groups",
+    )
     engine_threads: int = Field(1, ge=1, description="embedded: CPU threads of the engine process")
     trainer_threads: int = Field(1, ge=1, description="embedded: CPU threads of the trainer")
     weight_sync: WeightSyncSection = Field(
@@ -86,18 +91,24 @@ class ServicesSection(_Section):
 
 class SuiteRef(_Section):
     path: str | None = Field(None, description="a suite JSONL file")
-    generate: Literal["calc", "search", "coding"] | None = Field(
-        None, description="a built-in suite instead of a file (coding: the shipped 66 tasks; n, seed ignored)"
+    generate: Literal["calc", "data", "search", "coding"] | None = Field(
+        None,
+        description="a built-in suite instead of a file (data runs in sandboxes; coding: the shipped 66 "
+        "tasks, n and seed ignored)",
     )
     n: int = Field(256, ge=1, description="generate: number of tasks")
     seed: int = Field(0, description="generate: task seed (keep training and eval seeds disjoint)")
-    shots: int = Field(1, ge=0, description="generate: worked examples in each prompt")
-    level: Literal[1, 2] = Field(2, description="generate calc: 1 = one operation, 2 = multi-step")
+    shots: int | None = Field(
+        None, ge=0, description="generate calc/data: worked examples in each prompt (default calc 1, data 2)"
+    )
+    level: Literal[1, 2] | None = Field(
+        None, description="generate calc/data: 1 = one operation, 2 = two steps (default calc 2, data 1)"
+    )
     format_reward: float = Field(
         0.0,
         ge=0,
         lt=1,
-        description="generate calc: credit for a wrong answer computed from the problem's numbers",
+        description="generate calc/data: credit for a wrong answer computed from the task's numbers",
     )
     weight: float = Field(1.0, gt=0, description="mixing weight among the run's suites")
 
@@ -105,7 +116,22 @@ class SuiteRef(_Section):
     def _one_source(self) -> SuiteRef:
         if (self.path is None) == (self.generate is None):
             raise ValueError("give exactly one of path or generate")
+        if self.generate in ("search", "coding") and (
+            self.shots is not None or self.level is not None or self.format_reward
+        ):
+            raise ValueError(f"shots, level and format_reward apply to calc and data, not {self.generate}")
         return self
+
+    def build(self) -> Any:
+        """The suite this entry names: a built-in generated one or a file."""
+        if self.generate is None:
+            from tasks.suite import load_suite
+
+            return load_suite(self.path)  # type: ignore[arg-type]
+        from tasks.generators import Generate, generate_suite
+
+        return generate_suite(Generate(self.generate, n=self.n, seed=self.seed, shots=self.shots,
+                                       level=self.level, format_reward=self.format_reward))  # fmt: skip
 
 
 class TasksSection(_Section):

@@ -1,28 +1,35 @@
 """The services a training job talks to: the configured URLs, or (embedded mode) a private Redis whose
-data lives in the run directory, so a killed job resumes with its stream, and the built-in engine in
-a process of its own, both dying with this one."""
+data lives in the run directory, so a killed job resumes with its stream, the built-in engine in a
+process of its own, and, when a suite's environment needs sandboxes, a private env server process
+(token on, loopback only) that keeps the warm sandbox pool; all of them die with this one.
+Environments without sandboxes run in the job's own process."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import os
+import secrets
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from launcher.jobconfig import TrainConfig
 from pqrl.redis_server import RedisServer, die_with_parent, free_port, stop_process
 
-__all__ = ["job_services"]
+__all__ = ["env_server_process", "job_services", "sandboxed_envs"]
 
 
 @contextlib.contextmanager
 def job_services(cfg: TrainConfig) -> Iterator[dict[str, Any]]:
-    """Redis and engine URLs: the configured ones, or private ones started (and stopped) here."""
+    """Redis, engine and env-server URLs: the configured ones, or private ones started (and stopped) here."""
+    env_token = cfg.services.env_token or os.environ.get("PQRL_ENV_TOKEN")
     if not cfg.embedded:
-        yield {"redis_url": cfg.services.redis_url, "engines": cfg.services.engines}
+        yield {"redis_url": cfg.services.redis_url, "engines": cfg.services.engines,
+               "env_servers": cfg.services.env_servers, "env_token": env_token}  # fmt: skip
         return
     with contextlib.ExitStack() as stack:
         redis = stack.enter_context(RedisServer(data_dir=cfg.run_dir / "redis", die_with_parent=True))
@@ -31,11 +38,68 @@ def job_services(cfg: TrainConfig) -> Iterator[dict[str, Any]]:
             port = free_port()
             stack.enter_context(_engine_process(cfg, port))
             engines = [f"http://127.0.0.1:{port}"]
-        (cfg.run_dir / "services.json").write_text(json.dumps({"redis_url": redis.url, "engines": engines}))
+        env_servers = list(cfg.services.env_servers)
+        if not env_servers and sandboxed_envs(cfg):
+            env_token = secrets.token_urlsafe(24)
+            pool = cfg.services.sandbox_pool or cfg.rollout.group_size * cfg.rollout.max_concurrent_groups
+            env_servers = [
+                stack.enter_context(env_server_process(cfg.run_dir / "env_server.log", env_token, pool))
+            ]
+        services = {"redis_url": redis.url, "engines": engines, "env_servers": env_servers}
+        (cfg.run_dir / "services.json").write_text(json.dumps(services))
         try:
-            yield {"redis_url": redis.url, "engines": engines}
+            yield services | {"env_token": env_token}
         finally:
             (cfg.run_dir / "services.json").unlink(missing_ok=True)
+
+
+def sandboxed_envs(cfg: TrainConfig) -> list[str]:
+    """The environments of the job's suites (training and evaluation) that need a sandbox."""
+    from env_server.registry import spec
+
+    refs = [*cfg.tasks.suites, *([cfg.eval.suite] if cfg.eval.suite else [])]
+    env_ids = sorted({ref.build().manifest.env_id for ref in refs})
+    return [e for e in env_ids if spec(e).load().needs_sandbox]
+
+
+def _service_process(log: Path, cmd: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """A child that appends to ``log``, ignores the terminal's Ctrl-C and dies with this process."""
+    with open(log, "ab") as out:
+        return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True, preexec_fn=die_with_parent)  # fmt: skip
+
+
+@contextlib.contextmanager
+def env_server_process(log: Path, token: str, pool: int, run: str = "env-server") -> Iterator[str]:
+    """``pqrl env-server`` on a free loopback port with ``token`` and ``pool`` warm sandboxes labelled
+    ``run``; yields its URL once it answers, stops it (and so its sandboxes) on exit."""
+    port = free_port()
+    env = os.environ | {"PQRL_ENV_TOKEN": token, "PQRL_ENV_SANDBOX_POOL_SIZE": str(pool), "PQRL_ENV_RUN": run}
+    cmd = [sys.executable, "-m", "launcher.cli", "env-server", "--host", "127.0.0.1", "--port", str(port),
+           "--log-level", "warning"]  # fmt: skip
+    proc = _service_process(log, cmd, env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_for_health(url + "/healthz", proc, timeout_s=60, what=f"env server (log: {log})")
+        yield url
+    finally:
+        stop_process(proc)
+
+
+def wait_for_health(url: str, proc: subprocess.Popen[bytes], *, timeout_s: float, what: str) -> None:
+    """Polls ``url`` until it answers 200; fails at once if the child exits."""
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while proc.poll() is None and time.monotonic() < deadline:
+        with contextlib.suppress(httpx.TransportError):
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        time.sleep(0.2)
+    state = (
+        f"exited with {proc.returncode}" if proc.poll() is not None else f"is silent after {timeout_s:.0f} s"
+    )
+    raise SystemExit(f"pqrl train: the {what} {state}")
 
 
 @contextlib.contextmanager
@@ -44,9 +108,7 @@ def _engine_process(cfg: TrainConfig, port: int) -> Iterator[subprocess.Popen[by
     env = os.environ | {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
     cmd = [sys.executable, "-m", "launcher.cli", "engine", "serve", "--backend", "builtin",
            "--model", cfg.model.name, "--port", str(port), "--seed", str(cfg.seed)]  # fmt: skip
-    with open(cfg.run_dir / "engine.log", "ab") as out:
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True, preexec_fn=die_with_parent)  # fmt: skip
+    proc = _service_process(cfg.run_dir / "engine.log", cmd, env)
     try:
         yield proc
     finally:

@@ -12,7 +12,7 @@ import sys
 import time
 from typing import Any
 
-from launcher.job import Job, load_suite_ref
+from launcher.job import Job
 from launcher.jobconfig import loop_config
 from launcher.trainer_parts import trainer_parts
 from pqrl.redis_server import free_port
@@ -69,7 +69,7 @@ class _Run:
         self.job, self.cfg, self.store = job, job.cfg, job.store
         self.trainer, self.leader = trainer, leader
         self.writer = MetricsWriter(self.cfg.run_dir, tensorboard=self.cfg.tensorboard)
-        self.eval_suite = load_suite_ref(self.cfg.eval.suite) if self.cfg.eval.suite else None
+        self.eval_suite = self.cfg.eval.suite.build() if self.cfg.eval.suite else None
         self.rollout_task: asyncio.Task[Any] | None = None
         self.rewards: list[float] = []
 

@@ -24,4 +24,8 @@ def register() -> None:
         sample_task=demo.tasks[0].model_dump(),
         corpus=demo.manifest.defaults["corpus"],
     )
+    from tasks.data import make_data_task
+
+    sample = make_data_task(random.Random(0), "data-sample").model_dump()
+    register_environment("data-v1", entry_point="tasks.data:DataEnv", max_turns=6, sample_task=sample)
     register_environment("coding-v1", "tasks.coding:CodingEnv", max_turns=30, sample_task={"ref": "roman-00"})

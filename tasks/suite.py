@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError,
 __all__ = [
     "CalcTask",
     "CodingTask",
+    "DataTask",
     "Problem",
     "QATask",
     "Suite",
@@ -46,7 +47,7 @@ class SuiteManifest(_Strict):
     name: str = Field(pattern=_SLUG, description="lower-case slug")
     version: str = Field(min_length=1, max_length=32)
     env_id: str = Field(description="registered environment the tasks run in, e.g. calc-v1")
-    kind: Literal["qa", "coding", "calc"]
+    kind: Literal["qa", "coding", "calc", "data"]
     reward: Literal["exact_match", "qa_em_f1", "unit_tests"]
     description: str = ""
     defaults: dict[str, Any] = Field(
@@ -96,7 +97,28 @@ class CodingTask(_Strict):
     gold_patch: str | None = None
 
 
-Task = Annotated[CalcTask | QATask | CodingTask, Field(discriminator="kind")]
+class DataTask(_Strict):
+    """A question about files written into the agent's sandbox, with one exact numeric answer."""
+
+    kind: Literal["data"] = "data"
+    id: str = Field(pattern=_SLUG)
+    question: str = Field(min_length=1)
+    answer: str = Field(min_length=1)
+    files: dict[str, str] = Field(
+        min_length=1, description="file name in /workspace -> content (names without '/')"
+    )
+    solution: str | None = Field(default=None, description="a command that prints the answer (gold)")
+
+    @field_validator("files")
+    @classmethod
+    def _plain_names(cls, v: dict[str, str]) -> dict[str, str]:
+        if any(not n or "/" in n or n in (".", "..") for n in v):
+            raise ValueError("file names must be plain names in /workspace (no '/')")
+        return v
+
+
+AnyTask = CalcTask | QATask | CodingTask | DataTask
+Task = Annotated[AnyTask, Field(discriminator="kind")]
 _TASK = TypeAdapter(Task)
 
 
@@ -124,7 +146,7 @@ class SuiteInvalid(ValueError):
 @dataclass(frozen=True)
 class Suite:
     manifest: SuiteManifest
-    tasks: tuple[CalcTask | QATask | CodingTask, ...]
+    tasks: tuple[AnyTask, ...]
 
     @property
     def digest(self) -> str:
@@ -140,7 +162,7 @@ class Suite:
         lines += [json.dumps(t.model_dump(), sort_keys=True, separators=(",", ":")) for t in self.tasks]
         return "\n".join(lines) + "\n"
 
-    def task(self, task_id: str) -> CalcTask | QATask | CodingTask:
+    def task(self, task_id: str) -> AnyTask:
         for t in self.tasks:
             if t.id == task_id:
                 return t
@@ -150,7 +172,7 @@ class Suite:
 def _problems(e: ValidationError, line: int, task_id: str | None, prefix: str = "") -> list[Problem]:
     out = []
     for err in e.errors():
-        loc = [str(p) for p in err["loc"] if p not in ("calc", "qa", "coding")]  # drop the union tag
+        loc = [str(p) for p in err["loc"] if p not in ("calc", "qa", "coding", "data")]  # drop the union tag
         out.append(Problem(line, task_id, prefix + (".".join(loc) or "(record)"), err["msg"]))
     return out
 

@@ -67,6 +67,34 @@ def test_embedded_job_trains_checkpoints_evaluates_and_resumes(tmp_path):
     assert "eval_before" not in second, "a resumed run does not evaluate the start again"
 
 
+@pytest.mark.timeout(900)
+def test_a_sandboxed_suite_gets_a_private_env_server_whose_sandboxes_go_with_it(tmp_path):
+    """The data suite needs sandboxes: the job starts its own env server process (token on) with a
+    warm pool labelled with the run, the model's commands run there, and nothing is left after."""
+    from sandboxes.docker_api import DockerAPI
+
+    config = _job(tmp_path)
+    data = {"run": "e2e-data", "tasks.suites": [{"generate": "data", "n": 8}],
+            "eval.suite": {"generate": "data", "n": 2, "seed": 99},
+            "rollout.max_turns": 3, "rollout.max_new_tokens": 48}  # fmt: skip
+    summary = _train(config, *[f"--set={k}={json.dumps(v)}" for k, v in data.items()])
+    run = tmp_path / "runs" / "e2e-data"
+    assert summary["steps"] == 1 and "eval_after" in summary
+    assert (run / "env_server.log").exists() and not (run / "services.json").exists()
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    step = next(r for r in rows if "rollout/groups" in r)
+    assert step["rollout/tool_calls"] > 0 and step.get("rollout/failed_infra_frac", 0.0) == 0.0
+
+    async def left() -> list:
+        api = DockerAPI()
+        try:
+            return await api.list({"pqrl.run": "e2e-data"})
+        finally:
+            await api.close()
+
+    assert asyncio.run(left()) == [], "the env server removed its sandboxes when the job stopped"
+
+
 def test_status_shows_a_runs_figures(redis_server, capsys):
     async def report() -> None:
         async with TrajectoryStore(redis_server.url, "st") as store:

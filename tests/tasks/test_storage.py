@@ -61,7 +61,9 @@ def test_cli_generate_validate_submit_list_show(tmp_path, redis_server):
 
 
 def test_cli_generates_every_builtin_generated_suite(tmp_path):
-    """search as well as calc: the same suite as the library's generator, flags checked per kind."""
+    """Every kind a job config can name: the same suite as the library's generator, flags checked per kind."""
+    from tasks.data import data_suite
+    from tasks.generators import GENERATED
     from tasks.search import search_suite
 
     run = lambda *a: subprocess.run([PQRL, "tasks", *a], capture_output=True, text=True, timeout=120)  # noqa: E731
@@ -71,7 +73,12 @@ def test_cli_generates_every_builtin_generated_suite(tmp_path):
     assert path.read_text() == search_suite(12, 3).to_jsonl()
     assert "12 valid qa tasks for search-v1" in run("validate", str(path)).stdout
     wrong = run("generate", "search", "--level", "1", "-o", str(tmp_path / "x.jsonl"))
-    assert wrong.returncode == 1 and "--shots and --level are calc's" in wrong.stderr
+    assert wrong.returncode == 1 and "apply to calc and data only" in wrong.stderr
+    for kind in GENERATED:
+        out = run("generate", kind, "--n", "5", "-o", str(tmp_path / f"{kind}.jsonl"))
+        assert out.returncode == 0 and "valid" in run("validate", str(tmp_path / f"{kind}.jsonl")).stdout
+    assert (tmp_path / "data.jsonl").read_text() == data_suite(5, 0, name="data").to_jsonl()
+    assert "(66 tasks)" in run("generate", "coding", "-o", str(tmp_path / "c.jsonl")).stdout
 
 
 def test_cli_validate_lists_every_problem(tmp_path):

@@ -1,0 +1,51 @@
+"""The built-in suites by name: one place that the job config (``generate: KIND``) and
+``pqrl tasks generate KIND`` both build them from, so the two cannot disagree."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tasks.suite import Suite
+
+__all__ = ["GENERATED", "Generate", "generate_suite"]
+
+GENERATED = ("calc", "data", "search", "coding")  # the kinds a config or the CLI may name
+
+
+@dataclass(frozen=True)
+class Generate:
+    """What to build. ``shots``, ``level`` and ``format_reward`` apply to calc and data only;
+    ``n`` and ``seed`` to every kind but coding (its 66 tasks are shipped)."""
+
+    kind: str
+    n: int = 256
+    seed: int = 0
+    name: str | None = None
+    shots: int | None = None
+    level: int | None = None
+    format_reward: float = 0.0
+
+
+def generate_suite(g: Generate) -> Suite:
+    if g.kind not in GENERATED:
+        raise ValueError(f"no built-in suite {g.kind!r}; known: {', '.join(GENERATED)}")
+    if g.kind in ("search", "coding") and (g.shots is not None or g.level is not None or g.format_reward):
+        raise ValueError(f"{g.kind}: shots, level and format_reward apply to calc and data only")
+    if g.kind == "coding":
+        from tasks.coding import builtin_suite
+
+        return builtin_suite()
+    if g.kind == "search":
+        from tasks.search import search_suite
+
+        return search_suite(g.n, g.seed, name=g.name or f"search-s{g.seed}")
+    level = 2 if g.level is None and g.kind == "calc" else (g.level or 1)
+    name = g.name or f"{g.kind}{level}-s{g.seed}"
+    kwargs = {"level": level, "format_reward": g.format_reward, "name": name}
+    if g.kind == "data":
+        from tasks.data import data_suite
+
+        return data_suite(g.n, g.seed, shots=2 if g.shots is None else g.shots, **kwargs)
+    from tasks.calc import calc_suite
+
+    return calc_suite(g.n, g.seed, shots=1 if g.shots is None else g.shots, **kwargs)
