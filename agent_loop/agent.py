@@ -78,7 +78,9 @@ class _Episode:
         self.run_id, self.group_id, self.index = ids
         self.cfg = cfg
         self.rollout_id = f"{ids.group_id}-{ids.index}"
-        self.timings: dict[str, float] = {"generate_s": 0.0, "env_s": 0.0}
+        # env time split by phase: opening the session (a sandbox from the pool, the task's setup),
+        # the tool calls, and the grading; env_s is their sum
+        self.timings: dict[str, float] = {"generate_s": 0.0, "open_s": 0.0, "tools_s": 0.0, "grade_s": 0.0}
         self.t_start = time.perf_counter()
         self.out = _Outcome()
         self.invalid_streak = 0
@@ -105,7 +107,7 @@ class _Episode:
                 f"could not open a session: {e}",
                 self.timings,
             )
-        self.record("env_s", t0)
+        self.record("open_s", t0)
         builder = _new_builder(self.renderer, session.observation, self.cfg)
         await self._play(session.session_id, builder)
         return self._build(builder)
@@ -120,7 +122,7 @@ class _Episode:
                     break
             t0 = time.perf_counter()
             scored = await self.env.evaluate(session_id)
-            self.record("env_s", t0)
+            self.record("grade_s", t0)
             self.out.reward, self.out.reward_info = scored.reward, dict(scored.info)
         except EnvServerError as e:
             if not _server_fault(e):
@@ -170,7 +172,7 @@ class _Episode:
         """Runs a turn's calls and appends their results (loss mask 0) unless the episode stops here."""
         t0 = time.perf_counter()
         results, records, done = await _run_calls(self.env, session_id, calls, turn)
-        self.record("env_s", t0)
+        self.record("tools_s", t0)
         builder.set_tool_calls(records)
         failed = all(r.status is not ToolStatus.OK for r in records)
         self.invalid_streak = self.invalid_streak + 1 if failed else 0
@@ -186,6 +188,7 @@ class _Episode:
     def _build(self, builder: EpisodeBuilder) -> Trajectory:
         """The Trajectory of the turns played, with the stop reason; a failed_infra one scores 0."""
         self.timings["total_s"] = time.perf_counter() - self.t_start
+        self.timings["env_s"] = sum(self.timings[k] for k in ("open_s", "tools_s", "grade_s"))
         out, queued = self.out, self.queued
         reward_info = {**out.reward_info, "stop_reason": out.reason}
         if out.error:  # under the key failed_trajectory uses

@@ -99,7 +99,7 @@ class SuiteRef(_Section):
     n: int = Field(256, ge=1, description="generate: number of tasks")
     seed: int = Field(0, description="generate: task seed (keep training and eval seeds disjoint)")
     shots: int | None = Field(
-        None, ge=0, description="generate calc/data: worked examples in each prompt (default calc 1, data 2)"
+        None, ge=0, description="generate: worked examples in each prompt (default calc 1, data 2, search 0)"
     )
     level: Literal[1, 2] | None = Field(
         None, description="generate calc/data: 1 = one operation, 2 = two steps (default calc 2, data 1)"
@@ -116,10 +116,10 @@ class SuiteRef(_Section):
     def _one_source(self) -> SuiteRef:
         if (self.path is None) == (self.generate is None):
             raise ValueError("give exactly one of path or generate")
-        if self.generate in ("search", "coding") and (
-            self.shots is not None or self.level is not None or self.format_reward
-        ):
-            raise ValueError(f"shots, level and format_reward apply to calc and data, not {self.generate}")
+        if self.generate in ("search", "coding") and (self.level is not None or self.format_reward):
+            raise ValueError(f"level and format_reward apply to calc and data, not {self.generate}")
+        if self.generate == "coding" and self.shots is not None:
+            raise ValueError("shots apply to calc, data and search, not coding")
         return self
 
     def build(self) -> Any:

@@ -14,8 +14,8 @@ GENERATED = ("calc", "data", "search", "coding")  # the kinds a config or the CL
 
 @dataclass(frozen=True)
 class Generate:
-    """What to build. ``shots``, ``level`` and ``format_reward`` apply to calc and data only;
-    ``n`` and ``seed`` to every kind but coding (its 66 tasks are shipped)."""
+    """What to build. ``shots`` applies to calc, data and search, ``level`` and ``format_reward`` to
+    calc and data; ``n`` and ``seed`` to every kind but coding (its 66 tasks are shipped)."""
 
     kind: str
     n: int = 256
@@ -29,8 +29,10 @@ class Generate:
 def generate_suite(g: Generate) -> Suite:
     if g.kind not in GENERATED:
         raise ValueError(f"no built-in suite {g.kind!r}; known: {', '.join(GENERATED)}")
-    if g.kind in ("search", "coding") and (g.shots is not None or g.level is not None or g.format_reward):
-        raise ValueError(f"{g.kind}: shots, level and format_reward apply to calc and data only")
+    if g.kind in ("search", "coding") and (g.level is not None or g.format_reward):
+        raise ValueError(f"{g.kind}: level and format_reward apply to calc and data only")
+    if g.kind == "coding" and g.shots is not None:
+        raise ValueError("coding: shots apply to calc, data and search")
     if g.kind == "coding":
         from tasks.coding import builtin_suite
 
@@ -38,7 +40,7 @@ def generate_suite(g: Generate) -> Suite:
     if g.kind == "search":
         from tasks.search import search_suite
 
-        return search_suite(g.n, g.seed, name=g.name or f"search-s{g.seed}")
+        return search_suite(g.n, g.seed, name=g.name or f"search-s{g.seed}", shots=g.shots or 0)
     level = 2 if g.level is None and g.kind == "calc" else (g.level or 1)
     name = g.name or f"{g.kind}{level}-s{g.seed}"
     kwargs = {"level": level, "format_reward": g.format_reward, "name": name}

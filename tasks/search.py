@@ -127,16 +127,51 @@ def _questions(rng: random.Random, world: _World, n: int, seed: int) -> list[QAT
     return tasks
 
 
-def search_suite(n: int = 200, seed: int = 0, *, name: str = "search") -> Suite:
-    """``n`` questions over a corpus of about ``n`` fictional entities generated from ``seed``."""
+def search_suite(n: int = 200, seed: int = 0, *, name: str = "search", shots: int = 0) -> Suite:
+    """``n`` questions over a corpus of about ``n`` fictional entities generated from ``seed``;
+    ``shots`` worked examples (0 to 2) in each prompt."""
+    if not 0 <= shots <= len(_DEMOS):
+        raise ValueError(f"shots must be 0 to {len(_DEMOS)}, got {shots}")
     rng = random.Random(seed)
     world = _world(rng, n_cities=max(8, n // 4), n_people=max(12, n // 2), n_companies=max(8, n // 4))
     manifest = SuiteManifest(
         name=name, version="1", env_id="search-v1", kind="qa", reward="qa_em_f1",
         description=f"{n} single- and multi-hop questions over a generated corpus (seed {seed})",
-        defaults={"corpus": make_corpus(world)},
+        defaults={"corpus": make_corpus(world)} | ({"shots": shots} if shots else {}),
     )  # fmt: skip
     return Suite(manifest, tuple(_questions(rng, world, n, seed)))
+
+
+# Worked examples shown as earlier turns, about entities that are in no corpus: (question, then the
+# (query, what search returned) steps, then the answer). A one-hop and a two-hop question.
+_DEMOS = (
+    ("In which city was Toma Velkaran born?",
+     (("Toma Velkaran", "[1] Toma Velkaran: Toma Velkaran was a botanist born in 1802 in the city of "
+                        "Morlessa."),),
+     "Morlessa"),
+    ("Which river flows through the city where Quarido Works has its headquarters?",
+     (("Quarido Works", "[1] Quarido Works: Quarido Works is a maker of copper bells founded in 1911 by Ena "
+                        "Dorsal. Its headquarters are in Vestrane."),
+      ("Vestrane", "[1] Vestrane: Vestrane is a city on the river Olwen. It has about 52,000 inhabitants.")),
+     "Olwen"),
+)  # fmt: skip
+
+
+def demonstration(shots: int) -> list[Message]:
+    """``shots`` worked search-and-answer exchanges."""
+    out: list[Message] = []
+    for question, steps, answer in _DEMOS[:shots]:
+        out.append(Message(role="user", content=question))
+        for query, found in steps:
+            out += [Message(role="assistant", content=_call("search", query=query)),
+                    Message(role="tool", name="search", content=found)]  # fmt: skip
+        out += [Message(role="assistant", content=_call("answer", text=answer)),
+                Message(role="tool", name="answer", content="submitted")]  # fmt: skip
+    return out
+
+
+def _call(name: str, **arguments: Any) -> str:
+    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
 
 
 _INDEXES: dict[str, tuple[bm25s.BM25, list[dict[str, str]]]] = {}
@@ -154,7 +189,8 @@ def _index(corpus: list[dict[str, str]]) -> tuple[bm25s.BM25, list[dict[str, str
 
 
 class SearchEnv(ToolEnvironment):
-    """Task: a QATask dict. Config: ``corpus``, the documents ``search`` reads."""
+    """Task: a QATask dict. Config: ``corpus``, the documents ``search`` reads, and ``shots`` worked
+    examples in the prompt (default 0)."""
 
     async def reset(self, *, task: dict[str, Any], seed: int | None = None) -> Observation:
         t = QATask.model_validate(task)
@@ -163,8 +199,13 @@ class SearchEnv(ToolEnvironment):
             raise ValueError("search-v1 needs a corpus (the suite's defaults.corpus)")
         self.retriever, self.docs = _index(corpus)
         self.references, self.submitted = t.answers, None
+        shots = int(self.config.get("shots", 0))
         return self.observation(
-            [Message(role="system", content=SYSTEM), Message(role="user", content=t.question)]
+            [
+                Message(role="system", content=SYSTEM),
+                *demonstration(shots),
+                Message(role="user", content=t.question),
+            ]
         )
 
     @tool

@@ -36,9 +36,14 @@ def rollout_metrics(
         "rollout/turns": sum(len(t.turns) for t in trajs) / n,
         "rollout/tool_calls": len(calls) / n,
         "rollout/tool_error_rate": sum(c.status is not ToolStatus.OK for c in calls) / max(len(calls), 1),
+        "rollout/reward_zero_frac": sum(t.reward == 0.0 for t in trajs) / n,
         # truncation is the third source of q != p: shown on its own
         "offpolicy/truncated_frac": sum(t.truncation is not None for t in trajs) / n,
     }
+    for phase in ("generate_s", "open_s", "tools_s", "grade_s", "total_s"):  # seconds per episode
+        times = [t.timings[phase] for t in trajs if phase in t.timings]
+        if times:
+            out[f"time/episode_{phase}"] = sum(times) / len(times)
     return out
 
 

@@ -66,3 +66,19 @@ async def test_search_arguments_are_validated(client):
 
 async def test_search_env_conforms():
     await check_environment("search-v1")
+
+
+async def test_worked_examples_precede_the_question_and_name_no_entity_of_the_corpus(client):
+    shown = search_suite(30, seed=5, shots=2)
+    assert shown.manifest.defaults["shots"] == 2 and shown.tasks == SUITE.tasks
+    task = shown.tasks[0]
+    s = await client.create_session("search-v1", task.model_dump(), env_kwargs=shown.manifest.defaults)
+    roles = [m.role for m in s.observation.messages]
+    # system, then per example: question, one search per hop, the answer; then the question
+    one_hop, two_hop = ["user", *["assistant", "tool"] * 2], ["user", *["assistant", "tool"] * 3]
+    assert roles == ["system", *one_hop, *two_hop, "user"]
+    assert s.observation.messages[-1].content == task.question
+    demo_text = " ".join(m.content for m in s.observation.messages[1:-1])
+    assert not any(d["title"] in demo_text for d in KWARGS["corpus"])
+    with pytest.raises(ValueError):
+        search_suite(3, shots=3)
