@@ -144,6 +144,13 @@ class SessionManager:
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
         )  # fmt: skip
         self._errors = Counter("pqrl_env_errors", "Errors by kind", ["kind"], registry=self.metrics)
+        # Read at scrape time: the warm pools' spare sandboxes, and how many they have made so far.
+        idle = Gauge("pqrl_env_sandbox_pool_idle", "Sandboxes ready in the warm pools", registry=self.metrics)
+        idle.set_function(lambda: sum(p.idle for p in self._pools.values()))
+        made = Gauge("pqrl_env_sandbox_pool_created", "Sandboxes the pools created", registry=self.metrics)
+        made.set_function(lambda: sum(p.stats.created for p in self._pools.values()))
+        failed = Gauge("pqrl_env_sandbox_pool_create_failures", "Failed creations", registry=self.metrics)
+        failed.set_function(lambda: sum(p.stats.create_failures for p in self._pools.values()))
 
     # ---------------------------------------------------------------- API
 

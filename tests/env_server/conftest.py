@@ -7,57 +7,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
-import httpx
 import pytest
 import uvicorn
-from fastapi import FastAPI
 
 from env_server import registry as registry_module
 from env_server.app import ServerSettings, create_app
 from env_server.sessions import SessionManager
-from pqrl.redis_server import stop_process
 from sandboxes.docker import owner_id
 from sandboxes.docker_api import DockerAPI
 from tests.env_server import envs  # noqa: F401  (registers the test environments)
+from tests.servers import LiveServer, env_server_process, loopback_socket
 
 TOKEN = "pytest-env-token"
 RUN_LABEL = "pytest-env-server"  # pqrl.run of every sandbox these tests' managers create
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-@dataclass
-class LiveServer:
-    """A running server: where it listens, its token, and (in-thread only) its SessionManager."""
-
-    url: str
-    token: str
-    manager: SessionManager | None = None
-    settings: ServerSettings | None = None
-    app: FastAPI | None = None
-
-    @property
-    def auth(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.token}"}
-
-    def healthz(self) -> dict[str, Any]:
-        return httpx.get(self.url + "/healthz", timeout=5).json()
-
-
-def _loopback_socket() -> socket.socket:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    return sock
 
 
 @contextlib.contextmanager
@@ -72,7 +39,7 @@ def serve_in_thread(token: str = TOKEN, **settings: Any) -> Iterator[LiveServer]
         max_sessions=s.max_sessions, ttl_s=s.session_ttl_s, pool_size=s.sandbox_pool_size, run=RUN_LABEL
     )
     app = create_app(s, manager=manager)
-    sock = _loopback_socket()
+    sock = loopback_socket()
     config = uvicorn.Config(
         app, log_level="warning", access_log=False, lifespan="on", timeout_graceful_shutdown=5, backlog=2048
     )
@@ -86,7 +53,7 @@ def serve_in_thread(token: str = TOKEN, **settings: Any) -> Iterator[LiveServer]
         time.sleep(0.01)
     host, port = sock.getsockname()
     try:
-        yield LiveServer(f"http://{host}:{port}", token, manager, s, app)
+        yield LiveServer(f"http://{host}:{port}", token, manager, s, app, owner_id())
     finally:
         server.should_exit = True
         thread.join(timeout=20)
@@ -94,30 +61,9 @@ def serve_in_thread(token: str = TOKEN, **settings: Any) -> Iterator[LiveServer]
         assert not thread.is_alive(), "uvicorn thread did not stop within 20 s"
 
 
-@contextlib.contextmanager
-def serve_in_subprocess(token: str = TOKEN, **env: str) -> Iterator[LiveServer]:
-    """``python -m uvicorn --factory env_server.app:create_app`` configured by PQRL_ENV_* variables."""
-    sock = _loopback_socket()
-    host, port = sock.getsockname()
-    environ = {**os.environ, "PQRL_ENV_TOKEN": token, "PQRL_ENV_SANDBOX_POOL_SIZE": "0"}
-    environ.update({f"PQRL_ENV_{k.upper()}": str(v) for k, v in env.items()})
-    cmd = [sys.executable, "-m", "uvicorn", "--factory", "env_server.app:create_app", "--fd",
-           str(sock.fileno()), "--log-level", "warning", "--no-access-log", "--backlog", "2048"]  # fmt: skip
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=environ, pass_fds=(sock.fileno(),))
-    url = f"http://{host}:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            assert proc.poll() is None, f"env server exited with {proc.returncode} during startup"
-            assert time.monotonic() < deadline, "env server did not answer /healthz within 30 s"
-            with contextlib.suppress(httpx.TransportError):
-                if httpx.get(url + "/healthz", timeout=1).status_code == 200:
-                    break
-            time.sleep(0.05)
-        yield LiveServer(url, token)
-    finally:
-        stop_process(proc)
-        sock.close()
+def serve_in_subprocess(token: str = TOKEN, **env: Any) -> contextlib.AbstractContextManager[LiveServer]:
+    """An env server in its own process (tests.servers.env_server_process), with this package's token."""
+    return env_server_process(token, **env)
 
 
 @pytest.fixture
