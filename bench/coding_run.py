@@ -20,22 +20,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.learning import train  # noqa: E402
+from bench.learning import containers_left, train  # noqa: E402
 
 
 def _mean(rows: list[dict], key: str) -> float | None:
     values = [r[key] for r in rows if key in r]
     return round(sum(values) / len(values), 3) if values else None
-
-
-async def _containers_left(run: str) -> int:
-    from sandboxes.docker_api import DockerAPI
-
-    api = DockerAPI()
-    try:
-        return len(await api.list({"pqrl.run": run}))
-    finally:
-        await api.close()
 
 
 def main() -> None:
@@ -72,7 +62,7 @@ def main() -> None:
         "steps_that_trained": sum(1 for r in rows if r.get("rollout/trajectories_used", 0) > 0),
         "metrics_rows": len(rows),
         "plot": (run_dir / "curves.png").exists(),
-        "containers_left": asyncio.run(_containers_left(run_dir.name)),
+        "containers_left": asyncio.run(containers_left(run_dir.name)),
     }))  # fmt: skip
 
 

@@ -30,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.learning import greedy_pass, held_out, report, train  # noqa: E402
+from bench.learning import containers_left, greedy_pass, held_out, report, train  # noqa: E402
 
 
 def _gauges(url: str, token: str) -> dict[str, float]:
@@ -44,19 +44,6 @@ def _gauges(url: str, token: str) -> dict[str, float]:
         if m:
             out[m[1]] = out.get(m[1], 0.0) + float(m[2])
     return out
-
-
-async def _containers_left() -> int:
-    from sandboxes.docker_api import DockerAPI
-
-    api = DockerAPI()
-    try:
-        deadline = time.monotonic() + 30  # the server removes its sandboxes as it stops
-        while (left := await api.list({"pqrl.run": "bench-sandbox"})) and time.monotonic() < deadline:
-            await asyncio.sleep(0.5)
-        return len(left)
-    finally:
-        await api.close()
 
 
 def main() -> None:
@@ -95,7 +82,7 @@ def main() -> None:
         "sandbox_create_failures": int(gauges.get("pqrl_env_sandbox_pool_create_failures", -1)),
         "failed_infra_episodes": round(sum(f * e for f, e in zip(infra, episodes, strict=True) if f == f)),
         "tool_calls_per_episode": round(sum(calls) / max(len(calls), 1), 3),
-        "containers_left": asyncio.run(_containers_left()),
+        "containers_left": asyncio.run(containers_left("bench-sandbox")),
         "total_minutes": round((time.monotonic() - t0) / 60, 1),
     }
     print(json.dumps(out))

@@ -84,6 +84,20 @@ def train(
     return summary, run_dir, final, took
 
 
+async def containers_left(run: str, wait_s: float = 30.0) -> int:
+    """Sandbox containers still labelled ``run`` after waiting up to ``wait_s`` for their removal."""
+    from sandboxes.docker_api import DockerAPI
+
+    api = DockerAPI()
+    try:
+        deadline = time.monotonic() + wait_s
+        while (left := await api.list({"pqrl.run": run})) and time.monotonic() < deadline:
+            await asyncio.sleep(0.5)
+        return len(left)
+    finally:
+        await api.close()
+
+
 def report(
     before: dict[str, bool], after: dict[str, bool], run_dir: Path, summary: dict, minutes: float
 ) -> dict:

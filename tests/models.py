@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -45,6 +46,22 @@ def forced_logprobs(
         logits = model(torch.tensor([prompt + output])).logits[0].float()
     logp = torch.log_softmax(logits / temperature, dim=-1)[len(prompt) - 1 : -1]
     return logp.gather(1, torch.tensor(output)[:, None])[:, 0].tolist()
+
+
+def trajectory_logprobs(model: Any, tokens: np.ndarray, temperature: float) -> np.ndarray:
+    """Teacher-forced log_softmax(logits / T) of every token of a whole record (0 at position 0)."""
+    with torch.inference_mode():
+        logits = model(torch.tensor(tokens[None, :], dtype=torch.long)).logits[0].float()
+    logp = torch.log_softmax(logits / temperature, dim=-1)
+    out = np.zeros(len(tokens), np.float32)
+    out[1:] = logp[:-1].gather(1, torch.tensor(tokens[1:], dtype=torch.long)[:, None])[:, 0].numpy()
+    return out
+
+
+def mask_runs(mask: np.ndarray) -> int:
+    """How many separate runs of 1s ``mask`` holds (one per assistant turn in a loss mask)."""
+    padded = np.concatenate([[0], mask.astype(np.int8), [0]])
+    return int(np.sum(np.diff(padded) == 1))
 
 
 def max_abs_diff(a: list[float], b: list[float]) -> float:

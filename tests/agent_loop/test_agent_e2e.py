@@ -8,7 +8,6 @@ import asyncio
 
 import numpy as np
 import pytest
-import torch
 
 from agent_loop.agent import EpisodeConfig, run_episode
 from engine.client import EngineClient
@@ -19,6 +18,7 @@ from pqrl.store import TrajectoryStore
 from pqrl.trajectory import Status, ToolStatus
 from tasks.calc import calc_suite, safe_eval
 from tasks.storage import queued_task
+from tests.models import mask_runs, trajectory_logprobs
 from tests.servers import serve_in_thread
 
 CFG = EpisodeConfig(max_turns=4, max_new_tokens=48, max_total_tokens=1024, temperature=0.7, seed=7)
@@ -28,20 +28,6 @@ CFG = EpisodeConfig(max_turns=4, max_new_tokens=48, max_total_tokens=1024, tempe
 def env_url():
     with serve_in_thread(create_app(ServerSettings(token="e2e", sandbox_pool_size=0))) as url:
         yield url
-
-
-def _mask_runs(mask: np.ndarray) -> int:
-    padded = np.concatenate([[0], mask.astype(np.int8), [0]])
-    return int(np.sum(np.diff(padded) == 1))
-
-
-def _forced_logprobs(model, tokens: np.ndarray, temperature: float) -> np.ndarray:
-    with torch.inference_mode():
-        logits = model(torch.tensor(tokens[None, :], dtype=torch.long)).logits[0].float()
-    logp = torch.log_softmax(logits / temperature, dim=-1)
-    out = np.zeros(len(tokens), np.float32)
-    out[1:] = logp[:-1].gather(1, torch.tensor(tokens[1:], dtype=torch.long)[:, None])[:, 0].numpy()
-    return out
 
 
 async def test_calc_group_with_the_models_own_tool_calls(served, smollm, env_url, redis_server):
@@ -76,11 +62,11 @@ async def test_calc_group_with_the_models_own_tool_calls(served, smollm, env_url
         assert t.status is not Status.FAILED_INFRA, t.reward_info
         gen = t.generated.astype(bool)
         assert np.array_equal(t.loss_mask, t.generated), "no turn was masked out here"
-        assert _mask_runs(t.loss_mask) == len(t.turns), "one mask-1 run per assistant turn"
+        assert mask_runs(t.loss_mask) == len(t.turns), "one mask-1 run per assistant turn"
         assert set(t.versions[gen]) == {0} and set(t.versions[~gen]) == {-1}
         text = tokenizer.decode(t.tokens.tolist())
         assert task.question in text, "the prompt the model saw holds the task"
-        forced = _forced_logprobs(model, t.tokens, CFG.temperature)
+        forced = trajectory_logprobs(model, t.tokens, CFG.temperature)
         max_diff = max(max_diff, float(np.abs(forced[gen] - t.behavior_logprobs[gen]).max()))
         for turn in t.turns[:-1]:  # every tool result the environment returned is in the token stream
             for call in turn.tool_calls:
@@ -92,7 +78,7 @@ async def test_calc_group_with_the_models_own_tool_calls(served, smollm, env_url
     # The model's own samples: at least one episode made tool calls in two or more turns.
     multi = [t for t in done if len(t.turns) >= 2 and all(u.tool_calls for u in t.turns[:2])]
     assert multi, f"no episode with >= 2 tool-call turns: turns per episode {[len(t.turns) for t in done]}"
-    assert all(_mask_runs(t.loss_mask) == len(t.turns) >= 2 for t in multi)
+    assert all(mask_runs(t.loss_mask) == len(t.turns) >= 2 for t in multi)
 
     async with TrajectoryStore(redis_server.url, "e2e") as store:
         await store.groups.create_consumer_group("trainer")

@@ -15,7 +15,8 @@ from env_server.client import LocalEnvClient
 from loss_masking import ChatRenderer
 from tasks.calc import calc_suite
 from tasks.storage import queued_task
-from tests.agent_loop.test_agent_e2e import CFG, _forced_logprobs
+from tests.agent_loop.test_agent_e2e import CFG
+from tests.models import trajectory_logprobs
 
 
 class _UpdateOnFirstStep(LocalEnvClient):
@@ -72,7 +73,7 @@ async def test_versions_follow_a_weight_update_between_and_within_turns(updatabl
         for version, model in ((0, old_model), (1, new_model)):
             at = gen & (t.versions == version)
             if at.any():
-                forced = _forced_logprobs(model, t.tokens, CFG.temperature)
+                forced = trajectory_logprobs(model, t.tokens, CFG.temperature)
                 assert np.abs(forced[at] - t.behavior_logprobs[at]).max() < 1e-3, f"v{version} logprobs"
         saw_both += set(v) == {0, 1}
     assert saw_both >= 1, "some episode has tokens of both versions"

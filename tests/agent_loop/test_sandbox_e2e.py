@@ -20,7 +20,6 @@ from typing import Any
 
 import httpx
 import numpy as np
-import torch
 from prometheus_client import generate_latest
 
 from agent_loop.agent import EpisodeConfig
@@ -34,6 +33,7 @@ from pqrl.trajectory import Status, ToolStatus, Trajectory
 from sandboxes.docker import owner_id
 from sandboxes.docker_api import DockerAPI
 from tasks.coding.env import builtin_suite
+from tests.models import mask_runs, trajectory_logprobs
 from tests.servers import env_server_process
 
 TOKEN = "pytest-sandbox-e2e"
@@ -116,20 +116,6 @@ def cases() -> list[Case]:
     ]
 
 
-def _mask_runs(mask: np.ndarray) -> int:
-    padded = np.concatenate([[0], mask.astype(np.int8), [0]])
-    return int(np.sum(np.diff(padded) == 1))
-
-
-def _forced_logprobs(model: Any, tokens: np.ndarray, temperature: float) -> np.ndarray:
-    with torch.inference_mode():
-        logits = model(torch.tensor(tokens[None, :], dtype=torch.long)).logits[0].float()
-    logp = torch.log_softmax(logits / temperature, dim=-1)
-    out = np.zeros(len(tokens), np.float32)
-    out[1:] = logp[:-1].gather(1, torch.tensor(tokens[1:], dtype=torch.long)[:, None])[:, 0].numpy()
-    return out
-
-
 def sandbox_calls(t: Trajectory) -> int:
     """The episode's tool calls that ran in its container and returned."""
     return sum(c.name in SANDBOX_TOOLS and c.status is ToolStatus.OK for u in t.turns for c in u.tool_calls)
@@ -197,7 +183,7 @@ def check_record(t: Trajectory, tokenizer: Any, case: Case, version: int) -> Non
     # and on every observation (the tool outputs and the template's glue around them).
     assert np.array_equal(t.generated, sampled), where
     assert np.array_equal(t.loss_mask, sampled), where
-    assert _mask_runs(t.loss_mask) == len(t.turns), where
+    assert mask_runs(t.loss_mask) == len(t.turns), where
     gen = sampled.astype(bool)
     assert np.all(t.behavior_logprobs[gen] <= 0) and np.all(t.behavior_logprobs[~gen] == 0), where
     assert set(t.versions[gen].tolist()) == {version} and set(t.versions[~gen].tolist()) == {-1}, where
@@ -269,7 +255,7 @@ async def test_the_models_own_tool_calls_run_in_sandboxes(served, smollm, redis_
         multi = [t for t in group if sandbox_calls(t) >= 2]
         assert multi, f"{case.env_id}: no episode made two sandbox calls: {calls}"
         # The mask-1 tokens are the engine's samples: its logprobs, recomputed by a fresh forward pass.
-        forced = _forced_logprobs(model, multi[0].tokens, case.episode.temperature)
+        forced = trajectory_logprobs(model, multi[0].tokens, case.episode.temperature)
         gen = multi[0].generated.astype(bool)
         assert np.abs(forced[gen] - multi[0].behavior_logprobs[gen]).max() < 1e-3, case.env_id
     # Every session took a fresh sandbox from the pool, which was refilled behind it.
