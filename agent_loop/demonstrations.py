@@ -18,7 +18,6 @@ calculator steps per task, and mistakes-and-recovery demonstrations.
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -28,6 +27,7 @@ from agent_loop.agent import EpisodeConfig, run_episode
 from engine.protocol import Engine
 from engine.types import FinishReason, Generation, SamplingParams
 from env_server.client import EnvClient, LocalEnvClient
+from env_server.tools import tool_call_text
 from loss_masking import ChatRenderer
 from pqrl import codec
 from pqrl.trajectory import Status, Trajectory
@@ -51,11 +51,6 @@ DEFAULT_CALC_SEED = 1000
 
 # A script maps (turn index, text the expert has not seen yet) to the next assistant turn's text.
 Script = Callable[[int, str], str]
-
-
-def tool_call_text(name: str, **arguments: Any) -> str:
-    """One call in the exact format the agent loop parses (and the calc prompt's worked example shows)."""
-    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
 
 
 class ExpertEngine(Engine):

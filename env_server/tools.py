@@ -8,6 +8,7 @@ model sees exactly what the code accepts. Arguments are validated before the met
 from __future__ import annotations
 
 import inspect
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, get_type_hints
@@ -15,9 +16,15 @@ from typing import Any, get_type_hints
 import docstring_parser
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
-__all__ = ["ToolSpec", "collect_tools", "tool"]
+__all__ = ["ToolSpec", "collect_tools", "tool", "tool_call_text"]
 
 _ATTR = "__pqrl_tool__"
+
+
+def tool_call_text(name: str, **arguments: Any) -> str:
+    """One call as a model writes it, in the format ``agent_loop.tool_parser`` reads (worked
+    examples in prompts and scripted experts use it)."""
+    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
 
 
 @dataclass(frozen=True)

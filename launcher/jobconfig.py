@@ -108,7 +108,7 @@ class SuiteRef(_Section):
         0.0,
         ge=0,
         lt=1,
-        description="generate calc/data: credit for a wrong answer computed from the task's numbers",
+        description="generate calc/data/search: credit for a wrong answer that used the tools on the task",
     )
     weight: float = Field(1.0, gt=0, description="mixing weight among the run's suites")
 
@@ -116,11 +116,17 @@ class SuiteRef(_Section):
     def _one_source(self) -> SuiteRef:
         if (self.path is None) == (self.generate is None):
             raise ValueError("give exactly one of path or generate")
-        if self.generate in ("search", "coding") and (self.level is not None or self.format_reward):
-            raise ValueError(f"level and format_reward apply to calc and data, not {self.generate}")
-        if self.generate == "coding" and self.shots is not None:
-            raise ValueError("shots apply to calc, data and search, not coding")
+        if self.generate is not None:
+            from tasks.generators import check
+
+            check(self._generate())
         return self
+
+    def _generate(self) -> Any:
+        from tasks.generators import Generate
+
+        return Generate(self.generate, n=self.n, seed=self.seed, shots=self.shots,  # type: ignore[arg-type]
+                        level=self.level, format_reward=self.format_reward)  # fmt: skip
 
     def build(self) -> Any:
         """The suite this entry names: a built-in generated one or a file."""
@@ -128,10 +134,9 @@ class SuiteRef(_Section):
             from tasks.suite import load_suite
 
             return load_suite(self.path)  # type: ignore[arg-type]
-        from tasks.generators import Generate, generate_suite
+        from tasks.generators import generate_suite
 
-        return generate_suite(Generate(self.generate, n=self.n, seed=self.seed, shots=self.shots,
-                                       level=self.level, format_reward=self.format_reward))  # fmt: skip
+        return generate_suite(self._generate())
 
 
 class TasksSection(_Section):

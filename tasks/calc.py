@@ -10,16 +10,16 @@ examples (default 1) into the prompt as earlier turns of the conversation.
 from __future__ import annotations
 
 import ast
-import json
 import operator
 import random
 import re
 from decimal import Decimal
 from typing import Any
 
-from env_server import Message, RewardResult, ToolEnvironment, tool
+from env_server import Message, RewardResult, tool
+from env_server.tools import tool_call_text
 from env_server.types import Observation
-from tasks.graders import exact_number_match
+from tasks.answering import NumberAnswerEnv
 from tasks.suite import CalcTask, Suite, SuiteManifest
 
 __all__ = ["CalcEnv", "calc_suite", "make_calc_task", "safe_eval"]
@@ -151,10 +151,6 @@ def calc_suite(
     return Suite(manifest, tuple(make_calc_task(rng, f"{prefix}-{seed}-{i}", level) for i in range(n)))
 
 
-def _call(name: str, **arguments: Any) -> str:
-    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
-
-
 def demonstration(shots: int = 1, level: int = 2) -> list[Message]:
     """``shots`` worked examples of the call-and-answer exchange, the one closest to ``level`` first."""
     demos = _DEMOS if level == 2 else _DEMOS[::-1]
@@ -162,15 +158,15 @@ def demonstration(shots: int = 1, level: int = 2) -> list[Message]:
     for question, expression, value in demos[:shots]:
         out += [
             Message(role="user", content=question),
-            Message(role="assistant", content=_call("calculator", expression=expression)),
+            Message(role="assistant", content=tool_call_text("calculator", expression=expression)),
             Message(role="tool", name="calculator", content=value),
-            Message(role="assistant", content=_call("answer", value=value)),
+            Message(role="assistant", content=tool_call_text("answer", value=value)),
             Message(role="tool", name="answer", content="submitted"),
         ]
     return out
 
 
-class CalcEnv(ToolEnvironment):
+class CalcEnv(NumberAnswerEnv):
     """Task: a CalcTask dict. Config: ``shots`` worked examples in the prompt (0 to 2), ``level``
     (which example comes first) and
     ``format_reward`` (default 0): the reward of an episode that computed its answer with the
@@ -202,25 +198,6 @@ class CalcEnv(ToolEnvironment):
         self.known |= _numbers_in(value)  # a multi-step solution builds on earlier results
         return value
 
-    @tool(final=True)
-    async def answer(self, value: str) -> str:
-        """Submits the final answer (a number) and ends the task.
-
-        Args:
-            value: the final number.
-        """
-        self.submitted = str(value)
-        return "submitted"
-
     async def evaluate(self) -> RewardResult:
-        reward = exact_number_match(self.submitted, self.expected)
-        grounded = any(exact_number_match(self.submitted, v) for v in self.computed)
-        if reward < 1.0:
-            # Shaping for a policy that never solves a task yet: half the credit for computing from
-            # the problem's numbers, half for submitting that result. Crediting a bare submission
-            # was gamed: the policy learned to submit a guess at once, without the calculator.
-            fmt = float(self.config.get("format_reward", 0.0))
-            reward = fmt * (0.5 * bool(self.computed) + 0.5 * grounded)
-        info = {"submitted": self.submitted, "expected": self.expected, "calculated": self.calculated,
-                "grounded": grounded}  # fmt: skip
-        return RewardResult(reward=reward, info=info)
+        # Used: a calculator call combined the problem's quantities; grounded: its result was submitted.
+        return self.grade(used=bool(self.computed), results=self.computed, calculated=self.calculated)

@@ -11,13 +11,13 @@ model copies a shown command far more readily than it writes one from a descript
 
 from __future__ import annotations
 
-import json
 import random
 from typing import Any
 
-from env_server import Message, RewardResult, ToolEnvironment, tool
+from env_server import Message, RewardResult, tool
+from env_server.tools import tool_call_text
 from env_server.types import Observation
-from tasks.graders import exact_number_match
+from tasks.answering import NumberAnswerEnv
 from tasks.suite import DataTask, Suite, SuiteManifest
 
 __all__ = ["DataEnv", "data_suite", "make_data_task"]
@@ -125,25 +125,21 @@ def data_suite(
     return Suite(manifest, tuple(make_data_task(rng, f"data{level}-{seed}-{i}", level) for i in range(n)))
 
 
-def _call(name: str, **arguments: Any) -> str:
-    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
-
-
 def demonstration(shots: int, level: int) -> list[Message]:
     """``shots`` worked run-and-answer exchanges."""
     out: list[Message] = []
     for question, _file, _content, command, value in _DEMOS[level][:shots]:
         out += [
             Message(role="user", content=question),
-            Message(role="assistant", content=_call("run", command=command)),
+            Message(role="assistant", content=tool_call_text("run", command=command)),
             Message(role="tool", name="run", content=value),
-            Message(role="assistant", content=_call("answer", value=value)),
+            Message(role="assistant", content=tool_call_text("answer", value=value)),
             Message(role="tool", name="answer", content="submitted"),
         ]
     return out
 
 
-class DataEnv(ToolEnvironment):
+class DataEnv(NumberAnswerEnv):
     """Task: a DataTask dict; its files are written into ``/workspace`` of the episode's sandbox.
 
     Config: ``shots`` worked examples (0 to 2), ``level`` (1 or 2: which examples), and
@@ -184,24 +180,6 @@ class DataEnv(ToolEnvironment):
             return f"[timed out after 20 s]\n{output}"
         return output if result.ok else f"[exit code {result.exit_code}]\n{output}"
 
-    @tool(final=True)
-    async def answer(self, value: str) -> str:
-        """Submits the final answer (a number) and ends the task.
-
-        Args:
-            value: the final number.
-        """
-        self.submitted = str(value)
-        return "submitted"
-
     async def evaluate(self) -> RewardResult:
-        reward = exact_number_match(self.submitted, self.expected)
-        grounded = any(exact_number_match(self.submitted, p) for p in self.printed)
-        if reward < 1.0:
-            # Shaping for a policy that never solves a task yet, as in calc: a bare guess earns
-            # nothing; reading the file earns half the credit, submitting what was read the rest.
-            fmt = float(self.config.get("format_reward", 0.0))
-            reward = fmt * (0.5 * self.read_ok + 0.5 * grounded)
-        info = {"submitted": self.submitted, "expected": self.expected, "read_file": self.read_ok,
-                "grounded": grounded}  # fmt: skip
-        return RewardResult(reward=reward, info=info)
+        # Used: a command named the task's file and exited 0; grounded: what it printed was submitted.
+        return self.grade(used=self.read_ok, results=self.printed, read_file=self.read_ok)

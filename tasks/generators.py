@@ -7,14 +7,14 @@ from dataclasses import dataclass
 
 from tasks.suite import Suite
 
-__all__ = ["GENERATED", "Generate", "generate_suite"]
+__all__ = ["GENERATED", "Generate", "check", "generate_suite"]
 
 GENERATED = ("calc", "data", "search", "coding")  # the kinds a config or the CLI may name
 
 
 @dataclass(frozen=True)
 class Generate:
-    """What to build. ``shots`` applies to calc, data and search, ``level`` and ``format_reward`` to
+    """What to build. ``shots`` and ``format_reward`` apply to calc, data and search, ``level`` to
     calc and data; ``n`` and ``seed`` to every kind but coding (its 66 tasks are shipped)."""
 
     kind: str
@@ -26,13 +26,18 @@ class Generate:
     format_reward: float = 0.0
 
 
-def generate_suite(g: Generate) -> Suite:
+def check(g: Generate) -> None:
+    """Raises ValueError for a kind that does not exist or an option the kind does not take."""
     if g.kind not in GENERATED:
         raise ValueError(f"no built-in suite {g.kind!r}; known: {', '.join(GENERATED)}")
-    if g.kind in ("search", "coding") and (g.level is not None or g.format_reward):
-        raise ValueError(f"{g.kind}: level and format_reward apply to calc and data only")
-    if g.kind == "coding" and g.shots is not None:
-        raise ValueError("coding: shots apply to calc, data and search")
+    if g.kind in ("search", "coding") and g.level is not None:
+        raise ValueError(f"{g.kind}: level applies to calc and data only")
+    if g.kind == "coding" and (g.shots is not None or g.format_reward):
+        raise ValueError("coding: shots and format_reward apply to calc, data and search")
+
+
+def generate_suite(g: Generate) -> Suite:
+    check(g)
     if g.kind == "coding":
         from tasks.coding import builtin_suite
 
@@ -40,7 +45,8 @@ def generate_suite(g: Generate) -> Suite:
     if g.kind == "search":
         from tasks.search import search_suite
 
-        return search_suite(g.n, g.seed, name=g.name or f"search-s{g.seed}", shots=g.shots or 0)
+        return search_suite(g.n, g.seed, name=g.name or f"search-s{g.seed}", shots=g.shots or 0,
+                            format_reward=g.format_reward)  # fmt: skip
     level = 2 if g.level is None and g.kind == "calc" else (g.level or 1)
     name = g.name or f"{g.kind}{level}-s{g.seed}"
     kwargs = {"level": level, "format_reward": g.format_reward, "name": name}

@@ -7,7 +7,7 @@ import re
 import string
 from decimal import Decimal, InvalidOperation
 
-__all__ = ["exact_number_match", "normalize_answer", "qa_exact_match", "qa_f1", "qa_score"]
+__all__ = ["exact_number_match", "normalize_answer", "qa_exact_match", "qa_f1", "qa_score", "shaped_reward"]
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b", re.UNICODE)
 _PUNCT = set(string.punctuation)
@@ -60,3 +60,13 @@ def exact_number_match(prediction: str | None, answer: str) -> float:
         return float(Decimal(cleaned) == Decimal(answer))
     except InvalidOperation:
         return 0.0
+
+
+def shaped_reward(score: float, format_reward: float, *, used: bool, grounded: bool) -> float:
+    """``score`` when it is a pass; otherwise shaping for a policy that never solves a task yet:
+    half of ``format_reward`` for using the tools on the task, half for submitting what they
+    returned. A bare guess earns nothing: crediting any submission was gamed (the policy learned
+    to guess at once, without the tools)."""
+    if score >= 1.0:
+        return score
+    return format_reward * (0.5 * used + 0.5 * grounded)

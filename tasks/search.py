@@ -18,8 +18,9 @@ import bm25s
 from pydantic import Field
 
 from env_server import Message, RewardResult, ToolEnvironment, tool
+from env_server.tools import tool_call_text
 from env_server.types import Observation
-from tasks.graders import qa_score
+from tasks.graders import normalize_answer, qa_score, shaped_reward
 from tasks.suite import QATask, Suite, SuiteManifest
 
 __all__ = ["SearchEnv", "make_corpus", "search_suite"]
@@ -127,17 +128,23 @@ def _questions(rng: random.Random, world: _World, n: int, seed: int) -> list[QAT
     return tasks
 
 
-def search_suite(n: int = 200, seed: int = 0, *, name: str = "search", shots: int = 0) -> Suite:
+def search_suite(
+    n: int = 200, seed: int = 0, *, name: str = "search", shots: int = 0, format_reward: float = 0.0
+) -> Suite:
     """``n`` questions over a corpus of about ``n`` fictional entities generated from ``seed``;
-    ``shots`` worked examples (0 to 2) in each prompt."""
+    ``shots`` worked examples (0 to 2) in each prompt; ``format_reward``: partial credit, when the
+    answer is wrong, for having found the evidence (see ``SearchEnv.evaluate``)."""
     if not 0 <= shots <= len(_DEMOS):
         raise ValueError(f"shots must be 0 to {len(_DEMOS)}, got {shots}")
+    if not 0.0 <= format_reward < 1.0:
+        raise ValueError(f"format_reward must be in [0, 1), got {format_reward}")
     rng = random.Random(seed)
     world = _world(rng, n_cities=max(8, n // 4), n_people=max(12, n // 2), n_companies=max(8, n // 4))
     manifest = SuiteManifest(
         name=name, version="1", env_id="search-v1", kind="qa", reward="qa_em_f1",
         description=f"{n} single- and multi-hop questions over a generated corpus (seed {seed})",
-        defaults={"corpus": make_corpus(world)} | ({"shots": shots} if shots else {}),
+        defaults={"corpus": make_corpus(world)} | ({"shots": shots} if shots else {})
+        | ({"format_reward": format_reward} if format_reward else {}),
     )  # fmt: skip
     return Suite(manifest, tuple(_questions(rng, world, n, seed)))
 
@@ -163,15 +170,11 @@ def demonstration(shots: int) -> list[Message]:
     for question, steps, answer in _DEMOS[:shots]:
         out.append(Message(role="user", content=question))
         for query, found in steps:
-            out += [Message(role="assistant", content=_call("search", query=query)),
+            out += [Message(role="assistant", content=tool_call_text("search", query=query)),
                     Message(role="tool", name="search", content=found)]  # fmt: skip
-        out += [Message(role="assistant", content=_call("answer", text=answer)),
+        out += [Message(role="assistant", content=tool_call_text("answer", text=answer)),
                 Message(role="tool", name="answer", content="submitted")]  # fmt: skip
     return out
-
-
-def _call(name: str, **arguments: Any) -> str:
-    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
 
 
 _INDEXES: dict[str, tuple[bm25s.BM25, list[dict[str, str]]]] = {}
@@ -188,9 +191,15 @@ def _index(corpus: list[dict[str, str]]) -> tuple[bm25s.BM25, list[dict[str, str
     return _INDEXES[key]
 
 
+def _mentions(text: str, phrase: str) -> bool:
+    """Whether ``phrase`` occurs in ``text`` as whole words, after QA normalisation."""
+    needle = normalize_answer(phrase)
+    return bool(needle) and f" {needle} " in f" {normalize_answer(text)} "
+
+
 class SearchEnv(ToolEnvironment):
-    """Task: a QATask dict. Config: ``corpus``, the documents ``search`` reads, and ``shots`` worked
-    examples in the prompt (default 0)."""
+    """Task: a QATask dict. Config: ``corpus``, the documents ``search`` reads, ``shots`` worked
+    examples in the prompt (default 0) and ``format_reward`` (default 0, see ``evaluate``)."""
 
     async def reset(self, *, task: dict[str, Any], seed: int | None = None) -> Observation:
         t = QATask.model_validate(task)
@@ -199,6 +208,7 @@ class SearchEnv(ToolEnvironment):
             raise ValueError("search-v1 needs a corpus (the suite's defaults.corpus)")
         self.retriever, self.docs = _index(corpus)
         self.references, self.submitted = t.answers, None
+        self.found: list[str] = []  # what every search returned, for the evidence credit
         shots = int(self.config.get("shots", 0))
         return self.observation(
             [
@@ -221,6 +231,7 @@ class SearchEnv(ToolEnvironment):
             return "No results: the query has no searchable words."
         ids, scores = self.retriever.retrieve(tokens, k=min(k, len(self.docs)), show_progress=False)
         hits = [self.docs[i] for i, s in zip(ids[0], scores[0], strict=True) if s > 0]
+        self.found += [d["text"] for d in hits]
         return "\n".join(f"[{n + 1}] {d['title']}: {d['text']}" for n, d in enumerate(hits)) or "No results."
 
     @tool(final=True)
@@ -234,5 +245,15 @@ class SearchEnv(ToolEnvironment):
         return "submitted"
 
     async def evaluate(self) -> RewardResult:
+        """Exact match. A wrong answer may earn ``format_reward`` shaping, as in calc and data: half
+        when a search returned an article naming the answer (the evidence was found), half when
+        the submitted words occur in a returned article (copied, not invented). A guess made
+        without searching earns nothing."""
         reward, info = qa_score(self.submitted, self.references)
-        return RewardResult(reward=reward, info={**info, "submitted": self.submitted})
+        found = any(_mentions(text, ref) for text in self.found for ref in self.references)
+        grounded = self.submitted is not None and any(_mentions(text, self.submitted) for text in self.found)
+        fmt = float(self.config.get("format_reward", 0.0))
+        reward = shaped_reward(reward, fmt, used=found, grounded=grounded)
+        return RewardResult(
+            reward=reward, info={**info, "submitted": self.submitted, "found": found, "grounded": grounded}
+        )

@@ -50,9 +50,9 @@ def test_generators_and_config_agree(tmp_path):
     assert sandboxed_envs(cfg) == ["data-v1"]
     calc = load_config(path, {"tasks.suites": [{"generate": "calc", "n": 4}]})
     assert sandboxed_envs(calc) == []
-    with pytest.raises(ConfigInvalid, match="apply to calc and data"):
+    with pytest.raises(ConfigInvalid, match="level applies to calc and data"):
         load_config(path, {"tasks.suites": [{"generate": "search", "level": 1}]})
-    with pytest.raises(ConfigInvalid, match="not coding"):
+    with pytest.raises(ConfigInvalid, match="coding: shots"):
         load_config(path, {"tasks.suites": [{"generate": "coding", "shots": 1}]})
 
 

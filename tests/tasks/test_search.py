@@ -82,3 +82,38 @@ async def test_worked_examples_precede_the_question_and_name_no_entity_of_the_co
     assert not any(d["title"] in demo_text for d in KWARGS["corpus"])
     with pytest.raises(ValueError):
         search_suite(3, shots=3)
+
+
+async def test_evidence_credit_needs_a_search_that_found_the_answer(client):
+    """format_reward: a wrong answer earns half for a search that returned the answer, half for
+    submitting words that a search returned; a guess without searching earns nothing."""
+    shaped = search_suite(30, seed=5, format_reward=0.2)
+    assert shaped.tasks == SUITE.tasks and shaped.manifest.defaults["format_reward"] == 0.2
+    kwargs = shaped.manifest.defaults
+    task = next(t for t in shaped.tasks if t.hops == 1 and "born" in t.question)
+    entity = task.question.removeprefix("In which city was ").removesuffix(" born?")
+
+    async def reward(*calls: tuple[str, dict]) -> tuple[float, dict]:
+        s = await client.create_session("search-v1", task.model_dump(), env_kwargs=kwargs)
+        for name, arguments in calls:
+            await client.step(s.session_id, [ToolCallRequest(name=name, arguments=arguments)])
+        r = await client.evaluate(s.session_id)
+        return r.reward, r.info
+
+    look = ("search", {"query": entity, "k": 1})
+    assert (await reward(look, ("answer", {"text": task.answers[0]})))[0] == 1.0
+    # found the article, then answered with its profession: words it returned, but wrong
+    r, info = await reward(look, ("answer", {"text": "was"}))
+    assert (r, info["found"], info["grounded"]) == (pytest.approx(0.2), True, True)
+    r, info = await reward(look, ("answer", {"text": "Nowhere Atall"}))
+    assert (r, info["found"], info["grounded"]) == (pytest.approx(0.1), True, False)
+    # a guess without a search, and a search that missed, followed by an invented answer
+    assert (await reward(("answer", {"text": task.answers[0] + "x"})))[0] == 0.0
+    assert (await reward(("search", {"query": "zzqx"}), ("answer", {"text": "Nowhere"})))[0] == 0.0
+    # the same episodes without the option score 0
+    s = await client.create_session("search-v1", task.model_dump(), env_kwargs=KWARGS)
+    await client.step(s.session_id, [ToolCallRequest(name="search", arguments={"query": entity})])
+    await client.step(s.session_id, [ToolCallRequest(name="answer", arguments={"text": "was"})])
+    assert (await client.evaluate(s.session_id)).reward == 0.0
+    with pytest.raises(ValueError, match="format_reward"):
+        search_suite(3, format_reward=1.0)

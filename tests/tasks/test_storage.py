@@ -73,7 +73,7 @@ def test_cli_generates_every_builtin_generated_suite(tmp_path):
     assert path.read_text() == search_suite(12, 3).to_jsonl()
     assert "12 valid qa tasks for search-v1" in run("validate", str(path)).stdout
     wrong = run("generate", "search", "--level", "1", "-o", str(tmp_path / "x.jsonl"))
-    assert wrong.returncode == 1 and "apply to calc and data only" in wrong.stderr
+    assert wrong.returncode == 1 and "level applies to calc and data only" in wrong.stderr
     for kind in GENERATED:
         out = run("generate", kind, "--n", "5", "-o", str(tmp_path / f"{kind}.jsonl"))
         assert out.returncode == 0 and "valid" in run("validate", str(tmp_path / f"{kind}.jsonl")).stdout

@@ -1,0 +1,38 @@
+"""The ``answer`` tool of environments graded by one exact number (calc, data), and their grading."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from env_server import RewardResult, ToolEnvironment, tool
+from tasks.graders import exact_number_match, shaped_reward
+
+__all__ = ["NumberAnswerEnv"]
+
+
+class NumberAnswerEnv(ToolEnvironment):
+    """A subclass sets ``expected`` at reset and calls ``grade`` from ``evaluate`` with what its
+    tools saw: whether they were used on the task and the numbers they returned. Config:
+    ``format_reward`` (default 0, see ``tasks.graders.shaped_reward``)."""
+
+    expected: str
+    submitted: str | None = None
+
+    @tool(final=True)
+    async def answer(self, value: str) -> str:
+        """Submits the final answer (a number) and ends the task.
+
+        Args:
+            value: the final number.
+        """
+        self.submitted = str(value)
+        return "submitted"
+
+    def grade(self, *, used: bool, results: list[str], **info: Any) -> RewardResult:
+        score = exact_number_match(self.submitted, self.expected)
+        grounded = any(exact_number_match(self.submitted, r) for r in results)
+        fmt = float(self.config.get("format_reward", 0.0))
+        return RewardResult(
+            reward=shaped_reward(score, fmt, used=used, grounded=grounded),
+            info={"submitted": self.submitted, "expected": self.expected, "grounded": grounded, **info},
+        )
