@@ -294,7 +294,7 @@ def _add_tasks(sub: _SubParsers, group: Callable[[str, str], _SubParsers]) -> No
     p.add_argument("kind", choices=GENERATED)
     p.add_argument("--n", type=int, default=None, help="number of tasks (search 200, else 256; not coding)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--shots", type=int, default=None, help="worked examples (calc 1, data 2, search 0)")
+    p.add_argument("--shots", type=int, default=None, help="worked examples (calc 1, data 2, others 0)")
     p.add_argument("--level", type=int, choices=[1, 2], default=None, help="calc/data: 1 or 2 (calc 2)")
     p.add_argument("--format-reward", type=float, default=0.0, help="calc/data/search: grounded-miss credit")
     p.add_argument("--name", default=None, help="suite name (default: the kind)")

@@ -99,7 +99,9 @@ class SuiteRef(_Section):
     n: int = Field(256, ge=1, description="generate: number of tasks")
     seed: int = Field(0, description="generate: task seed (keep training and eval seeds disjoint)")
     shots: int | None = Field(
-        None, ge=0, description="generate: worked examples in each prompt (default calc 1, data 2, search 0)"
+        None,
+        ge=0,
+        description="generate: worked examples in each prompt (default calc 1, data 2, search and coding 0)",
     )
     level: Literal[1, 2] | None = Field(
         None, description="generate calc/data: 1 = one operation, 2 = two steps (default calc 2, data 1)"

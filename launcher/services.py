@@ -56,9 +56,11 @@ def job_services(cfg: TrainConfig) -> Iterator[dict[str, Any]]:
 def sandboxed_envs(cfg: TrainConfig) -> list[str]:
     """The environments of the job's suites (training and evaluation) that need a sandbox."""
     from env_server.registry import spec
+    from tasks.generators import GENERATED
 
     refs = [*cfg.tasks.suites, *([cfg.eval.suite] if cfg.eval.suite else [])]
-    env_ids = sorted({ref.build().manifest.env_id for ref in refs})
+    # a generated suite's environment is known from its kind: no need to build it here too
+    env_ids = sorted({GENERATED[r.generate] if r.generate else r.build().manifest.env_id for r in refs})
     return [e for e in env_ids if spec(e).load().needs_sandbox]
 
 

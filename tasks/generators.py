@@ -9,13 +9,15 @@ from tasks.suite import Suite
 
 __all__ = ["GENERATED", "Generate", "check", "generate_suite"]
 
-GENERATED = ("calc", "data", "search", "coding")  # the kinds a config or the CLI may name
+# the kinds a config or the CLI may name, and the environment each kind's suite runs in
+GENERATED = {"calc": "calc-v1", "data": "data-v1", "search": "search-v1", "coding": "coding-v1"}
 
 
 @dataclass(frozen=True)
 class Generate:
-    """What to build. ``shots`` and ``format_reward`` apply to calc, data and search, ``level`` to
-    calc and data; ``n`` and ``seed`` to every kind but coding (its 66 tasks are shipped)."""
+    """What to build. ``shots`` applies to every kind, ``format_reward`` to calc, data and search,
+    ``level`` to calc and data; ``n`` and ``seed`` to every kind but coding (its 66 tasks are
+    shipped)."""
 
     kind: str
     n: int = 256
@@ -32,16 +34,23 @@ def check(g: Generate) -> None:
         raise ValueError(f"no built-in suite {g.kind!r}; known: {', '.join(GENERATED)}")
     if g.kind in ("search", "coding") and g.level is not None:
         raise ValueError(f"{g.kind}: level applies to calc and data only")
-    if g.kind == "coding" and (g.shots is not None or g.format_reward):
-        raise ValueError("coding: shots and format_reward apply to calc, data and search")
+    if g.kind == "coding" and g.format_reward:
+        raise ValueError("coding: format_reward applies to calc, data and search")
 
 
 def generate_suite(g: Generate) -> Suite:
     check(g)
     if g.kind == "coding":
-        from tasks.coding import builtin_suite
+        from tasks.coding.env import builtin_suite, demonstration
 
-        return builtin_suite()
+        shipped = builtin_suite()
+        if not g.shots:
+            return shipped
+        demonstration(g.shots)  # raises for a count there are no examples for
+        manifest = shipped.manifest.model_copy(
+            update={"defaults": {**shipped.manifest.defaults, "shots": g.shots}}
+        )
+        return Suite(manifest, shipped.tasks)
     if g.kind == "search":
         from tasks.search import search_suite
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from env_server import Message, RewardResult, tool
 from env_server.builtin import ShellEnv
+from env_server.tools import tool_call_text
 from env_server.types import Observation
 from sandboxes.protocol import SandboxError
 from tasks.coding.capture import WORKSPACE, Ungradable
@@ -26,7 +27,7 @@ from tasks.coding.diffs import source_files
 from tasks.coding.grader import CodingGrader
 from tasks.suite import CodingTask, Suite
 
-__all__ = ["CodingEnv", "builtin_suite"]
+__all__ = ["CodingEnv", "builtin_suite", "demonstration"]
 
 SYSTEM = """\
 You are a software engineer fixing a bug in the repository in /workspace (a git repository; its \
@@ -57,6 +58,49 @@ _SETUP = (
 )
 
 
+# Worked examples shown as earlier turns (config ``shots``), about repositories in no task: the
+# issue as reset lays it out, then (tool, arguments, what it returned) steps ending in submit. The
+# first runs the tests, reads, edits and checks; the second goes straight to the code.
+_DEMOS = (
+    ("calc: add(2, 3) returns -1 instead of 5", "calc",
+     (("run", {"command": "python3 -m pytest -q --tb=line"},
+       "[exit code 1]\nF" + " " * 72 + "[100%]\n" + " FAILURES ".center(80, "=")
+       + "\n/workspace/tests/test_calc.py:5: assert -1 == 5\n" + " short test summary info ".center(80, "=")
+       + "\nFAILED tests/test_calc.py::test_add - assert -1 == 5\n1 failed in 0.01s\n"),
+      ("read_file", {"path": "calc.py"}, "def add(a, b):\n    return a - b\n"),
+      ("edit_file", {"path": "calc.py", "old": "return a - b", "new": "return a + b"},
+       "edited /workspace/calc.py"),
+      ("run", {"command": "python3 -m pytest -q --tb=line"},
+       "[exit code 0]\n." + " " * 72 + "[100%]\n1 passed in 0.01s\n"),
+      ("submit", {}, "submitted"))),
+    ("shapes: square_area(3) returns 6 instead of 9", "shapes",
+     (("read_file", {"path": "shapes.py"}, "def square_area(side):\n    return side * 2\n"),
+      ("edit_file", {"path": "shapes.py", "old": "side * 2", "new": "side * side"},
+       "edited /workspace/shapes.py"),
+      ("submit", {}, "submitted"))),
+)  # fmt: skip
+
+
+def _issue_message(issue: str, files: list[str], sources: list[str]) -> str:
+    listing = "\n".join(f"- {p}" for p in sorted(files))
+    graded = ", ".join(sources)
+    return f"{issue}\n\n---\nRepository files:\n{listing}\n\nSource files (only these are graded): {graded}"
+
+
+def demonstration(shots: int) -> list[Message]:
+    """``shots`` worked bug fixes as earlier turns of the conversation."""
+    if not 0 <= shots <= len(_DEMOS):
+        raise ValueError(f"coding-v1: shots must be 0 to {len(_DEMOS)}, got {shots}")
+    out: list[Message] = []
+    for issue, module, steps in _DEMOS[:shots]:
+        files = [f"{module}.py", f"tests/test_{module}.py"]
+        out.append(Message(role="user", content=_issue_message(issue, files, [f"{module}.py"])))
+        for name, arguments, returned in steps:
+            out += [Message(role="assistant", content=tool_call_text(name, **arguments)),
+                    Message(role="tool", name=name, content=returned)]  # fmt: skip
+    return out
+
+
 @cache
 def builtin_suite() -> Suite:
     """The shipped coding suite (tasks/coding/suite.jsonl), loaded once."""
@@ -85,7 +129,8 @@ def _tar(files: dict[str, str]) -> bytes:
 
 
 class CodingEnv(ShellEnv):
-    """Task: a CodingTask dict (or ``{"ref": id}``). Reward: 1 when every hidden test passes."""
+    """Task: a CodingTask dict (or ``{"ref": id}``). Reward: 1 when every hidden test passes.
+    Config: ``shots``, worked bug fixes shown before the issue (0 to 2, default 0)."""
 
     needs_sandbox = True
 
@@ -97,13 +142,13 @@ class CodingEnv(ShellEnv):
         if not setup.ok:
             raise SandboxError(f"coding-v1: creating the base commit failed: {setup.text()[-500:]}")
         self.base_commit = setup.stdout.decode().strip()
-        sources = source_files(self.task.repo, self.task.hidden_tests)
-        listing = "\n".join(f"- {p}" for p in sorted(self.task.repo))
-        user = (
-            f"{self.task.issue}\n\n---\nRepository files:\n{listing}\n\n"
-            f"Source files (only these are graded): {', '.join(sources)}"
+        user = _issue_message(
+            self.task.issue, list(self.task.repo), source_files(self.task.repo, self.task.hidden_tests)
         )
-        return self.observation([Message(role="system", content=SYSTEM), Message(role="user", content=user)])
+        shots = demonstration(int(self.config.get("shots", 0)))
+        return self.observation(
+            [Message(role="system", content=SYSTEM), *shots, Message(role="user", content=user)]
+        )
 
     @tool
     async def edit_file(self, path: str, old: str, new: str) -> str:

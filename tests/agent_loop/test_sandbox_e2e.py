@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +26,7 @@ from agent_loop.manager import ManagerConfig, RolloutManager
 from engine.client import EngineClient
 from env_server.client import HttpEnvClient
 from env_server.sessions import SessionManager
+from env_server.tools import tool_call_text
 from loss_masking import ChatRenderer
 from pqrl.store import GroupEntry, TrajectoryStore
 from pqrl.trajectory import Status, ToolStatus, Trajectory
@@ -41,10 +41,6 @@ POOL = 2  # the env server's warm pool: spare sandboxes kept started
 SANDBOX_TOOLS = {"run", "read_file", "write_file", "edit_file"}  # the tools that act in the container
 
 
-def _call(name: str, **arguments: Any) -> str:
-    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
-
-
 # Worked examples, written as a plain-text transcript with each role's name on a line of its own
 # (the layout of the model's chat template): SmolLM2-135M follows that layout far better than
 # "User: ... Assistant: ..." labels. On a two-example version of the coding prompt, at T = 0.7, the
@@ -55,9 +51,9 @@ def _transcript(examples: list[tuple[str, list[str]]]) -> str:
 
 SHELL_PROMPT = "Answer with tool calls only. Examples:\n\n" + _transcript([
     ("list the files, then show notes.txt",
-     [_call("run", command="ls"), _call("run", command="cat notes.txt")]),
+     [tool_call_text("run", command="ls"), tool_call_text("run", command="cat notes.txt")]),
     ("make a folder named data, then list it",
-     [_call("run", command="mkdir data"), _call("run", command="ls data")]),
+     [tool_call_text("run", command="mkdir data"), tool_call_text("run", command="ls data")]),
 ]) + "\n\nuser\nwrite hello into hello.txt, then show hello.txt"  # fmt: skip
 SHELL_TASK = {"prompt": SHELL_PROMPT, "check": "grep -qx hello hello.txt"}
 
@@ -68,7 +64,7 @@ def _coding_example(issue: str, module: str) -> tuple[str, list[str]]:
     """A bug report laid out as coding-v1 shows one, answered with two commands."""
     ask = (f"{issue}\n\n---\nRepository files:\n- {module}.py\n- tests/test_{module}.py\n\n"
            f"Source files (only these are graded): {module}.py")  # fmt: skip
-    return ask, [_call("run", command="ls"), _call("run", command="python3 -m pytest -q")]
+    return ask, [tool_call_text("run", command="ls"), tool_call_text("run", command="python3 -m pytest -q")]
 
 
 def coding_task() -> dict[str, Any]:

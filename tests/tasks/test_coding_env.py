@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 
 import pytest
@@ -13,8 +14,10 @@ from env_server.types import ToolCallRequest
 from sandboxes.docker import DockerSandbox
 from sandboxes.docker_api import DockerAPI
 from sandboxes.settings import SandboxSettings
-from tasks.coding.env import builtin_suite
+from tasks.coding.env import _DEMOS, builtin_suite, demonstration
 from tasks.coding.grader import CodingGrader
+from tasks.generators import Generate, generate_suite
+from tasks.suite import CodingTask
 from tests.tasks.conftest import leftovers
 
 RUN = "pytest-coding-env"
@@ -261,3 +264,47 @@ async def test_gradings_wait_for_a_slot():
     finally:
         assert await leftovers(api, RUN) == []
         await api.close()
+
+
+# the tests of each worked example's repository: (test function, its file's text)
+DEMO_TESTS = {
+    "calc": ("test_add", "from calc import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n"),
+    "shapes": (
+        "test_area",
+        "from shapes import square_area\n\n\ndef test_area():\n    assert square_area(3) == 9\n",
+    ),
+}
+
+
+@pytest.mark.parametrize("k", range(len(_DEMOS)))
+async def test_each_worked_example_is_what_the_tools_return_and_fixes_its_bug(manager, k):
+    """Replayed in a real sandbox on the repository it describes, every step of a worked example
+    returns what the example shows (pytest's timings aside) and the fix grades 1."""
+    issue, module, steps = _DEMOS[k]
+    buggy = next(out for name, _, out in steps if name == "read_file")
+    test_name, test_text = DEMO_TESTS[module]
+    test_path = f"tests/test_{module}.py"
+    task = CodingTask(
+        id=f"demo-{module}", repo={f"{module}.py": buggy, test_path: test_text}, issue=issue,
+        hidden_tests={test_path: test_text}, fail_to_pass=[f"{test_path}::{test_name}"],
+    )  # fmt: skip
+    s = await manager.create("coding-v1", task.model_dump(), env_kwargs={"shots": 2})
+    messages = s.observation.messages
+    assert [m.role for m in messages[:3]] == ["system", "user", "assistant"]
+    assert messages[-1].role == "user" and messages[-1].content.startswith(issue)
+    for name, arguments, shown in steps:
+        got = await call(manager, s.session_id, name, **arguments)
+        timing = re.compile(r" in \d+\.\d+s$", re.M)  # pytest's run time differs
+        assert timing.sub("", got) == timing.sub("", shown)
+    assert (await manager.evaluate(s.session_id)).reward == 1.0
+    await manager.close(s.session_id)
+
+
+def test_shots_show_worked_examples_before_the_issue():
+    turns = demonstration(2)
+    assert [m.role for m in turns[:3]] == ["user", "assistant", "tool"]
+    assert sum(m.role == "user" for m in turns) == 2 and turns[-1].content == "submitted"
+    assert generate_suite(Generate("coding", shots=1)).manifest.defaults["shots"] == 1
+    assert "shots" not in generate_suite(Generate("coding")).manifest.defaults
+    with pytest.raises(ValueError, match="shots must be 0 to 2"):
+        generate_suite(Generate("coding", shots=3))

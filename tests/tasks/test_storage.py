@@ -74,9 +74,13 @@ def test_cli_generates_every_builtin_generated_suite(tmp_path):
     assert "12 valid qa tasks for search-v1" in run("validate", str(path)).stdout
     wrong = run("generate", "search", "--level", "1", "-o", str(tmp_path / "x.jsonl"))
     assert wrong.returncode == 1 and "level applies to calc and data only" in wrong.stderr
-    for kind in GENERATED:
+    for kind, env_id in GENERATED.items():
         out = run("generate", kind, "--n", "5", "-o", str(tmp_path / f"{kind}.jsonl"))
-        assert out.returncode == 0 and "valid" in run("validate", str(tmp_path / f"{kind}.jsonl")).stdout
+        assert out.returncode == 0, out.stderr
+        assert (
+            f"valid {kind if kind != 'search' else 'qa'} tasks for {env_id}"
+            in run("validate", str(tmp_path / f"{kind}.jsonl")).stdout
+        )
     assert (tmp_path / "data.jsonl").read_text() == data_suite(5, 0, name="data").to_jsonl()
     assert "(66 tasks)" in run("generate", "coding", "-o", str(tmp_path / "c.jsonl")).stdout
 
