@@ -128,9 +128,10 @@ def baseline_step(
         z = logits[:, :-1].float()
         logp = torch.log_softmax(z / cfg.temperature if cfg.temperature != 1.0 else z, -1)
         logp = logp.gather(-1, tokens[rows, 1:, None])[..., 0]
+        alg = cfg.algorithm
         out = decoupled_ppo_loss(logp, logp.detach(), behav[rows], adv[rows], loss_mask[rows],
-                                 eps_low=cfg.eps_low, eps_high=cfg.eps_high, is_cap=cfg.is_cap)  # fmt: skip
-        aggregate_loss(out.loss, loss_mask[rows], "token-mean", normalizer=n_tokens).backward()
+                                 eps_low=alg.eps_low, eps_high=alg.eps_high, is_cap=alg.is_cap)  # fmt: skip
+        aggregate_loss(out.loss, loss_mask[rows], "token_mean", normalizer=n_tokens).backward()
         del logits, z, logp, out
     torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
     optimizer.step()

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from agent_loop.config import EpisodeConfig, ManagerConfig
 from pqrl.model_cache import DEFAULT_MODEL
 from pqrl.settings import fields_of, type_name
-from trainer.config import LoopConfig, StepConfig
+from trainer.config import AlgorithmConfig, LoopConfig, StepConfig
 
 __all__ = [
     "ConfigInvalid",
@@ -197,6 +197,12 @@ TrainSection = _composed(
 )
 
 
+# what the step optimises; the episode token budget comes from the rollout section
+AlgorithmSection = _composed(
+    "AlgorithmSection", _Section, _component_fields(AlgorithmConfig, exclude=("context_tokens",))
+)
+
+
 class CheckpointSection(_Section):
     every: int = Field(5, ge=1, description="outer steps between checkpoints (groups are acked after one)")
     keep: int = Field(2, ge=1, description="checkpoints kept on disk")
@@ -217,6 +223,7 @@ class TrainConfig(_Section):
     tasks: TasksSection
     rollout: RolloutSection = Field(default_factory=RolloutSection)  # type: ignore[valid-type]
     train: TrainSection = Field(default_factory=TrainSection)  # type: ignore[valid-type]
+    algorithm: AlgorithmSection = Field(default_factory=AlgorithmSection)  # type: ignore[valid-type]
     checkpoint: CheckpointSection = CheckpointSection()
     eval: EvalSection = EvalSection()
     tensorboard: bool = Field(True, description="also write TensorBoard event files")
@@ -227,6 +234,7 @@ class TrainConfig(_Section):
             raise ValueError("run must be 1-64 characters of letters, digits, '_', '.', '-'")
         if self.rollout.temperature <= 0:  # greedy episodes have no logprobs for the trainer to correct
             raise ValueError("rollout.temperature must be > 0 for training (0 is for greedy evaluation)")
+        algorithm_config(self)  # combinations the step cannot run are config errors, named here
         return self
 
     @property
@@ -255,11 +263,15 @@ def manager_config(cfg: TrainConfig) -> ManagerConfig:
     )
 
 
+def algorithm_config(cfg: TrainConfig) -> AlgorithmConfig:
+    return _pick(AlgorithmConfig, cfg.algorithm, context_tokens=cfg.rollout.max_total_tokens)
+
+
 def step_config(cfg: TrainConfig) -> StepConfig:
     """The trainer recomputes logprobs at the episodes' temperature and drops what the gate would not
     have admitted: both come from the rollout section, never from a second setting."""
     dtype = "float32" if cfg.model.dtype == "float32" else "bfloat16"
-    return _pick(StepConfig, cfg.train, temperature=cfg.rollout.temperature,
+    return _pick(StepConfig, cfg.train, temperature=cfg.rollout.temperature, algorithm=algorithm_config(cfg),
                  max_staleness=cfg.rollout.max_staleness, seed=cfg.seed, dtype=dtype)  # fmt: skip
 
 

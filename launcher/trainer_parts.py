@@ -48,7 +48,11 @@ def trainer_parts(cfg: TrainConfig, ctx: Any) -> TrainerParts:
     device = ctx.device if ctx.distributed else ("cuda" if torch.cuda.is_available() else "cpu")
     model, tokenizer = _load_policy(str(latest / "model") if latest else cfg.model.name, device)
     model = shard(model, ctx)
-    ref_model = _load_policy(cfg.model.name, device)[0].eval().requires_grad_(False) if t.kl_coef else None
+    ref_model = (
+        _load_policy(cfg.model.name, device)[0].eval().requires_grad_(False)
+        if cfg.algorithm.kl_coef
+        else None
+    )
     optimizer = torch.optim.AdamW(model.parameters(), lr=t.lr, betas=t.betas, weight_decay=t.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: min(1.0, (s + 1) / (t.warmup_steps + 1))

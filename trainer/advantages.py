@@ -17,6 +17,7 @@ from torch import Tensor
 
 __all__ = [
     "broadcast_to_tokens",
+    "estimate_advantages",
     "gae",
     "groups_with_signal",
     "grpo_advantages",
@@ -153,6 +154,27 @@ def reinforce_batch_mean_advantages(rewards: Tensor, *, valid: Tensor | None = N
     flat_valid = None if valid is None else valid.reshape(-1)
     adv = grpo_advantages(rewards.reshape(-1), flat_ids, valid=flat_valid, scale_by_std=False)
     return adv.reshape(rewards.shape)
+
+
+def estimate_advantages(
+    rewards: list[float], group_ids: list[int], estimator: str, *, scale_by_std: bool = True
+) -> list[float]:
+    """One advantage per sequence by the named estimator: ``grpo`` (``scale_by_std`` or not),
+    ``dr_grpo`` (group mean, no std), ``rloo`` (leave one out) or ``reinforce_baseline`` (the
+    mean of the whole batch)."""
+    r = torch.tensor(rewards, dtype=torch.float64)
+    ids = torch.tensor(group_ids, dtype=torch.long)
+    if estimator == "grpo":
+        adv = grpo_advantages(r, ids, scale_by_std=scale_by_std)
+    elif estimator == "dr_grpo":
+        adv = grpo_advantages(r, ids, scale_by_std=False)
+    elif estimator == "rloo":
+        adv = rloo_advantages(r, ids)
+    elif estimator == "reinforce_baseline":
+        adv = reinforce_batch_mean_advantages(r)
+    else:
+        raise ValueError(f"unknown advantage estimator {estimator!r}")
+    return adv.tolist()
 
 
 @torch.no_grad()

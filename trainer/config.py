@@ -8,7 +8,87 @@ from typing import Literal
 
 from pqrl.settings import Settings, setting
 
-__all__ = ["LoopConfig", "StepConfig"]
+__all__ = ["AlgorithmConfig", "LoopConfig", "StepConfig"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class AlgorithmConfig(Settings):
+    """What the step optimises: the advantage estimator, how per-token losses are averaged, the
+    trust region, the off-policy weight, the regularisers and the reward shaping. Defaults are
+    GRPO with DAPO's token mean, clip-higher and a token-level capped weight."""
+
+    advantage: Literal["grpo", "dr_grpo", "rloo", "reinforce_baseline"] = setting(
+        "grpo", "advantage estimator: group mean (and std) baseline, leave-one-out, or batch mean"
+    )
+    scale_by_std: bool = setting(True, "grpo: divide by the group's reward std (false: mean-centred only)")
+    loss_agg: Literal[
+        "token_mean", "seq_mean_token_sum", "seq_mean_token_mean", "seq_mean_token_sum_norm"
+    ] = setting(
+        "token_mean",
+        "averaging of per-token losses: over all tokens, or per sequence (sum, mean, or sum over"
+        " a constant: Dr.GRPO) then over sequences",
+    )
+    loss_agg_tokens: int | None = setting(
+        None, "seq_mean_token_sum_norm: the constant divisor (default: the episode token budget)", ge=1
+    )
+    eps_low: float = setting(0.2, "clip range below 1", ge=0)
+    eps_high: float = setting(0.28, "clip range above 1 (DAPO clip-higher)", ge=0)
+    dual_clip_c: float | None = setting(
+        None, "dual clip: cap the loss of A < 0 tokens at -c * A (c > 1)", gt=1
+    )
+    is_cap: float = setting(2.0, "C: cap of the single off-policy weight min(pi_prox / pi_behavior, C)", gt=0)
+    is_level: Literal["token", "sequence"] = setting(
+        "token", "off-policy weight per token, or one per sequence (product of its token ratios)"
+    )
+    is_mode: Literal["truncate", "mask"] = setting(
+        "truncate", "a weight above the cap: clipped to it, or the token / sequence dropped"
+    )
+    kl_coef: float = setting(
+        0.0, "weight of the KL to the reference model (0: off; loads the reference)", ge=0
+    )
+    kl_estimator: Literal["k1", "k2", "k3"] = setting(
+        "k3", "KL estimator: k1 log-ratio, k2 half squared, k3 unbiased low-variance"
+    )
+    kl_in_reward: bool = setting(
+        False, "subtract kl_coef * sum of the sequence's KL estimate from its reward instead of adding a loss"
+    )
+    entropy_coef: float = setting(0.0, "entropy bonus: minus this times the aggregated entropy", ge=0)
+    overlong_buffer: int = setting(
+        0, "DAPO overlong shaping: tokens before the budget where a linear penalty starts (0: off)", ge=0
+    )
+    overlong_penalty: float = setting(
+        1.0, "the penalty at the budget (reaches it linearly over the buffer)", ge=0
+    )
+    filter_truncated: bool = setting(
+        False, "leave out episodes that hit the token budget (DAPO overlong filter)"
+    )
+    context_tokens: int | None = setting(
+        None, "the episode token budget (the job passes rollout.max_total_tokens)", ge=1
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        problems = []
+        if not self.scale_by_std and self.advantage != "grpo":
+            problems.append(f"scale_by_std applies to grpo only, not {self.advantage}")
+        if self.kl_in_reward and not self.kl_coef:
+            problems.append("kl_in_reward needs kl_coef > 0")
+        budget = self.context_tokens
+        if self.loss_agg == "seq_mean_token_sum_norm" and self.loss_agg_tokens is None and budget is None:
+            problems.append("seq_mean_token_sum_norm needs loss_agg_tokens (or the episode budget)")
+        if self.loss_agg_tokens is not None and self.loss_agg != "seq_mean_token_sum_norm":
+            problems.append("loss_agg_tokens applies to loss_agg seq_mean_token_sum_norm only")
+        if self.overlong_buffer and (budget is None or self.overlong_buffer >= budget):
+            problems.append(
+                f"overlong_buffer ({self.overlong_buffer}) must be below the token budget ({budget})"
+            )
+        if problems:
+            raise ValueError("AlgorithmConfig: " + "; ".join(problems))
+
+    @property
+    def agg_tokens(self) -> int | None:
+        """The constant divisor of ``seq_mean_token_sum_norm``."""
+        return self.loss_agg_tokens if self.loss_agg_tokens is not None else self.context_tokens
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -20,9 +100,7 @@ class StepConfig(Settings):
         description="the rollouts' sampling temperature: logprobs are log_softmax(logits / T)", gt=0
     )
     max_staleness: int = setting(description="drop trajectories older than this many versions", ge=0)
-    eps_low: float = setting(0.2, "clip range below 1", ge=0)
-    eps_high: float = setting(0.28, "clip range above 1 (DAPO clip-higher)", ge=0)
-    is_cap: float = setting(2.0, "C: cap of the single off-policy weight min(pi_prox / pi_behavior, C)", gt=0)
+    algorithm: AlgorithmConfig = setting(factory=AlgorithmConfig, description="what the step optimises")
     max_grad_norm: float = setting(1.0, "gradient-norm clip per optimizer step", gt=0)
     micro_batch_tokens: int = setting(
         8192, "tokens per packed micro-batch (rows x longest without packing)", ge=1
@@ -39,12 +117,6 @@ class StepConfig(Settings):
         "bfloat16", "autocast dtype on CUDA (float32: none)"
     )
     gradient_checkpointing: bool = setting(False, "recompute activations in backward")
-    kl_coef: float = setting(
-        0.0, "weight of the KL term to the reference model (0: off; needs ref_model)", ge=0
-    )
-    kl_estimator: Literal["k1", "k2", "k3"] = setting(
-        "k3", "KL estimator: k1 log-ratio, k2 half squared, k3 unbiased low-variance"
-    )
     seed: int = setting(0, "minibatch shuffling seed, mixed with the version and the epoch")
 
 

@@ -13,7 +13,7 @@ pieces:
 Only ``logp`` (the policy being trained) carries gradient; old/proximal/behaviour/reference
 log-probs and all importance weights are detached here, whatever the caller passes.
 
-Deliberately left out: the value loss (no critic yet), entropy/KL coefficients and schedules,
+Deliberately left out: the value loss (no critic yet), coefficient schedules,
 metric names (the trainer logs), and cross-rank reductions (pass ``normalizer`` instead).
 Advantage estimators live in ``trainer.advantages``.
 """
@@ -34,10 +34,13 @@ __all__ = [
     "entropy_from_logits",
     "kl_estimate",
     "masked_mean",
+    "sequence_weights",
     "truncated_is_weights",
 ]
 
-AggregationMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+AggregationMode = Literal[
+    "token_mean", "seq_mean_token_sum", "seq_mean_token_mean", "seq_mean_token_sum_norm"
+]
 
 # exp(20) ~ 4.9e8: beyond this a ratio is meaningless, and exp() would overflow to inf, turning
 # 0 * inf into NaN on tokens with zero advantage or under the mask.
@@ -264,27 +267,29 @@ def entropy_from_logits(logits: Tensor) -> Tensor:
 def aggregate_loss(
     loss: Tensor,
     mask: Tensor,
-    mode: AggregationMode = "token-mean",
+    mode: AggregationMode = "token_mean",
     *,
     max_len: int | None = None,
     normalizer: float | Tensor | None = None,
 ) -> Tensor:
     """Reduces a ``[B, T]`` per-token loss to a scalar over mask-1 tokens.
 
-    - ``"token-mean"`` (DAPO, default): sum over valid tokens / number of valid tokens, so every
+    - ``"token_mean"`` (DAPO, default): sum over valid tokens / number of valid tokens, so every
       token weighs the same and long responses are not down-weighted.
-    - ``"seq-mean-token-mean"`` (GRPO paper): mean over each sequence's valid tokens, then mean
+    - ``"seq_mean_token_sum"``: each sequence's token sum, then mean over sequences (long
+      sequences weigh more).
+    - ``"seq_mean_token_mean"`` (GRPO paper): mean over each sequence's valid tokens, then mean
       over sequences with at least one valid token.
-    - ``"seq-mean-token-sum-norm"`` (Dr.GRPO): each sequence's token-sum / ``max_len`` (a
+    - ``"seq_mean_token_sum_norm"`` (Dr.GRPO): each sequence's token-sum / ``max_len`` (a
       constant, removing the length bias), then mean over sequences with a valid token.
 
     Args:
         loss: ``[B, T]`` per-token loss (values under mask 0 are ignored, even NaN).
         mask: ``[B, T]`` 0/1 or bool.
         mode: aggregation mode, see above.
-        max_len: the constant for ``"seq-mean-token-sum-norm"``; defaults to ``T``. Pass the
+        max_len: the constant for ``"seq_mean_token_sum_norm"``; defaults to ``T``. Pass the
             configured max response length so the scale does not depend on batch padding.
-        normalizer: overrides the denominator (token count for ``"token-mean"``, sequence
+        normalizer: overrides the denominator (token count for ``"token_mean"``, sequence
             count otherwise), e.g. the global count when a minibatch is split into micro-batches
             or ranks. Clamped to >= 1 like the computed one.
 
@@ -294,15 +299,35 @@ def aggregate_loss(
     m = mask.bool()
     masked = torch.where(m, loss, 0.0)
     tokens_per_seq = m.sum(dim=-1).to(masked.dtype)
-    if mode == "token-mean":
+    if mode == "token_mean":
         denom = tokens_per_seq.sum() if normalizer is None else normalizer
         return masked.sum() / torch.as_tensor(denom, dtype=masked.dtype).clamp(min=1)
-    if mode == "seq-mean-token-mean":
+    if mode == "seq_mean_token_sum":
+        seq_loss = masked.sum(dim=-1)
+    elif mode == "seq_mean_token_mean":
         seq_loss = masked.sum(dim=-1) / tokens_per_seq.clamp(min=1)
-    elif mode == "seq-mean-token-sum-norm":
+    elif mode == "seq_mean_token_sum_norm":
         seq_loss = masked.sum(dim=-1) / float(max_len if max_len is not None else loss.shape[-1])
     else:
         raise ValueError(f"unknown aggregation mode {mode!r}")
     # Fully masked sequences (dropped, failed_infra) neither add loss nor dilute the mean.
     denom = (tokens_per_seq > 0).sum() if normalizer is None else normalizer
     return seq_loss.sum() / torch.as_tensor(denom, dtype=masked.dtype).clamp(min=1)
+
+
+def sequence_weights(lengths: list[int], mode: AggregationMode, max_len: int | None = None) -> list[float]:
+    """Per-sequence factors ``w_i`` with ``sum_i w_i * sum_t loss_it == aggregate_loss(loss, mask, mode)``
+    for sequences of ``lengths`` valid tokens: how a loss summed micro-batch by micro-batch gets the
+    same average as one ``aggregate_loss`` over the whole minibatch. Empty sequences weigh 0."""
+    seqs = sum(1 for n in lengths if n > 0) or 1
+    if mode == "token_mean":
+        return [1.0 / max(sum(lengths), 1)] * len(lengths)
+    if mode == "seq_mean_token_sum":
+        return [1.0 / seqs] * len(lengths)
+    if mode == "seq_mean_token_mean":
+        return [1.0 / (seqs * n) if n > 0 else 0.0 for n in lengths]
+    if mode == "seq_mean_token_sum_norm":
+        if max_len is None:
+            raise ValueError("seq_mean_token_sum_norm needs max_len")
+        return [1.0 / (seqs * max_len)] * len(lengths)
+    raise ValueError(f"unknown aggregation mode {mode!r}")

@@ -1,21 +1,27 @@
-"""One GRPO training step on Trajectory groups: the compute core of the trainer loop.
+"""One policy-gradient training step on Trajectory groups: the compute core of the trainer loop.
 
 Input: groups of Trajectory records as read from the store. Output: the model updated
-``ppo_epochs x minibatches`` times and the step's metrics, namespaced as in CleanRL. In order:
+``ppo_epochs x minibatches`` times and the step's metrics, namespaced as in CleanRL. What is
+optimised is ``cfg.algorithm`` (``trainer.config.AlgorithmConfig``). In order:
 
-1. staleness: trajectories whose oldest generated token is more than ``max_staleness`` versions
-   behind the current one are dropped (counted, never silently);
-2. advantages: GRPO per group over the valid members (``failed_infra`` and stale ones excluded),
-   groups whose rewards are all equal carry no signal and are dropped (dynamic sampling);
+1. screening: trajectories whose oldest generated token is more than ``max_staleness`` versions
+   behind the current one are dropped (counted, never silently), and, with ``filter_truncated``,
+   those that ended at a token limit; groups whose (shaped) rewards are all equal carry no
+   group-relative signal and are dropped (dynamic sampling), except under a batch-mean baseline;
+2. rewards: the verifier's, plus the overlong penalty (``overlong_buffer``), minus
+   ``kl_coef * sum_t KL_t`` with ``kl_in_reward``; advantages by ``algorithm.advantage`` (GRPO
+   with or without the std, Dr.GRPO, RLOO, batch-mean REINFORCE), one per sequence;
 3. proximal logprobs: recomputed under the current weights once, before the first update. With
    one epoch and one minibatch there is a single update, so pi_prox is exactly the policy of the
    training forward and its detached logprobs are used (no second forward pass); the behaviour
    logprobs come from the engine; reference logprobs (optional) from ``ref_model``;
-4. loss: ``w * max(-A r, -A clip(r))`` with ``r = pi_theta / pi_prox`` and the single capped,
-   detached weight ``w = min(pi_prox / pi_behavior, C)`` (one weight covers both engine/trainer
-   mismatch and staleness), plus
-   ``kl_coef * KL(pi_theta || pi_ref)``; token-mean over the mask-1 tokens of the minibatch,
-   gradients accumulated over micro-batches of at most ``micro_batch_tokens`` tokens;
+4. loss: ``w * max(-A r, -A clip(r))`` with ``r = pi_theta / pi_prox`` (clip-higher, optional
+   dual clip) and the single capped or masked, detached weight ``w = pi_prox / pi_behavior`` per
+   token or per sequence (one weight covers both engine/trainer mismatch and staleness), minus
+   ``entropy_coef * H``, plus ``kl_coef * KL(pi_theta || pi_ref)`` unless the KL is in the reward;
+   per-token terms are averaged by ``loss_agg`` over the minibatch (each sequence's tokens carry
+   the factor ``trainer.losses.sequence_weights`` gives it), gradients accumulated over
+   micro-batches of at most ``micro_batch_tokens`` tokens;
 5. per minibatch: clip the gradient norm, step the optimizer, then the scheduler.
 
 Compute path: trajectories are packed end to end into rows without padding (``trainer.packing``),
@@ -30,7 +36,7 @@ metric sums are added over ranks. The fused head is bypassed there: it reads ``l
 outside the root module's forward, where FSDP2 has not gathered it.
 
 Deliberately left out here (the loop's job): reading from Redis, warm-up schedules (pass a
-``scheduler``), an entropy bonus, sequence-level importance weights.
+``scheduler``). Not yet: a critic (PPO with GAE).
 """
 
 from __future__ import annotations
@@ -47,14 +53,15 @@ import torch
 from torch import Tensor
 
 from pqrl.trajectory import Status, Trajectory
-from trainer.advantages import grpo_advantages
+from trainer.advantages import estimate_advantages
 from trainer.config import StepConfig
 from trainer.distributed import DistContext, all_reduce_sums, equalize_passes, shard_of
 from trainer.logprobs import full_logprobs, has_plain_head, head_logprobs
-from trainer.losses import decoupled_ppo_loss, kl_estimate, truncated_is_weights
+from trainer.losses import clipped_surrogate, kl_estimate, sequence_weights, truncated_is_weights
 from trainer.packing import enable_packed_attention, first_fit_decreasing, pack_row, packed_model_kwargs
+from trainer.rewards import kl_penalized, overlong_penalty
 
-__all__ = ["StepConfig", "screen_group", "token_logprobs", "train_step"]
+__all__ = ["StepConfig", "ended_at_a_limit", "screen_group", "shaped_reward", "token_logprobs", "train_step"]
 
 
 def token_logprobs(model: Any, tokens: Tensor, attention_mask: Tensor, temperature: float) -> Tensor:
@@ -90,8 +97,23 @@ def _micro_batches(trajs: list[Trajectory], budget: int) -> list[list[int]]:
     return [b for b in batches if b]
 
 
+def ended_at_a_limit(t: Trajectory) -> bool:
+    """The episode hit the token budget, or its last turn was cut at the turn's token limit."""
+    return t.status is Status.TRUNCATED or bool(t.turns and t.turns[-1].finish_reason == "length")
+
+
+def shaped_reward(t: Trajectory, cfg: StepConfig) -> float:
+    """The reward the advantages see: the verifier's, plus DAPO's overlong penalty when it is on."""
+    alg = cfg.algorithm
+    if not alg.overlong_buffer or alg.context_tokens is None:
+        return t.reward
+    return t.reward + overlong_penalty(
+        t.num_tokens, alg.context_tokens, alg.overlong_buffer, alg.overlong_penalty
+    )
+
+
 def screen_group(
-    group: Sequence[Trajectory], version: int, max_staleness: int
+    group: Sequence[Trajectory], version: int, cfg: StepConfig
 ) -> tuple[list[Trajectory], str | None, Counter[str], list[int]]:
     """A group's trainable members; why the whole group is dropped (None: it is used); the counts of
     dropped members; the staleness (versions behind ``version``) of every scored member."""
@@ -104,40 +126,49 @@ def screen_group(
             continue
         age = version - int(t.versions[t.generated.astype(bool)].min())
         ages.append(age)
-        if age > max_staleness:
+        if age > cfg.max_staleness:
             counts["dropped/stale"] += 1
+            continue
+        if cfg.algorithm.filter_truncated and ended_at_a_limit(t):
+            counts["dropped/truncated"] += 1
             continue
         valid.append(t)
     if len(valid) < 2:
         return valid, "groups_too_few_valid", counts, ages
-    if len({t.reward for t in valid}) == 1:  # every advantage would be 0 (DAPO dynamic sampling)
+    # every group-relative advantage would be 0 (DAPO dynamic sampling); a batch-mean baseline
+    # still gives such a group a signal
+    if cfg.algorithm.advantage != "reinforce_baseline" and len({shaped_reward(t, cfg) for t in valid}) == 1:
         return valid, "no_signal_groups", counts, ages
     return valid, None, counts, ages
 
 
 def _select(
     groups: Sequence[Sequence[Trajectory]], version: int, cfg: StepConfig
-) -> tuple[list[Trajectory], list[float], dict[str, float]]:
-    """The usable trajectories, their GRPO advantages, and the counts of what was dropped."""
+) -> tuple[list[Trajectory], list[float], list[int], dict[str, float]]:
+    """The usable trajectories, their shaped rewards and group indices, and the counts of what was dropped."""
     counts: Counter[str] = Counter()
     staleness: Counter[int] = Counter()
     used: list[Trajectory] = []
-    advantages: list[float] = []
-    for group in groups:
-        valid, dropped, member_counts, ages = screen_group(group, version, cfg.max_staleness)
+    rewards: list[float] = []
+    group_ids: list[int] = []
+    for g, group in enumerate(groups):
+        valid, dropped, member_counts, ages = screen_group(group, version, cfg)
         counts.update(member_counts)
         staleness.update(ages)
         if dropped is not None:
             counts[f"dropped/{dropped}"] += 1
             continue
         used += valid
-        advantages += grpo_advantages(torch.tensor([[t.reward for t in valid]], dtype=torch.float32))[
-            0
-        ].tolist()
+        rewards += [shaped_reward(t, cfg) for t in valid]
+        group_ids += [g] * len(valid)
     metrics: dict[str, float] = {k: float(v) for k, v in counts.items()}
     metrics |= {f"offpolicy/staleness_{k}": float(v) for k, v in sorted(staleness.items())}
     metrics["rollout/trajectories_used"] = float(len(used))
-    return used, advantages, metrics
+    if used and cfg.algorithm.overlong_buffer:
+        metrics["rewards/overlong_penalty_mean"] = sum(
+            r - t.reward for r, t in zip(rewards, used, strict=True)
+        ) / len(used)
+    return used, rewards, group_ids, metrics
 
 
 class _Batch:
@@ -162,13 +193,18 @@ class _Batch:
 
     def per_token(self, members: Sequence[int], name: str, dtype: torch.dtype) -> Tensor:
         """A Trajectory array (or the advantage) at the trained positions of ``members``, concatenated."""
-        parts = [
-            np.full(len(self.positions[i]), self.advantages[i])
-            if name == "advantages"
-            else getattr(self.trajs[i], name)[self.positions[i]]
-            for i in members
-        ]
+        if name == "advantages":
+            return self.spread(members, dict(enumerate(self.advantages)), dtype)
+        parts = [getattr(self.trajs[i], name)[self.positions[i]] for i in members]
         return torch.from_numpy(np.concatenate(parts)).to(self.device, dtype, non_blocking=True)
+
+    def spread(self, members: Sequence[int], value: dict[int, float], dtype: torch.dtype) -> Tensor:
+        """One number per member repeated over its trained positions, concatenated."""
+        parts = [np.full(len(self.positions[i]), value[i]) for i in members]
+        return torch.from_numpy(np.concatenate(parts)).to(self.device, dtype, non_blocking=True)
+
+    def lengths(self, members: Sequence[int]) -> list[int]:
+        return [len(self.positions[i]) for i in members]
 
 
 def _logprobs(
@@ -211,9 +247,9 @@ def _full(t: Tensor) -> Tensor:
 
 # the step's metric sums, added over ranks
 _SUMS = (
-    "pg_loss", "clipped", "trained", "entropy", "tis_weight", "tis_weight_max", "tis_weight_clipped",
-    "current_tokens", "mismatch_kl", "mismatch_tis_weight", "stale_tokens", "stale_kl", "stale_tis_weight",
-    "staleness", "kl_ref",
+    "pg_loss", "clipped", "dual_clipped", "trained", "entropy", "entropy_bonus", "is_weight", "is_masked",
+    "tis_weight", "tis_weight_max", "tis_weight_clipped", "current_tokens", "mismatch_kl",
+    "mismatch_tis_weight", "stale_tokens", "stale_kl", "stale_tis_weight", "staleness", "kl_ref",
 )  # fmt: skip
 
 
@@ -289,7 +325,8 @@ def _record_offpolicy(
     versions = batch.per_token(members, "versions", torch.long)
     _add(
         sums,
-        _offpolicy_sums(logp_prox, behav, versions, version, batch.cfg.is_cap) | {"entropy": entropy.sum()},
+        _offpolicy_sums(logp_prox, behav, versions, version, batch.cfg.algorithm.is_cap)
+        | {"entropy": entropy.sum()},
     )
 
 
@@ -326,54 +363,90 @@ def _reference_logprobs(ref_model: Any, batch: _Batch, one_pass: list[list[int]]
     return ref
 
 
+def _is_weights(batch: _Batch, members: list[int], logp_prox: Tensor, behav: Tensor) -> Tensor:
+    """The off-policy weight of each trained token: per token, or one per member (its tokens' ratios
+    multiplied), capped or masked as the algorithm says."""
+    alg = batch.cfg.algorithm
+    kw = {"cap": alg.is_cap, "mode": alg.is_mode}
+    if alg.is_level == "token":
+        return truncated_is_weights(logp_prox, behav, torch.ones_like(logp_prox), **kw)
+    n = batch.lengths(members)
+    return torch.cat([
+        truncated_is_weights(p[None], b[None], torch.ones_like(p[None]), level="sequence", **kw)[0]
+        for p, b in zip(logp_prox.split(n), behav.split(n), strict=True)
+    ])  # fmt: skip
+
+
 def _micro_batch_backward(
-    model: Any, batch: _Batch, members: list[int], mode: str | None, mb_tokens: float,
+    model: Any, batch: _Batch, members: list[int], mode: str | None, weight: dict[int, float],
     sums: dict[str, Tensor], *, version: int, prox: dict[int, Tensor] | None,
     ref: dict[int, Tensor] | None,
 ) -> None:  # fmt: skip
-    """Backpropagates the loss of one micro-batch, divided by the minibatch's token count, and adds
-    its sums. ``prox`` None: on policy, pi_prox is the training forward's own (detached) policy;
-    ``ref`` None: no reference model."""
-    cfg = batch.cfg
+    """Backpropagates one micro-batch's share of the minibatch loss (each member's token losses times
+    its aggregation ``weight``) and adds its sums. ``prox`` None: on policy, pi_prox is the
+    training forward's own (detached) policy; ``ref`` None: no KL loss term."""
+    cfg, alg = batch.cfg, batch.cfg.algorithm
     with _checkpointing(model, cfg.gradient_checkpointing):
         with _autocast(batch.device, cfg):
-            logp, entropy = _logprobs(model, batch, members, mode, with_entropy=prox is None)
+            logp, entropy = _logprobs(
+                model, batch, members, mode, with_entropy=prox is None or alg.entropy_coef > 0
+            )
         if prox is None:
             logp_prox = logp.detach()
             _record_offpolicy(sums, batch, members, logp_prox, entropy, version)
         else:
             logp_prox = torch.cat([prox[i] for i in members])
-        out = decoupled_ppo_loss(
-            logp, logp_prox, batch.per_token(members, "behavior_logprobs", torch.float32),
-            batch.per_token(members, "advantages", torch.float32), torch.ones_like(logp),
-            eps_low=cfg.eps_low, eps_high=cfg.eps_high, is_cap=cfg.is_cap,
+        behav = batch.per_token(members, "behavior_logprobs", torch.float32)
+        surrogate = clipped_surrogate(
+            logp, logp_prox, batch.per_token(members, "advantages", torch.float32),
+            eps_low=alg.eps_low, eps_high=alg.eps_high, dual_clip_c=alg.dual_clip_c,
         )  # fmt: skip
-        # token-mean over the minibatch: every micro-batch divides by its token count
-        loss = out.loss.sum() / mb_tokens
+        is_w = _is_weights(batch, members, logp_prox, behav)
+        w = batch.spread(members, weight, torch.float32)
+        pg = (w * is_w * surrogate.loss).sum()
+        loss = pg
         new = {
-            "pg_loss": out.loss.sum(),
-            "clipped": out.clipped.sum(),
+            "pg_loss": pg,
+            "clipped": surrogate.clipped.sum(),
+            "dual_clipped": surrogate.dual_clipped.sum(),
+            "is_weight": is_w.sum(),
+            "is_masked": (is_w == 0).sum(),
             "trained": logp.new_tensor(len(logp)),
         }
-        if ref is not None:
-            kl = kl_estimate(logp, torch.cat([ref[i] for i in members]), cfg.kl_estimator)
-            if cfg.kl_coef:
-                loss = loss + cfg.kl_coef * kl.sum() / mb_tokens
+        if alg.entropy_coef:
+            bonus = (w * entropy).sum()
+            loss = loss - alg.entropy_coef * bonus
+            new["entropy_bonus"] = bonus
+        if ref is not None and not alg.kl_in_reward:
+            kl = kl_estimate(logp, torch.cat([ref[i] for i in members]), alg.kl_estimator)
+            loss = loss + alg.kl_coef * (w * kl).sum()
             new["kl_ref"] = kl.sum()
         loss.backward()
     _add(sums, new)
+
+
+def _aggregation(batch: _Batch, minibatch: Sequence[int]) -> tuple[dict[int, float], float]:
+    """Each member's factor in the minibatch's loss (``trainer.losses.sequence_weights``) and the
+    aggregation's denominator (tokens for token_mean, sequences, or sequences x the constant)."""
+    alg = batch.cfg.algorithm
+    members = list(minibatch)
+    lengths = batch.lengths(members)
+    weights = sequence_weights(lengths, alg.loss_agg, alg.agg_tokens)
+    seqs = float(sum(1 for n in lengths if n > 0))
+    normalizer = {"token_mean": float(sum(lengths)), "seq_mean_token_sum_norm": seqs * (alg.agg_tokens or 1)}
+    return dict(zip(members, weights, strict=True)), normalizer.get(alg.loss_agg, seqs)
 
 
 def _minibatch_update(
     model: Any, optimizer: torch.optim.Optimizer, scheduler: Any, batch: _Batch, minibatch: np.ndarray,
     own: set[int], ctx: DistContext, mode: str | None, sums: dict[str, Tensor], *, version: int,
     prox: dict[int, Tensor] | None, ref: dict[int, Tensor] | None,
-) -> Tensor:  # fmt: skip
+) -> tuple[Tensor, float]:  # fmt: skip
     """One optimizer (and scheduler) step on this rank's share of ``minibatch``; returns the gradient
-    norm before clipping."""
+    norm before clipping and the aggregation's denominator."""
     cfg = batch.cfg
-    # every rank divides by the whole minibatch's tokens: the reduced gradient is its mean
-    mb_tokens = float(max(sum(len(batch.positions[i]) for i in minibatch), 1))
+    # every rank weighs its members within the whole minibatch: the reduced gradient is the aggregate's
+    weight, normalizer = _aggregation(batch, minibatch.tolist())
     optimizer.zero_grad(set_to_none=True)
     passes = batch.micro_batches(sorted(i for i in minibatch.tolist() if i in own))
     for members in equalize_passes(passes, ctx):
@@ -381,29 +454,32 @@ def _minibatch_update(
             with _checkpointing(model, cfg.gradient_checkpointing), _autocast(batch.device, cfg):
                 _empty_pass(model, batch.device).backward()
             continue
-        _micro_batch_backward(
-            model, batch, members, mode, mb_tokens, sums, version=version, prox=prox, ref=ref
-        )
+        _micro_batch_backward(model, batch, members, mode, weight, sums, version=version, prox=prox, ref=ref)
     grad_norm = _full(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm))
     optimizer.step()
     if scheduler is not None:
         scheduler.step()
-    return grad_norm
+    return grad_norm, normalizer
 
 
 def _step_metrics(
     sums: dict[str, Tensor], ctx: DistContext, n_tokens: list[int], micro_batches: int,
-    grad_norms: list[Tensor], with_ref: bool,
+    grad_norms: list[Tensor], normalizers: list[float], cfg: StepConfig, with_ref: bool,
 ) -> dict[str, float]:  # fmt: skip
     """The step's loss, policy, off-policy and perf metrics from its sums, added over ranks."""
+    alg = cfg.algorithm
     s = Counter(all_reduce_sums({k: float(v) for k, v in sums.items()}, _SUMS, ctx))
     s["trained"] = max(s["trained"], 1.0)
     total = float(max(sum(n_tokens), 1))
+    updates = max(len(grad_norms), 1)
     metrics = {
-        "losses/pg_loss": s["pg_loss"] / s["trained"],
+        # the aggregated policy loss of an optimizer step, averaged over the step's updates
+        "losses/pg_loss": s["pg_loss"] / updates,
         "losses/clipfrac": s["clipped"] / s["trained"],
         "losses/grad_norm": float(torch.stack([g.float() for g in grad_norms]).mean()),
+        "losses/agg_normalizer": sum(normalizers) / updates,
         "policy/entropy": s["entropy"] / total,
+        "offpolicy/is_weight_mean": s["is_weight"] / s["trained"],
         "offpolicy/tis_weight_mean": s["tis_weight"] / total,
         "offpolicy/tis_weight_max": s["tis_weight_max"],
         "offpolicy/tis_weight_clipped_frac": s["tis_weight_clipped"] / total,
@@ -419,9 +495,26 @@ def _step_metrics(
         "perf/micro_batches": float(micro_batches),
         "perf/optimizer_steps": float(len(grad_norms)),
     }
-    if with_ref:
+    if alg.dual_clip_c is not None:
+        metrics["losses/dual_clipfrac"] = s["dual_clipped"] / s["trained"]
+    if alg.is_mode == "mask":
+        metrics["offpolicy/is_masked_frac"] = s["is_masked"] / s["trained"]
+    if alg.entropy_coef:
+        metrics["losses/entropy_bonus"] = s["entropy_bonus"] / updates
+    if with_ref and not alg.kl_in_reward:
         metrics["losses/kl_ref"] = s["kl_ref"] / s["trained"]
     return metrics
+
+
+def _kl_penalties(batch: _Batch, ref: dict[int, Tensor]) -> list[float]:
+    """Each trajectory's summed KL estimate of the sampling policy (the engine's logprobs) to the
+    reference over its trained tokens: what ``kl_in_reward`` charges to its reward."""
+    alg = batch.cfg.algorithm
+    out = []
+    for i in range(len(batch.trajs)):
+        behav = batch.per_token([i], "behavior_logprobs", torch.float32)
+        out.append(float(kl_estimate(behav, ref[i], alg.kl_estimator).sum()))
+    return out
 
 
 def train_step(
@@ -437,18 +530,22 @@ def train_step(
         optimizer: stepped ``cfg.ppo_epochs * cfg.minibatches`` times.
         groups: Trajectory groups, one per prompt.
         version: the policy version of ``model``'s weights.
-        cfg: the step configuration.
+        cfg: the step configuration; ``cfg.algorithm`` says what is optimised.
         scheduler: stepped after every optimizer step.
-        ref_model: the reference policy for the KL term (``cfg.kl_coef``) and ``losses/kl_ref``.
+        ref_model: the reference policy of the KL term (``algorithm.kl_coef``; in the loss or in
+            the reward) and ``losses/kl_ref``.
         ctx: under FSDP2, this rank (every rank calls ``train_step`` with the same groups).
     """
     start = time.perf_counter()
-    used, advantages, metrics = _select(groups, version, cfg)
+    alg = cfg.algorithm
+    if alg.kl_coef and ref_model is None:
+        raise ValueError("algorithm.kl_coef > 0 needs ref_model")
+    used, rewards, group_ids, metrics = _select(groups, version, cfg)
     if not used:
         return metrics
     ctx = ctx or DistContext()
     device = next(model.parameters()).device
-    batch = _Batch(used, advantages, cfg, device, fused=cfg.fused_logprobs and not ctx.distributed)
+    batch = _Batch(used, [], cfg, device, fused=cfg.fused_logprobs and not ctx.distributed)
     mode = enable_packed_attention(model) if cfg.packing else None
     mine = shard_of(list(range(len(used))), ctx, cost=lambda i: used[i].num_tokens)
     own = set(mine)
@@ -459,20 +556,31 @@ def train_step(
     sums: dict[str, Tensor] = {}
     with torch.no_grad(), _autocast(device, cfg):
         prox = None if on_policy else _proximal_logprobs(model, batch, one_pass, mode, sums, version)
-        ref = None if ref_model is None else _reference_logprobs(ref_model, batch, one_pass)
+        # a KL charged to the reward changes every advantage: every rank needs every trajectory's
+        ref_passes = batch.micro_batches(list(range(len(used)))) if alg.kl_in_reward else one_pass
+        ref = None if ref_model is None else _reference_logprobs(ref_model, batch, ref_passes)
+    if alg.kl_in_reward and ref is not None:
+        penalties = _kl_penalties(batch, ref)
+        rewards = [kl_penalized(r, k, alg.kl_coef) for r, k in zip(rewards, penalties, strict=True)]
+        metrics["rewards/kl_penalty_mean"] = alg.kl_coef * sum(penalties) / len(penalties)
+    batch.advantages = estimate_advantages(rewards, group_ids, alg.advantage, scale_by_std=alg.scale_by_std)
+    metrics["advantages/abs_mean"] = sum(abs(a) for a in batch.advantages) / len(used)
 
-    grad_norms = []
+    grad_norms, normalizers = [], []
     for epoch in range(cfg.ppo_epochs):
         rng = np.random.default_rng([cfg.seed, version, epoch])
         for minibatch in np.array_split(rng.permutation(len(used)), min(cfg.minibatches, len(used))):
-            grad_norm = _minibatch_update(
+            grad_norm, normalizer = _minibatch_update(
                 model, optimizer, scheduler, batch, minibatch, own, ctx, mode, sums,
                 version=version, prox=prox, ref=ref,
             )  # fmt: skip
             grad_norms.append(grad_norm)
+            normalizers.append(normalizer)
 
     n_tokens = [len(p) for p in batch.positions]
-    metrics |= _step_metrics(sums, ctx, n_tokens, len(one_pass), grad_norms, with_ref=ref_model is not None)
+    metrics |= _step_metrics(
+        sums, ctx, n_tokens, len(one_pass), grad_norms, normalizers, cfg, with_ref=ref_model is not None
+    )
     elapsed = time.perf_counter() - start  # after the float() conversions above: the GPU is done
     metrics["perf/step_s"] = elapsed
     metrics["perf/tokens_per_s"] = sum(t.num_tokens for t in used) * cfg.ppo_epochs / elapsed

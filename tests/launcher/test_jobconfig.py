@@ -20,7 +20,7 @@ from launcher.jobconfig import (
     step_config,
 )
 from pqrl.settings import fields_of
-from trainer.config import LoopConfig, StepConfig
+from trainer.config import AlgorithmConfig, LoopConfig, StepConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -100,6 +100,27 @@ def test_settings_one_component_takes_from_another_cannot_disagree(tmp_path):
     assert {f.name for f in fields_of(StepConfig) if f.required} == {"temperature", "max_staleness"}
 
 
+def test_the_algorithm_section_reaches_the_step_and_impossible_combinations_are_named(tmp_path):
+    base = "run: x\ntasks:\n  suites: [{generate: calc}]\nrollout: {max_total_tokens: 900}\n"
+    cfg = load_config(
+        _write(tmp_path, base + "algorithm: {advantage: rloo, loss_agg: seq_mean_token_sum_norm}\n")
+    )
+    alg = step_config(cfg).algorithm
+    assert (alg.advantage, alg.loss_agg, alg.agg_tokens) == ("rloo", "seq_mean_token_sum_norm", 900)
+    assert "context_tokens" not in type(cfg.algorithm).model_fields, "derived from the rollout budget"
+    bad = {
+        "advantage: rloo, scale_by_std: false": "scale_by_std applies to grpo only",
+        "kl_in_reward: true": "kl_in_reward needs kl_coef > 0",
+        "overlong_buffer: 900": "overlong_buffer \\(900\\) must be below the token budget \\(900\\)",
+        "loss_agg_tokens: 64": "loss_agg_tokens applies to loss_agg seq_mean_token_sum_norm only",
+        "dual_clip_c: 1.0": "algorithm.dual_clip_c",
+        "advantage: ppo": "algorithm.advantage",
+    }
+    for text, message in bad.items():
+        with pytest.raises(ConfigInvalid, match=message):
+            load_config(_write(tmp_path, base + f"algorithm: {{{text}}}\n"))
+
+
 def test_component_bounds_hold_in_the_job_config_and_in_code(tmp_path):
     with pytest.raises(ConfigInvalid, match="rollout.max_turns"):
         load_config(
@@ -107,8 +128,8 @@ def test_component_bounds_hold_in_the_job_config_and_in_code(tmp_path):
         )
     with pytest.raises(ValueError, match="EpisodeConfig.max_turns must be >= 1"):
         EpisodeConfig(max_turns=0)
-    with pytest.raises(ValueError, match="StepConfig.kl_estimator must be one of"):
-        StepConfig(temperature=1.0, max_staleness=1, kl_estimator="k9")
+    with pytest.raises(ValueError, match="AlgorithmConfig.kl_estimator must be one of"):
+        AlgorithmConfig(kl_estimator="k9")
     assert dataclasses.replace(EpisodeConfig(), max_turns=2).max_turns == 2
     with pytest.raises(ConfigInvalid, match="rollout.temperature must be > 0 for training"):
         load_config(

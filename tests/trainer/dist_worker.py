@@ -111,7 +111,7 @@ def summed_token_loss(model: nn.Module, mb: dict[str, Tensor], normalizer: float
         logp_prox = token_logprobs(model, mb["tokens"], mb["attention_mask"], 1.0)
     logp = token_logprobs(model, mb["tokens"], mb["attention_mask"], 1.0)
     out = decoupled_ppo_loss(logp, logp_prox, mb["behavior"], mb["adv"], mb["mask"], eps_high=0.28)
-    return aggregate_loss(out.loss, mb["mask"], "token-mean", normalizer=normalizer)
+    return aggregate_loss(out.loss, mb["mask"], "token_mean", normalizer=normalizer)
 
 
 def empty_batch() -> dict[str, Tensor]:

@@ -14,6 +14,7 @@ from trainer.losses import (
     entropy_from_logits,
     kl_estimate,
     masked_mean,
+    sequence_weights,
     truncated_is_weights,
 )
 
@@ -241,20 +242,39 @@ def test_aggregate_modes_hand_numbers():
     loss, mask = t(LOSS), torch.tensor(MASK)
     # token-mean: (1 + 2 + 3 + 4) / 4 = 2.5
     assert_close(aggregate_loss(loss, mask), t(2.5))
-    # seq-mean-token-mean: (6/3 + 4/1) / 2 = 3
-    assert_close(aggregate_loss(loss, mask, "seq-mean-token-mean"), t(3.0))
-    # seq-mean-token-sum-norm with max_len T = 3: (6/3 + 4/3) / 2 = 5/3; with 4: (1.5 + 1)/2
-    assert_close(aggregate_loss(loss, mask, "seq-mean-token-sum-norm"), t(5.0 / 3.0))
-    assert_close(aggregate_loss(loss, mask, "seq-mean-token-sum-norm", max_len=4), t(1.25))
+    # seq_mean_token_mean: (6/3 + 4/1) / 2 = 3
+    assert_close(aggregate_loss(loss, mask, "seq_mean_token_mean"), t(3.0))
+    # seq_mean_token_sum_norm with max_len T = 3: (6/3 + 4/3) / 2 = 5/3; with 4: (1.5 + 1)/2
+    assert_close(aggregate_loss(loss, mask, "seq_mean_token_sum_norm"), t(5.0 / 3.0))
+    assert_close(aggregate_loss(loss, mask, "seq_mean_token_sum_norm", max_len=4), t(1.25))
+    # seq_mean_token_sum: (6 + 4) / 2 = 5
+    assert_close(aggregate_loss(loss, mask, "seq_mean_token_sum"), t(5.0))
     with pytest.raises(ValueError):
         aggregate_loss(loss, mask, "sum")
+
+
+@pytest.mark.parametrize(
+    "mode", ["token_mean", "seq_mean_token_sum", "seq_mean_token_mean", "seq_mean_token_sum_norm"]
+)
+def test_sequence_weights_sum_to_the_aggregate(mode):
+    """Summing w_i * (sequence i's token sum) one sequence at a time, as micro-batches do, gives
+    aggregate_loss over the whole batch; a fully masked row weighs nothing."""
+    loss = t(LOSS + [[5.0, 5.0, 5.0]])
+    mask = torch.tensor(MASK + [[0, 0, 0]])
+    lengths = mask.sum(-1).tolist()
+    w = sequence_weights(lengths, mode, max_len=4)
+    by_sequence = sum(wi * float(torch.where(mask[i].bool(), loss[i], 0.0).sum()) for i, wi in enumerate(w))
+    assert by_sequence == pytest.approx(float(aggregate_loss(loss, mask, mode, max_len=4)))
+    assert w[2] == 0 or mode != "seq_mean_token_mean"
+    with pytest.raises(ValueError, match="max_len"):
+        sequence_weights(lengths, "seq_mean_token_sum_norm")
 
 
 def test_aggregate_fully_masked_sequence_does_not_dilute():
     # A third, fully masked row changes nothing in the sequence modes: still (2 + 4) / 2 = 3.
     loss = t(LOSS + [[5.0, 5.0, 5.0]])
     mask = torch.tensor(MASK + [[0, 0, 0]])
-    assert_close(aggregate_loss(loss, mask, "seq-mean-token-mean"), t(3.0))
+    assert_close(aggregate_loss(loss, mask, "seq_mean_token_mean"), t(3.0))
     assert_close(aggregate_loss(loss, mask), t(2.5))
 
 
@@ -262,13 +282,13 @@ def test_aggregate_normalizer_override():
     # Global token count 8 (two micro-batches of 4): 10 / 8. Global sequence count 4: 6 / 4.
     loss, mask = t(LOSS), torch.tensor(MASK)
     assert_close(aggregate_loss(loss, mask, normalizer=8), t(1.25))
-    assert_close(aggregate_loss(loss, mask, "seq-mean-token-mean", normalizer=4), t(1.5))
+    assert_close(aggregate_loss(loss, mask, "seq_mean_token_mean", normalizer=4), t(1.5))
 
 
 def test_aggregate_all_masked_is_zero_with_finite_grad():
     loss = t([[1.0, float("nan")]]).requires_grad_()
     mask = torch.zeros(1, 2)
-    for mode in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"):
+    for mode in ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"):
         out = aggregate_loss(loss, mask, mode)
         assert out.item() == 0.0
         out.backward()

@@ -17,6 +17,7 @@ from launcher.demo import DemoConfig, sample_group
 from pqrl.model_cache import load_model, load_tokenizer
 from pqrl.trajectory import Status, Trajectory
 from tests.trainer.one_thread import one_torch_thread  # noqa: F401 (autouse: torch on one thread)
+from trainer.config import AlgorithmConfig
 from trainer.losses import entropy_from_logits
 from trainer.step import StepConfig, token_logprobs, train_step
 
@@ -131,9 +132,14 @@ class _Snapshots:
         self.params.append(torch.cat([p.detach().flatten() for p in self.model.parameters()]))
 
 
+ALGORITHM = {f.name for f in dataclasses.fields(AlgorithmConfig)}
+
+
 def _cfg(**kw):
-    """The step's settings as a job at T 1 with staleness bound 1 would give them, changed by ``kw``."""
-    return StepConfig(**({"temperature": 1.0, "max_staleness": 1} | kw))
+    """The step's settings as a job at T 1 with staleness bound 1 would give them, changed by ``kw``
+    (``AlgorithmConfig`` fields go into ``algorithm``)."""
+    algorithm = AlgorithmConfig(**{k: kw.pop(k) for k in list(kw) if k in ALGORITHM})
+    return StepConfig(**({"temperature": 1.0, "max_staleness": 1} | kw), algorithm=algorithm)
 
 
 def _run(base, groups, version=1, ref_model=None, calls=None, **cfg):
