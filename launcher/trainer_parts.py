@@ -4,6 +4,7 @@ model for KL, the optimizer and its warm-up schedule, restored from the run's la
 from __future__ import annotations
 
 import dataclasses
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -11,12 +12,15 @@ from launcher.jobconfig import TrainConfig, step_config
 
 __all__ = ["TrainerParts", "trainer_parts"]
 
+log = logging.getLogger(__name__)
+
 
 @dataclasses.dataclass
 class TrainerParts:
     model: Any
     tokenizer: Any
     ref_model: Any
+    critic: Any  # PPO's value head (trainer.critic.ValueHead), or None
     optimizer: Any
     scheduler: Any
     state: Any  # CheckpointState, or None on a fresh start
@@ -53,9 +57,23 @@ def trainer_parts(cfg: TrainConfig, ctx: Any) -> TrainerParts:
         if cfg.algorithm.kl_coef
         else None
     )
-    optimizer = torch.optim.AdamW(model.parameters(), lr=t.lr, betas=t.betas, weight_decay=t.weight_decay)
+    critic = None
+    if cfg.algorithm.advantage == "ppo":
+        from trainer.critic import ValueHead, load_critic
+
+        if ctx.distributed:
+            raise ValueError(
+                "algorithm.advantage ppo: the critic is not sharded yet; run the trainer as one process"
+            )
+        critic = ValueHead(model.config.hidden_size).to(device)
+        if latest is not None and not load_critic(critic, latest):
+            log.warning("%s has no critic (it was not a ppo run): the critic starts at zero", latest)
+    params = [*model.parameters(), *([] if critic is None else critic.parameters())]
+    optimizer = torch.optim.AdamW(params, lr=t.lr, betas=t.betas, weight_decay=t.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: min(1.0, (s + 1) / (t.warmup_steps + 1))
     )
     state = load_checkpoint(latest, optimizer=optimizer, scheduler=scheduler, model=model) if latest else None
-    return TrainerParts(model, tokenizer, ref_model, optimizer, scheduler, state, step_config(cfg), latest)
+    return TrainerParts(
+        model, tokenizer, ref_model, critic, optimizer, scheduler, state, step_config(cfg), latest
+    )

@@ -36,7 +36,8 @@ async def train(job: Job) -> dict[str, Any]:
     sync = await _weight_sync(job, job.engine, parts.model)
     trainer = TrainerLoop(
         parts.model, parts.optimizer, job.store, job.engine, loop_config(job.cfg), tokenizer=parts.tokenizer,
-        scheduler=parts.scheduler, state=parts.state, ref_model=parts.ref_model, leader=leader, sync=sync,
+        scheduler=parts.scheduler, state=parts.state, ref_model=parts.ref_model, critic=parts.critic,
+        leader=leader, sync=sync,
     )  # fmt: skip
     try:
         return await _Run(job, trainer, leader).run(resumed=parts.latest is not None)

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 __all__ = [
+    "agent_token_gae",
     "broadcast_to_tokens",
     "estimate_advantages",
     "gae",
@@ -280,3 +281,21 @@ def gae(
         next_adv = torch.where(is_step, adv_t, next_adv)
     returns = torch.where(step, advantages + values, 0.0)
     return advantages, returns
+
+
+def agent_token_gae(values: Tensor, reward: float, *, gamma: float, lam: float) -> tuple[Tensor, Tensor]:
+    """GAE over one episode's agent tokens, in order, with the verifier's reward after the last:
+    the tokens between them (prompt, tool output) are not actions, so they are left out before
+    this is called (``gae`` with a ``mask`` over the full layout gives the same numbers).
+
+    Args:
+        values: ``[n]`` ``V(s_t)`` at each agent token (the state before it).
+        reward: the episode's reward, given at its last agent token; 0 at the others.
+
+    Returns:
+        ``(advantages, returns)``, each ``[n]``; the value after the last token is 0 (terminal).
+    """
+    rewards = torch.zeros_like(values, dtype=torch.float64)
+    if values.numel():
+        rewards[-1] = reward
+    return gae(rewards, values.to(torch.float64), gamma=gamma, lam=lam)

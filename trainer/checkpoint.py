@@ -5,6 +5,7 @@ A checkpoint directory ``CKPT_DIR/step-000012/`` holds:
 - ``model/``: the weights in Hugging Face format (with the tokenizer), loadable by SGLang and the
   built-in engine;
 - ``trainer_state.pt``: optimizer, learning-rate scheduler and RNG states;
+- ``critic.pt``: PPO's value head (``trainer.critic``), when the run has one;
 - ``state.json``: step, policy version, task-sampler position, the ids of every group trained so
   far (the model's provenance) and the stream entries of the groups trained since the previous
   checkpoint (acknowledged in Redis only once this checkpoint exists; see ``trainer.loop``).
@@ -68,6 +69,7 @@ def save_checkpoint(
     tokenizer: Any = None,
     keep: int = 2,
     optimizer_state: Any = None,
+    critic: Any = None,
 ) -> Path:
     """Writes the checkpoint of ``state.step`` and points ``latest`` at it; returns its path.
 
@@ -91,6 +93,10 @@ def save_checkpoint(
         },
         tmp / "trainer_state.pt",
     )
+    if critic is not None:
+        from trainer.critic import save_critic
+
+        save_critic(critic, tmp)
     (tmp / "state.json").write_text(json.dumps(asdict(state)))
     _fsync_tree(tmp)
     if final.exists():  # a step re-done after a resume: the new one replaces it

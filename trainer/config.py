@@ -3,7 +3,7 @@ build these. Standard library only, so reading a job config imports no torch."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Literal
 
 from pqrl.settings import Settings, setting
@@ -17,8 +17,9 @@ class AlgorithmConfig(Settings):
     trust region, the off-policy weight, the regularisers and the reward shaping. Defaults are
     GRPO with DAPO's token mean, clip-higher and a token-level capped weight."""
 
-    advantage: Literal["grpo", "dr_grpo", "rloo", "reinforce_baseline"] = setting(
-        "grpo", "advantage estimator: group mean (and std) baseline, leave-one-out, or batch mean"
+    advantage: Literal["grpo", "dr_grpo", "rloo", "reinforce_baseline", "ppo"] = setting(
+        "grpo",
+        "advantage estimator: group mean (and std) baseline, leave-one-out, batch mean, or a critic with GAE",
     )
     scale_by_std: bool = setting(True, "grpo: divide by the group's reward std (false: mean-centred only)")
     loss_agg: Literal[
@@ -30,6 +31,12 @@ class AlgorithmConfig(Settings):
     )
     loss_agg_tokens: int | None = setting(
         None, "seq_mean_token_sum_norm: the constant divisor (default: the episode token budget)", ge=1
+    )
+    gamma: float = setting(1.0, "ppo: discount per agent token", ge=0, le=1)
+    lam: float = setting(0.95, "ppo: GAE lambda (1: Monte-Carlo returns minus V, 0: one-step TD)", ge=0, le=1)
+    vf_coef: float = setting(0.5, "ppo: weight of the value loss", gt=0)
+    vf_clip: float | None = setting(
+        0.2, "ppo: clip of the value change around the old value (empty: none)", gt=0
     )
     eps_low: float = setting(0.2, "clip range below 1", ge=0)
     eps_high: float = setting(0.28, "clip range above 1 (DAPO clip-higher)", ge=0)
@@ -69,6 +76,10 @@ class AlgorithmConfig(Settings):
     def __post_init__(self) -> None:
         super().__post_init__()
         problems = []
+        ppo_only = ("gamma", "lam", "vf_coef", "vf_clip")
+        changed = [f.name for f in fields(self) if f.name in ppo_only and getattr(self, f.name) != f.default]
+        if changed and self.advantage != "ppo":
+            problems.append(f"{', '.join(changed)} apply to advantage ppo only")
         if not self.scale_by_std and self.advantage != "grpo":
             problems.append(f"scale_by_std applies to grpo only, not {self.advantage}")
         if self.kl_in_reward and not self.kl_coef:

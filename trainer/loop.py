@@ -83,10 +83,11 @@ class TrainerLoop:
         state: CheckpointState | None = None,
         sync: WeightSync | None = None,
         ref_model: Any = None,
+        critic: Any = None,
         leader: Leader | None = None,
     ) -> None:
         self.model, self.optimizer, self.store, self.leader = model, optimizer, store, leader
-        self.tokenizer, self.scheduler, self.ref_model = tokenizer, scheduler, ref_model
+        self.tokenizer, self.scheduler, self.ref_model, self.critic = tokenizer, scheduler, ref_model, critic
         self.cfg = cfg
         self.state = state or CheckpointState()
         # default: save to disk and have the engines load it (None: save only)
@@ -131,7 +132,7 @@ class TrainerLoop:
         train = train_step if self.leader is None else self.leader.train
         metrics = await asyncio.to_thread(
             train, self.model, self.optimizer, groups, version, self.cfg.step, scheduler=self.scheduler,
-            ref_model=self.ref_model,
+            ref_model=self.ref_model, critic=self.critic,
         )  # fmt: skip
         _failpoint("trained", self.state.step + 1)
         metrics["perf/train_s"] = time.perf_counter() - t0
@@ -168,7 +169,7 @@ class TrainerLoop:
         path = await asyncio.to_thread(
             save_checkpoint, self.cfg.ckpt_dir, self.state, model=model, optimizer=self.optimizer,
             scheduler=self.scheduler, tokenizer=self.tokenizer, keep=self.cfg.keep_checkpoints,
-            optimizer_state=optimizer_state,
+            optimizer_state=optimizer_state, critic=self.critic,
         )  # fmt: skip
         _failpoint("checkpointed", self.state.step)
         await self.store.groups.ack(STREAM_CONSUMER_GROUP, self.state.unacked_entries)

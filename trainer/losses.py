@@ -13,7 +13,7 @@ pieces:
 Only ``logp`` (the policy being trained) carries gradient; old/proximal/behaviour/reference
 log-probs and all importance weights are detached here, whatever the caller passes.
 
-Deliberately left out: the value loss (no critic yet), coefficient schedules,
+Deliberately left out: coefficient schedules,
 metric names (the trainer logs), and cross-rank reductions (pass ``normalizer`` instead).
 Advantage estimators live in ``trainer.advantages``.
 """
@@ -30,6 +30,7 @@ __all__ = [
     "PolicyLossOutput",
     "aggregate_loss",
     "clipped_surrogate",
+    "clipped_value_loss",
     "decoupled_ppo_loss",
     "entropy_from_logits",
     "kl_estimate",
@@ -331,3 +332,23 @@ def sequence_weights(lengths: list[int], mode: AggregationMode, max_len: int | N
             raise ValueError("seq_mean_token_sum_norm needs max_len")
         return [1.0 / (seqs * max_len)] * len(lengths)
     raise ValueError(f"unknown aggregation mode {mode!r}")
+
+
+def clipped_value_loss(
+    values: Tensor, values_old: Tensor, returns: Tensor, clip: float | None = 0.2
+) -> tuple[Tensor, Tensor]:
+    """PPO's value loss per token, ``0.5 * max((V - R)^2, (V_clip - R)^2)`` with
+    ``V_clip = V_old + clip(V - V_old, -clip, clip)``: the critic moves at most ``clip`` from the
+    values the advantages were computed with, unless that brings it closer to the return.
+
+    Returns:
+        ``(loss, clipped)``: the per-token loss (differentiable w.r.t. ``values``) and where the
+        clipped term won.
+    """
+    values_old, returns = values_old.detach(), returns.detach()
+    unclipped = (values - returns).square()
+    if clip is None:
+        return 0.5 * unclipped, torch.zeros_like(unclipped, dtype=torch.bool)
+    v_clip = values_old + (values - values_old).clamp(-clip, clip)
+    clipped_sq = (v_clip - returns).square()
+    return 0.5 * torch.maximum(unclipped, clipped_sq), clipped_sq > unclipped

@@ -10,7 +10,8 @@ optimised is ``cfg.algorithm`` (``trainer.config.AlgorithmConfig``). In order:
    group-relative signal and are dropped (dynamic sampling), except under a batch-mean baseline;
 2. rewards: the verifier's, plus the overlong penalty (``overlong_buffer``), minus
    ``kl_coef * sum_t KL_t`` with ``kl_in_reward``; advantages by ``algorithm.advantage`` (GRPO
-   with or without the std, Dr.GRPO, RLOO, batch-mean REINFORCE), one per sequence;
+   with or without the std, Dr.GRPO, RLOO, batch-mean REINFORCE), one per sequence, or PPO's:
+   per-token GAE from a critic's values (``trainer.critic``) over the agent's own tokens;
 3. proximal logprobs: recomputed under the current weights once, before the first update. With
    one epoch and one minibatch there is a single update, so pi_prox is exactly the policy of the
    training forward and its detached logprobs are used (no second forward pass); the behaviour
@@ -18,7 +19,8 @@ optimised is ``cfg.algorithm`` (``trainer.config.AlgorithmConfig``). In order:
 4. loss: ``w * max(-A r, -A clip(r))`` with ``r = pi_theta / pi_prox`` (clip-higher, optional
    dual clip) and the single capped or masked, detached weight ``w = pi_prox / pi_behavior`` per
    token or per sequence (one weight covers both engine/trainer mismatch and staleness), minus
-   ``entropy_coef * H``, plus ``kl_coef * KL(pi_theta || pi_ref)`` unless the KL is in the reward;
+   ``entropy_coef * H``, plus ``kl_coef * KL(pi_theta || pi_ref)`` unless the KL is in the reward,
+   plus ``vf_coef`` times the clipped value loss with a critic;
    per-token terms are averaged by ``loss_agg`` over the minibatch (each sequence's tokens carry
    the factor ``trainer.losses.sequence_weights`` gives it), gradients accumulated over
    micro-batches of at most ``micro_batch_tokens`` tokens;
@@ -36,7 +38,7 @@ metric sums are added over ranks. The fused head is bypassed there: it reads ``l
 outside the root module's forward, where FSDP2 has not gathered it.
 
 Deliberately left out here (the loop's job): reading from Redis, warm-up schedules (pass a
-``scheduler``). Not yet: a critic (PPO with GAE).
+``scheduler``). A critic under FSDP2 (PPO trains in one process).
 """
 
 from __future__ import annotations
@@ -53,11 +55,17 @@ import torch
 from torch import Tensor
 
 from pqrl.trajectory import Status, Trajectory
-from trainer.advantages import estimate_advantages
+from trainer.advantages import agent_token_gae, estimate_advantages
 from trainer.config import StepConfig
 from trainer.distributed import DistContext, all_reduce_sums, equalize_passes, shard_of
 from trainer.logprobs import full_logprobs, has_plain_head, head_logprobs
-from trainer.losses import clipped_surrogate, kl_estimate, sequence_weights, truncated_is_weights
+from trainer.losses import (
+    clipped_surrogate,
+    clipped_value_loss,
+    kl_estimate,
+    sequence_weights,
+    truncated_is_weights,
+)
 from trainer.packing import enable_packed_attention, first_fit_decreasing, pack_row, packed_model_kwargs
 from trainer.rewards import kl_penalized, overlong_penalty
 
@@ -135,9 +143,12 @@ def screen_group(
         valid.append(t)
     if len(valid) < 2:
         return valid, "groups_too_few_valid", counts, ages
-    # every group-relative advantage would be 0 (DAPO dynamic sampling); a batch-mean baseline
-    # still gives such a group a signal
-    if cfg.algorithm.advantage != "reinforce_baseline" and len({shaped_reward(t, cfg) for t in valid}) == 1:
+    # every group-relative advantage would be 0 (DAPO dynamic sampling); a batch-mean baseline or
+    # a critic still gives such a group a signal
+    if (
+        cfg.algorithm.advantage not in ("reinforce_baseline", "ppo")
+        and len({shaped_reward(t, cfg) for t in valid}) == 1
+    ):
         return valid, "no_signal_groups", counts, ages
     return valid, None, counts, ages
 
@@ -182,6 +193,11 @@ class _Batch:
         # position 0 has no prefix to predict it from
         self.positions = [np.flatnonzero(t.loss_mask[1:]) + 1 for t in trajs]
         self.advantages = advantages
+        # PPO: the critic, its values before the first update, and per-token advantages and returns
+        self.critic: Any = None
+        self.values_old: dict[int, Tensor] = {}
+        self.token_advantages: dict[int, Tensor] = {}
+        self.returns: dict[int, Tensor] = {}
 
     def micro_batches(self, members: Sequence[int]) -> list[list[int]]:
         trajs = [self.trajs[i] for i in members]
@@ -193,6 +209,8 @@ class _Batch:
 
     def per_token(self, members: Sequence[int], name: str, dtype: torch.dtype) -> Tensor:
         """A Trajectory array (or the advantage) at the trained positions of ``members``, concatenated."""
+        if name == "advantages" and self.token_advantages:
+            return torch.cat([self.token_advantages[i] for i in members]).to(self.device, dtype)
         if name == "advantages":
             return self.spread(members, dict(enumerate(self.advantages)), dtype)
         parts = [getattr(self.trajs[i], name)[self.positions[i]] for i in members]
@@ -208,9 +226,11 @@ class _Batch:
 
 
 def _logprobs(
-    model: Any, batch: _Batch, members: Sequence[int], mode: str | None, *, with_entropy: bool
-) -> tuple[Tensor, Tensor]:
-    """``(logp, entropy)`` of the trained tokens of ``members``, in member order, each ``[n]``."""
+    model: Any, batch: _Batch, members: Sequence[int], mode: str | None, *, with_entropy: bool,
+    critic: Any = None,
+) -> tuple[Tensor, Tensor, Tensor | None]:  # fmt: skip
+    """``(logp, entropy, values)`` of the trained tokens of ``members``, in member order, each
+    ``[n]``; ``values`` (the critic's ``V(s_t)``, from the same hidden states) None without a critic."""
     cfg, device = batch.cfg, batch.device
     trajs = [batch.trajs[i] for i in members]
     if mode is not None:  # one packed row, flattened: sequence k starts at offsets[k]
@@ -226,12 +246,21 @@ def _logprobs(
     target = kwargs["input_ids"].reshape(-1)[src_t + 1]
     if batch.fused and has_plain_head(model):
         hidden = model.base_model(**kwargs).last_hidden_state
-        return head_logprobs(
-            model, hidden.reshape(-1, hidden.shape[-1])[src_t], target, temperature=cfg.temperature,
-            chunk_tokens=cfg.logprob_chunk_tokens, compile=cfg.compile, with_entropy=with_entropy,
+        h = hidden.reshape(-1, hidden.shape[-1])[src_t]
+        logp, entropy = head_logprobs(
+            model, h, target, temperature=cfg.temperature, chunk_tokens=cfg.logprob_chunk_tokens,
+            compile=cfg.compile, with_entropy=with_entropy,
         )  # fmt: skip
-    logits = model(**kwargs).logits
-    return full_logprobs(logits.reshape(-1, logits.shape[-1])[src_t], target, cfg.temperature, with_entropy)
+    else:
+        out = model(**kwargs, output_hidden_states=critic is not None)
+        logits = out.logits
+        logp, entropy = full_logprobs(
+            logits.reshape(-1, logits.shape[-1])[src_t], target, cfg.temperature, with_entropy
+        )
+        if critic is not None:  # the last hidden state, after the final norm: what the head reads
+            last = out.hidden_states[-1]
+            h = last.reshape(-1, last.shape[-1])[src_t]
+    return logp, entropy, None if critic is None else critic(h)
 
 
 def _empty_pass(model: Any, device: torch.device) -> Tensor:
@@ -248,6 +277,7 @@ def _full(t: Tensor) -> Tensor:
 # the step's metric sums, added over ranks
 _SUMS = (
     "pg_loss", "clipped", "dual_clipped", "trained", "entropy", "entropy_bonus", "is_weight", "is_masked",
+    "value_loss", "vf_clipped", "value",
     "tis_weight", "tis_weight_max", "tis_weight_clipped", "current_tokens", "mismatch_kl",
     "mismatch_tis_weight", "stale_tokens", "stale_kl", "stale_tis_weight", "staleness", "kl_ref",
 )  # fmt: skip
@@ -337,19 +367,23 @@ def _by_member(batch: _Batch, members: list[int], logp: Tensor) -> dict[int, Ten
 
 def _proximal_logprobs(
     model: Any, batch: _Batch, one_pass: list[list[int]], mode: str | None, sums: dict[str, Tensor],
-    version: int,
-) -> dict[int, Tensor]:  # fmt: skip
-    """pi_prox of this rank's trained tokens, under the weights before the first update, per member;
-    adds the off-policy sums. An empty pass runs a dummy forward to pair up with the other ranks."""
+    version: int, critic: Any = None,
+) -> tuple[dict[int, Tensor], dict[int, Tensor]]:  # fmt: skip
+    """pi_prox of this rank's trained tokens, under the weights before the first update, per member,
+    and the critic's values there (empty without a critic); adds the off-policy sums. An empty pass
+    runs a dummy forward to pair up with the other ranks."""
     prox: dict[int, Tensor] = {}
+    values: dict[int, Tensor] = {}
     for members in one_pass:
         if not members:
             _empty_pass(model, batch.device)
             continue
-        logp, entropy = _logprobs(model, batch, members, mode, with_entropy=True)
+        logp, entropy, v = _logprobs(model, batch, members, mode, with_entropy=True, critic=critic)
         _record_offpolicy(sums, batch, members, logp, entropy, version)
         prox |= _by_member(batch, members, logp)
-    return prox
+        if v is not None:
+            values |= _by_member(batch, members, v)
+    return prox, values
 
 
 def _reference_logprobs(ref_model: Any, batch: _Batch, one_pass: list[list[int]]) -> dict[int, Tensor]:
@@ -358,7 +392,7 @@ def _reference_logprobs(ref_model: Any, batch: _Batch, one_pass: list[list[int]]
     ref_mode = enable_packed_attention(ref_model) if batch.cfg.packing else None
     ref: dict[int, Tensor] = {}
     for members in filter(None, one_pass):  # the reference model is not sharded
-        logp, _ = _logprobs(ref_model, batch, members, ref_mode, with_entropy=False)
+        logp, _, _ = _logprobs(ref_model, batch, members, ref_mode, with_entropy=False)
         ref |= _by_member(batch, members, logp)
     return ref
 
@@ -388,9 +422,10 @@ def _micro_batch_backward(
     cfg, alg = batch.cfg, batch.cfg.algorithm
     with _checkpointing(model, cfg.gradient_checkpointing):
         with _autocast(batch.device, cfg):
-            logp, entropy = _logprobs(
-                model, batch, members, mode, with_entropy=prox is None or alg.entropy_coef > 0
-            )
+            logp, entropy, values = _logprobs(
+                model, batch, members, mode, with_entropy=prox is None or alg.entropy_coef > 0,
+                critic=batch.critic,
+            )  # fmt: skip
         if prox is None:
             logp_prox = logp.detach()
             _record_offpolicy(sums, batch, members, logp_prox, entropy, version)
@@ -421,6 +456,14 @@ def _micro_batch_backward(
             kl = kl_estimate(logp, torch.cat([ref[i] for i in members]), alg.kl_estimator)
             loss = loss + alg.kl_coef * (w * kl).sum()
             new["kl_ref"] = kl.sum()
+        if values is not None:
+            per_token, clipped = clipped_value_loss(
+                values, torch.cat([batch.values_old[i] for i in members]),
+                torch.cat([batch.returns[i] for i in members]).to(values), alg.vf_clip,
+            )  # fmt: skip
+            value_loss = (w * per_token).sum()
+            loss = loss + alg.vf_coef * value_loss
+            new |= {"value_loss": value_loss, "vf_clipped": clipped.sum(), "value": values.detach().sum()}
         loss.backward()
     _add(sums, new)
 
@@ -455,7 +498,8 @@ def _minibatch_update(
                 _empty_pass(model, batch.device).backward()
             continue
         _micro_batch_backward(model, batch, members, mode, weight, sums, version=version, prox=prox, ref=ref)
-    grad_norm = _full(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm))
+    params = list(model.parameters()) + ([] if batch.critic is None else list(batch.critic.parameters()))
+    grad_norm = _full(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm))
     optimizer.step()
     if scheduler is not None:
         scheduler.step()
@@ -503,6 +547,10 @@ def _step_metrics(
         metrics["losses/entropy_bonus"] = s["entropy_bonus"] / updates
     if with_ref and not alg.kl_in_reward:
         metrics["losses/kl_ref"] = s["kl_ref"] / s["trained"]
+    if alg.advantage == "ppo":
+        metrics["losses/value_loss"] = s["value_loss"] / updates
+        metrics["critic/vf_clipfrac"] = s["vf_clipped"] / s["trained"]
+        metrics["critic/value_mean"] = s["value"] / s["trained"]
     return metrics
 
 
@@ -517,9 +565,24 @@ def _kl_penalties(batch: _Batch, ref: dict[int, Tensor]) -> list[float]:
     return out
 
 
+def _gae(batch: _Batch, rewards: list[float]) -> dict[str, float]:
+    """Per-token GAE advantages and returns of every trajectory from the critic's values before the
+    first update and its reward at its last agent token (tool output is not an action)."""
+    alg = batch.cfg.algorithm
+    for i, r in enumerate(rewards):
+        adv, ret = agent_token_gae(batch.values_old[i].double().cpu(), r, gamma=alg.gamma, lam=alg.lam)
+        batch.token_advantages[i], batch.returns[i] = adv.float(), ret.float()
+    adv = torch.cat(list(batch.token_advantages.values()))
+    return {
+        "advantages/abs_mean": float(adv.abs().mean()),
+        "critic/return_mean": float(torch.cat(list(batch.returns.values())).mean()),
+        "critic/value_before_mean": float(torch.cat([v.float() for v in batch.values_old.values()]).mean()),
+    }
+
+
 def train_step(
     model: Any, optimizer: torch.optim.Optimizer, groups: Sequence[Sequence[Trajectory]], version: int,
-    cfg: StepConfig, *, scheduler: Any = None, ref_model: Any = None,
+    cfg: StepConfig, *, scheduler: Any = None, ref_model: Any = None, critic: Any = None,
     ctx: DistContext | None = None,
 ) -> dict[str, float]:  # fmt: skip
     """Trains on ``groups``; returns metrics (nothing is updated when no group is usable).
@@ -534,28 +597,40 @@ def train_step(
         scheduler: stepped after every optimizer step.
         ref_model: the reference policy of the KL term (``algorithm.kl_coef``; in the loss or in
             the reward) and ``losses/kl_ref``.
+        critic: ``algorithm.advantage: ppo``: the value head (``trainer.critic.ValueHead``), trained
+            with the policy; ``optimizer`` must hold its parameters too.
         ctx: under FSDP2, this rank (every rank calls ``train_step`` with the same groups).
     """
     start = time.perf_counter()
     alg = cfg.algorithm
     if alg.kl_coef and ref_model is None:
         raise ValueError("algorithm.kl_coef > 0 needs ref_model")
+    if (alg.advantage == "ppo") != (critic is not None):
+        raise ValueError("a critic is used by, and needed for, algorithm.advantage ppo only")
+    if critic is not None and ctx is not None and ctx.distributed:
+        raise ValueError("algorithm.advantage ppo: the critic is not sharded; train in one process")
     used, rewards, group_ids, metrics = _select(groups, version, cfg)
     if not used:
         return metrics
     ctx = ctx or DistContext()
     device = next(model.parameters()).device
     batch = _Batch(used, [], cfg, device, fused=cfg.fused_logprobs and not ctx.distributed)
+    batch.critic = critic
     mode = enable_packed_attention(model) if cfg.packing else None
     mine = shard_of(list(range(len(used))), ctx, cost=lambda i: used[i].num_tokens)
     own = set(mine)
     one_pass = equalize_passes(batch.micro_batches(mine), ctx)
     # one epoch, one minibatch: a single update, so pi_prox is the training forward's own policy
-    on_policy = cfg.ppo_epochs == 1 and cfg.minibatches == 1
+    # (a critic needs its values before the first update: the advantages come from them)
+    on_policy = cfg.ppo_epochs == 1 and cfg.minibatches == 1 and critic is None
     model.eval()  # no dropout: proximal and trained logprobs come from the same function
     sums: dict[str, Tensor] = {}
     with torch.no_grad(), _autocast(device, cfg):
-        prox = None if on_policy else _proximal_logprobs(model, batch, one_pass, mode, sums, version)
+        prox, batch.values_old = (
+            (None, {})
+            if on_policy
+            else _proximal_logprobs(model, batch, one_pass, mode, sums, version, critic)
+        )
         # a KL charged to the reward changes every advantage: every rank needs every trajectory's
         ref_passes = batch.micro_batches(list(range(len(used)))) if alg.kl_in_reward else one_pass
         ref = None if ref_model is None else _reference_logprobs(ref_model, batch, ref_passes)
@@ -563,8 +638,13 @@ def train_step(
         penalties = _kl_penalties(batch, ref)
         rewards = [kl_penalized(r, k, alg.kl_coef) for r, k in zip(rewards, penalties, strict=True)]
         metrics["rewards/kl_penalty_mean"] = alg.kl_coef * sum(penalties) / len(penalties)
-    batch.advantages = estimate_advantages(rewards, group_ids, alg.advantage, scale_by_std=alg.scale_by_std)
-    metrics["advantages/abs_mean"] = sum(abs(a) for a in batch.advantages) / len(used)
+    if critic is None:
+        batch.advantages = estimate_advantages(
+            rewards, group_ids, alg.advantage, scale_by_std=alg.scale_by_std
+        )
+        metrics["advantages/abs_mean"] = sum(abs(a) for a in batch.advantages) / len(used)
+    else:
+        metrics |= _gae(batch, rewards)
 
     grad_norms, normalizers = [], []
     for epoch in range(cfg.ppo_epochs):

@@ -11,10 +11,14 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from launcher.cli import main
+from launcher.jobconfig import load_config
+from launcher.trainer_parts import trainer_parts
 from pqrl.store import TrajectoryStore
+from trainer.distributed import DistContext
 
 
 def _job(tmp_path: Path) -> Path:
@@ -136,3 +140,31 @@ def test_ctrl_c_stops_after_the_step_checkpoints_and_skips_the_final_evaluation(
     assert "final evaluation skipped" in err and "eval@0" in err
     latest = (tmp_path / "runs" / "e2e" / "checkpoints" / "latest").read_text()
     assert latest == f"step-{summary['steps']:06d}", "the last step trained is checkpointed"
+
+
+@pytest.mark.timeout(900)
+def test_a_ppo_job_checkpoints_its_critic_and_resumes_with_it(tmp_path):
+    """``algorithm.advantage: ppo``: the job builds the value head, trains it with the policy (the
+    step's metrics carry the value loss), saves it in every checkpoint and loads it on resume."""
+    config = _job(tmp_path)
+    cfg = yaml.safe_load(config.read_text())
+    cfg["algorithm"] = {"advantage": "ppo", "lam": 0.9}
+    cfg["tasks"]["suites"][0] |= {"format_reward": 0.2}
+    cfg.pop("eval")
+    config.write_text(yaml.safe_dump(cfg))
+    assert _train(config)["steps"] == 1
+    run = tmp_path / "runs" / "e2e"
+    saved = torch.load(run / "checkpoints" / "step-000001" / "critic.pt")
+    parts = trainer_parts(load_config(config), DistContext())  # what a resumed job builds
+    assert all(torch.equal(parts.critic.state_dict()[k], v) for k, v in saved.items())
+    critic_params = {id(p) for p in parts.critic.parameters()}
+    assert critic_params <= {id(p) for g in parts.optimizer.param_groups for p in g["params"]}
+    cmd = [sys.executable, "-m", "launcher.cli", "train", str(config), "--quiet", "--set", "train.steps=2"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-4000:]
+    assert "has no critic" not in out.stderr, "the critic was restored from the checkpoint"
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    trained = [r for r in rows if "losses/value_loss" in r]
+    assert trained and all("critic/value_before_mean" in r for r in trained)
+    resumed = torch.load(run / "checkpoints" / "step-000002" / "critic.pt")
+    assert resumed.keys() == saved.keys() == {"v.weight", "v.bias"}

@@ -7,6 +7,7 @@ import torch
 from torch.testing import assert_close
 
 from trainer.advantages import (
+    agent_token_gae,
     broadcast_to_tokens,
     gae,
     groups_with_signal,
@@ -225,3 +226,22 @@ def test_estimators_carry_no_gradient():
     values = t([0.5, 1.0, 0.0]).requires_grad_()
     adv, ret = gae(t([1.0, 0.0]), values, gamma=0.9, lam=0.9)
     assert not adv.requires_grad and not ret.requires_grad
+
+
+def test_gae_over_the_agent_tokens_of_a_multi_turn_episode_hand_numbers():
+    """[prompt prompt a1 a2 tool tool a3 a4], reward 1 after a4, gamma 1, lambda 0.5, V at the agent
+    tokens 0.2 0.4 0.5 0.8. Deltas (tool tokens are not steps): a4 1 - 0.8 = 0.2, a3 0.8 - 0.5 = 0.3,
+    a2 0.5 - 0.4 = 0.1, a1 0.4 - 0.2 = 0.2; A = 0.35 0.3 0.4 0.2; returns A + V."""
+    v = torch.tensor([0.2, 0.4, 0.5, 0.8], dtype=torch.float64)
+    adv, ret = agent_token_gae(v, 1.0, gamma=1.0, lam=0.5)
+    torch.testing.assert_close(adv, torch.tensor([0.35, 0.3, 0.4, 0.2], dtype=torch.float64))
+    torch.testing.assert_close(ret, torch.tensor([0.55, 0.7, 0.9, 1.0], dtype=torch.float64))
+    # the full layout with the mask: whatever V says at the masked positions, the same numbers there
+    mask = torch.tensor([0, 0, 1, 1, 0, 0, 1, 1])
+    full_v = torch.tensor([9.0, 9.0, 0.2, 0.4, 9.0, 9.0, 0.5, 0.8], dtype=torch.float64)
+    rewards = torch.zeros(8, dtype=torch.float64)
+    rewards[7] = 1.0
+    full_adv, full_ret = gae(rewards, full_v, gamma=1.0, lam=0.5, mask=mask)
+    torch.testing.assert_close(full_adv[mask.bool()], adv)
+    torch.testing.assert_close(full_ret[mask.bool()], ret)
+    assert full_adv[~mask.bool()].abs().sum() == 0

@@ -2,7 +2,7 @@
 samples, with the metric that shows the chosen variant ran: the advantage estimators' mean
 |advantage| against hand-computed values, each aggregation's denominator, the dual clip, the
 off-policy weight per token or per sequence (capped or masked), KL as a loss or in the reward,
-the entropy bonus, the overlong penalty and the truncation filter."""
+the entropy bonus, the overlong penalty and the truncation filter, PPO's critic and GAE."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from pqrl.model_cache import load_model, load_tokenizer
 from pqrl.trajectory import Status
 from tests.trainer.one_thread import one_torch_thread  # noqa: F401 (autouse: torch on one thread)
 from trainer.config import AlgorithmConfig, StepConfig
+from trainer.critic import ValueHead
 from trainer.step import ended_at_a_limit, train_step
 
 
@@ -175,3 +176,27 @@ def test_overlong_penalty_and_truncation_filter(samples):
     assert m["dropped/truncated"] == limited and m["rollout/trajectories_used"] == 4 - limited
     m, _ = step(model, [cut])
     assert "dropped/truncated" not in m and m["rollout/trajectories_used"] == 4
+
+
+def test_ppo_gae_on_agent_tokens_value_loss_and_the_critic_learns(samples):
+    """The critic starts at 0, so each token's advantage is lam^(tokens after it) * R (gamma 1);
+    one step trains it toward the returns: its values move and the value loss falls."""
+    model, mixed, solved = samples
+    trained = copy.deepcopy(model)
+    critic = ValueHead(model.config.hidden_size)
+    optimizer = torch.optim.AdamW([*trained.parameters(), *critic.parameters()], lr=1e-3)
+    cfg = StepConfig(temperature=1.0, max_staleness=1, algorithm=AlgorithmConfig(advantage="ppo", lam=0.9))
+    groups = [mixed, solved]
+    first = train_step(trained, optimizer, groups, 0, cfg, critic=critic)
+    lengths = [int(t.loss_mask[1:].sum()) for g in groups for t in g]
+    rewards = [t.reward for g in groups for t in g]
+    expected = [r * 0.9**k for n, r in zip(lengths, rewards, strict=True) for k in range(n)]
+    assert first["rollout/trajectories_used"] == 8, "a critic gives the all-solved group a signal"
+    assert first["critic/value_before_mean"] == 0.0
+    assert first["advantages/abs_mean"] == pytest.approx(sum(expected) / len(expected), rel=1e-5)
+    assert first["losses/value_loss"] > 0 and first["critic/value_mean"] == 0.0
+    second = train_step(trained, optimizer, groups, 1, cfg, critic=critic)
+    assert second["critic/value_before_mean"] > 0, "the critic moved toward the positive returns"
+    assert second["losses/value_loss"] < first["losses/value_loss"]
+    with pytest.raises(ValueError, match="critic"):
+        train_step(trained, optimizer, groups, 2, cfg)

@@ -10,6 +10,7 @@ from trainer.advantages import grpo_advantages, rloo_advantages
 from trainer.losses import (
     aggregate_loss,
     clipped_surrogate,
+    clipped_value_loss,
     decoupled_ppo_loss,
     entropy_from_logits,
     kl_estimate,
@@ -386,3 +387,16 @@ def test_bandit_reinforce_with_baseline_finds_best_arm():
     probs = torch.softmax(logits.detach(), dim=-1)
     assert probs.argmax().item() == 5
     assert probs[5].item() > 0.9
+
+
+def test_clipped_value_loss_hand_numbers():
+    # V 1.0, old 0.5, R 2: unclipped 1; V_clip 0.7 -> 1.69 wins (0.845). V 0, old 0.5, R 0.4:
+    # unclipped 0.16; V_clip 0.3 -> 0.01, the unclipped term wins (0.08).
+    values = t([1.0, 0.0]).requires_grad_()
+    loss, clipped = clipped_value_loss(values, t([0.5, 0.5]), t([2.0, 0.4]), clip=0.2)
+    assert_close(loss, t([0.845, 0.08]))
+    assert clipped.tolist() == [True, False]
+    loss.sum().backward()
+    assert_close(values.grad, t([0.0, -0.4]))  # the clipped token passes no gradient
+    plain, never = clipped_value_loss(t([1.0]), t([0.5]), t([2.0]), clip=None)
+    assert_close(plain, t([0.5])) and not never.any()
