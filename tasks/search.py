@@ -248,10 +248,12 @@ class SearchEnv(ToolEnvironment):
         """Exact match. A wrong answer may earn ``format_reward`` shaping, as in calc and data: half
         when a search returned an article naming the answer (the evidence was found), half when
         the submitted words occur in a returned article (copied, not invented). A guess made
-        without searching earns nothing."""
+        without searching earns nothing, and neither does an episode that never answers: crediting
+        the search alone was gamed (the policy searched until its turns ran out)."""
         reward, info = qa_score(self.submitted, self.references)
-        found = any(_mentions(text, ref) for text in self.found for ref in self.references)
-        grounded = self.submitted is not None and any(_mentions(text, self.submitted) for text in self.found)
+        answered = self.submitted is not None
+        found = answered and any(_mentions(text, ref) for text in self.found for ref in self.references)
+        grounded = answered and any(_mentions(text, self.submitted) for text in self.found)
         fmt = float(self.config.get("format_reward", 0.0))
         reward = shaped_reward(reward, fmt, used=found, grounded=grounded)
         return RewardResult(

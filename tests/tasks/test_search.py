@@ -86,7 +86,8 @@ async def test_worked_examples_precede_the_question_and_name_no_entity_of_the_co
 
 async def test_evidence_credit_needs_a_search_that_found_the_answer(client):
     """format_reward: a wrong answer earns half for a search that returned the answer, half for
-    submitting words that a search returned; a guess without searching earns nothing."""
+    submitting words that a search returned; a guess without searching, or searching without
+    answering, earns nothing."""
     shaped = search_suite(30, seed=5, format_reward=0.2)
     assert shaped.tasks == SUITE.tasks and shaped.manifest.defaults["format_reward"] == 0.2
     kwargs = shaped.manifest.defaults
@@ -107,8 +108,10 @@ async def test_evidence_credit_needs_a_search_that_found_the_answer(client):
     assert (r, info["found"], info["grounded"]) == (pytest.approx(0.2), True, True)
     r, info = await reward(look, ("answer", {"text": "Nowhere Atall"}))
     assert (r, info["found"], info["grounded"]) == (pytest.approx(0.1), True, False)
-    # a guess without a search, and a search that missed, followed by an invented answer
+    # a guess without a search, a search that missed followed by an invented answer, and a search
+    # that found the answer but no answer at all
     assert (await reward(("answer", {"text": task.answers[0] + "x"})))[0] == 0.0
+    assert (await reward(look))[0] == 0.0
     assert (await reward(("search", {"query": "zzqx"}), ("answer", {"text": "Nowhere"})))[0] == 0.0
     # the same episodes without the option score 0
     s = await client.create_session("search-v1", task.model_dump(), env_kwargs=KWARGS)
