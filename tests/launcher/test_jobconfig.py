@@ -114,7 +114,8 @@ def test_the_algorithm_section_reaches_the_step_and_impossible_combinations_are_
         "overlong_buffer: 900": "overlong_buffer \\(900\\) must be below the token budget \\(900\\)",
         "loss_agg_tokens: 64": "loss_agg_tokens applies to loss_agg seq_mean_token_sum_norm only",
         "dual_clip_c: 1.0": "algorithm.dual_clip_c",
-        "advantage: ppo": "algorithm.advantage",
+        "lam: 0.9": "lam apply to advantage ppo only",
+        "advantage: a2c": "algorithm.advantage",
     }
     for text, message in bad.items():
         with pytest.raises(ConfigInvalid, match=message):
