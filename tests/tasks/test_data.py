@@ -52,8 +52,8 @@ def test_generators_and_config_agree(tmp_path):
     assert sandboxed_envs(calc) == []
     with pytest.raises(ConfigInvalid, match="level applies to calc and data"):
         load_config(path, {"tasks.suites": [{"generate": "search", "level": 1}]})
-    with pytest.raises(ConfigInvalid, match="coding: shots"):
-        load_config(path, {"tasks.suites": [{"generate": "coding", "shots": 1}]})
+    with pytest.raises(ConfigInvalid, match="coding: format_reward"):
+        load_config(path, {"tasks.suites": [{"generate": "coding", "format_reward": 0.1}]})
 
 
 async def test_data_env_conforms(manager):
