@@ -139,6 +139,35 @@ class _BodyLimit:
         await self.app(scope, replayed, send)
 
 
+class _Unexpected:
+    """A bug of the server or an environment answers the documented 500 body here, and the
+    traceback is logged. Nothing re-raises it: Starlette's outermost error middleware sends its
+    response and then re-raises for the server to log, and the server could close the connection
+    before the client had read that response (the client saw a ReadError, not the body)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started = False
+
+        async def sending(message: dict[str, Any]) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        except Exception as exc:
+            log.exception("unexpected error answering %s %s", scope.get("method"), scope.get("path"))
+            if started:  # too late for a body: the connection is the only way to say it failed
+                raise
+            body = {"error": "internal", "detail": f"{type(exc).__name__}: {exc}"[:2000]}
+            await JSONResponse(body, status_code=500)(scope, receive, send)
+
+
 class _TokenGate:
     """Checks the bearer token before anything reads the body (a bad body must not answer 422
     to a caller without a token). /healthz is open."""
@@ -186,6 +215,7 @@ def create_app(settings: ServerSettings | None = None, manager: SessionManager |
         redoc_url=None,
         openapi_url="/openapi.json",
     )
+    app.add_middleware(_Unexpected)  # added first: the innermost of these, around the routes
     app.add_middleware(_BodyLimit, limit=settings.max_body_bytes)
     app.add_middleware(_TokenGate, token=settings.token)  # added last: runs first
     app.state.sessions = sessions
