@@ -69,7 +69,7 @@ from trainer.losses import (
 from trainer.packing import enable_packed_attention, first_fit_decreasing, pack_row, packed_model_kwargs
 from trainer.rewards import kl_penalized, overlong_penalty
 
-__all__ = ["StepConfig", "ended_at_a_limit", "screen_group", "shaped_reward", "token_logprobs", "train_step"]
+__all__ = ["StepConfig", "ended_at_a_limit", "screen_group", "trained_reward", "token_logprobs", "train_step"]
 
 
 def token_logprobs(model: Any, tokens: Tensor, attention_mask: Tensor, temperature: float) -> Tensor:
@@ -110,8 +110,9 @@ def ended_at_a_limit(t: Trajectory) -> bool:
     return t.status is Status.TRUNCATED or bool(t.turns and t.turns[-1].finish_reason == "length")
 
 
-def shaped_reward(t: Trajectory, cfg: StepConfig) -> float:
-    """The reward the advantages see: the verifier's, plus DAPO's overlong penalty when it is on."""
+def trained_reward(t: Trajectory, cfg: StepConfig) -> float:
+    """The reward the advantages see: the verifier's (already shaped by the task's own grader), plus
+    DAPO's overlong penalty when it is on."""
     alg = cfg.algorithm
     if not alg.overlong_buffer or alg.context_tokens is None:
         return t.reward
@@ -147,7 +148,7 @@ def screen_group(
     # a critic still gives such a group a signal
     if (
         cfg.algorithm.advantage not in ("reinforce_baseline", "ppo")
-        and len({shaped_reward(t, cfg) for t in valid}) == 1
+        and len({trained_reward(t, cfg) for t in valid}) == 1
     ):
         return valid, "no_signal_groups", counts, ages
     return valid, None, counts, ages
@@ -170,7 +171,7 @@ def _select(
             counts[f"dropped/{dropped}"] += 1
             continue
         used += valid
-        rewards += [shaped_reward(t, cfg) for t in valid]
+        rewards += [trained_reward(t, cfg) for t in valid]
         group_ids += [g] * len(valid)
     metrics: dict[str, float] = {k: float(v) for k, v in counts.items()}
     metrics |= {f"offpolicy/staleness_{k}": float(v) for k, v in sorted(staleness.items())}
