@@ -24,10 +24,13 @@ from trainer.distributed import DistContext
 def _job(tmp_path: Path) -> Path:
     cfg = {
         "run": "e2e", "output_dir": str(tmp_path / "runs"),
-        "tasks": {"suites": [{"generate": "calc", "level": 1, "n": 16}]},
-        "rollout": {"group_size": 4, "max_turns": 2, "max_new_tokens": 24, "max_total_tokens": 768,
-                    "max_concurrent_groups": 2},
-        "train": {"steps": 1, "groups_per_step": 1, "lr": 1e-5, "read_timeout_s": 600},
+        # the quickstart's shaping (two worked examples, credit for using the numbers, T 0.7): about
+        # one sample in fourteen earns reward, so a group of 4 carries signal about one time in four
+        # and 16 reads miss every time with probability ~1%
+        "tasks": {"suites": [{"generate": "calc", "level": 1, "n": 16, "shots": 2, "format_reward": 0.2}]},
+        "rollout": {"group_size": 4, "max_turns": 2, "max_new_tokens": 48, "max_total_tokens": 1024,
+                    "max_concurrent_groups": 2, "temperature": 0.7},
+        "train": {"steps": 1, "groups_per_step": 1, "lr": 1e-5, "read_timeout_s": 600, "max_extra_reads": 15},
         "checkpoint": {"every": 1},
         "eval": {"k": 2, "suite": {"generate": "calc", "level": 1, "n": 2, "seed": 99}},
     }  # fmt: skip
@@ -51,11 +54,12 @@ def test_embedded_job_trains_checkpoints_evaluates_and_resumes(tmp_path):
     assert first["steps"] == 1 and 0.0 <= first["eval_before"] <= 1.0 and "eval_after" in first
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     train_rows = [r for r in rows if "rollout/groups" in r]
-    # dynamic sampling reads past signal-free groups: 1 group, up to 3 extra reads (the default)
-    assert [r["step"] for r in train_rows] == [1] and 1 <= train_rows[0]["rollout/groups"] <= 4
-    assert {"losses/pg_loss", "rollout/trajectories_used"} & set(train_rows[0]) or train_rows[0].get(
-        "dropped/no_signal_groups"
-    ), "a step either trains or says why it did not"
+    # dynamic sampling reads past signal-free groups: 1 group, up to 15 extra reads
+    assert [r["step"] for r in train_rows] == [1] and 1 <= train_rows[0]["rollout/groups"] <= 16
+    trained = train_rows[0]
+    assert trained.get("rollout/trajectories_used", 0) > 0 and "losses/pg_loss" in trained, (
+        f"the step trained nothing: {trained}"
+    )
     assert [r["step"] for r in rows if "eval/pass@1" in r] == [0, 1]
     assert (run / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert list((run / "tensorboard").glob("events.out.tfevents.*"))
