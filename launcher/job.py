@@ -11,18 +11,25 @@ import asyncio
 import signal
 from typing import Any
 
-from launcher.jobconfig import TrainConfig, episode_config, manager_config
+from launcher.jobconfig import TrainConfig, episode_config, manager_config, shared_settings
 
 __all__ = ["Job"]
 
 
 class Job:
     def __init__(
-        self, cfg: TrainConfig, services: dict[str, Any], *, role: str, quiet: bool, ctx: Any = None
+        self,
+        cfg: TrainConfig,
+        services: dict[str, Any],
+        *,
+        role: str,
+        quiet: bool,
+        ctx: Any = None,
+        fresh: bool = False,
     ) -> None:
         from trainer.distributed import DistContext
 
-        self.cfg, self.services, self.role, self.quiet = cfg, services, role, quiet
+        self.cfg, self.services, self.role, self.quiet, self.fresh = cfg, services, role, quiet, fresh
         self.ctx = ctx or DistContext()
         self.stopping = asyncio.Event()
         self.manager: Any = None
@@ -48,6 +55,7 @@ class Job:
         self.env = HttpEnvClient(servers, token=self.services["env_token"]) if servers else LocalEnvClient()
         try:
             await self.store.ping()
+            await self._agree_on_settings()
             if self.engine is not None:
                 await self.engine.wait_until_healthy(timeout_s=300)
             self.suites = [r.build() for r in cfg.tasks.suites]
@@ -61,6 +69,18 @@ class Job:
             await self.engine.aclose()
         await self.env.aclose()
         await self.store.close()
+
+    async def _agree_on_settings(self) -> None:
+        """Joins the run only with the settings its other processes use (a fresh trainer sets them)."""
+        replace = self.fresh and self.role != "rollout"
+        diff = await self.store.settings.agree(shared_settings(self.cfg), replace=replace)
+        if diff:
+            lines = "\n".join(f"  {k}: the run's {a!r}, this config's {b!r}" for k, (a, b) in diff.items())
+            raise SystemExit(
+                f"pqrl train: run {self.cfg.run!r} already runs with other settings (set by the first of its "
+                f"processes to start):\n{lines}\nstart this process from the run's config, or start the "
+                "trainer with --fresh to give the run these settings"
+            )
 
     def renderer(self) -> Any:
         from loss_masking import ChatRenderer

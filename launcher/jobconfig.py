@@ -35,6 +35,7 @@ __all__ = [
     "load_config",
     "loop_config",
     "manager_config",
+    "shared_settings",
     "step_config",
 ]
 
@@ -192,7 +193,9 @@ class _TrainBase(_Section):
 TrainSection = _composed(
     "TrainSection",
     _TrainBase,
-    _component_fields(LoopConfig, exclude=("weights_dir", "ckpt_dir", "keep_checkpoints", "consumer")),
+    _component_fields(
+        LoopConfig, exclude=("weights_dir", "ckpt_dir", "keep_checkpoints", "consumer", "manifest")
+    ),
     _component_fields(StepConfig, exclude=("dtype", "seed")),
 )
 
@@ -275,9 +278,28 @@ def step_config(cfg: TrainConfig) -> StepConfig:
                  max_staleness=cfg.rollout.max_staleness, seed=cfg.seed, dtype=dtype)  # fmt: skip
 
 
+# how one rollout process paces itself: workers may differ here, never in what they sample
+_PER_PROCESS = {"max_concurrent_groups", "progress_every_s", "put_timeout_s", "lease_timeout_s",
+                "episode_deadline_s"}  # fmt: skip
+
+
+def shared_settings(cfg: TrainConfig) -> dict[str, Any]:
+    """What every process of a run must agree on: the model, the task plan, how episodes are sampled
+    and grouped, and the groups per step that size the staleness gate. A trainer that recomputed
+    logprobs at another temperature than its workers sampled at would train on the wrong ratios."""
+    rollout = cfg.rollout.model_dump(mode="json")
+    return {
+        "model": cfg.model.name,
+        "tasks": cfg.tasks.model_dump(mode="json"),
+        "rollout": {k: v for k, v in rollout.items() if k not in _PER_PROCESS},
+        "train": {"groups_per_step": cfg.train.groups_per_step},
+    }
+
+
 def loop_config(cfg: TrainConfig) -> LoopConfig:
     return _pick(LoopConfig, cfg.train, step=step_config(cfg), weights_dir=str(cfg.run_dir / "weights"),
-                 ckpt_dir=str(cfg.run_dir / "checkpoints"), keep_checkpoints=cfg.checkpoint.keep)  # fmt: skip
+                 ckpt_dir=str(cfg.run_dir / "checkpoints"), keep_checkpoints=cfg.checkpoint.keep,
+                 manifest=str(cfg.run_dir / "manifest.json"))  # fmt: skip
 
 
 class ConfigInvalid(ValueError):

@@ -59,4 +59,13 @@ def status_command(args: argparse.Namespace) -> int:
     print(f"  staleness of last step: {st.get('staleness')}, engine mismatch k1 {st.get('mismatch_kl')}")
     print(f"  reward trend (last {len(st.get('reward_trend', []))} steps): {st.get('reward_trend')}")
     print(f"  rollout failures by kind: {st.get('failures') or 'none'}")
+    print(f"  made of: {st.get('manifest') or _local_gist(Path(args.output_dir) / args.run)}")
     return 0
+
+
+def _local_gist(run_dir: Path) -> str:
+    """The run directory's manifest when the trainer has not reported one (an older trainer)."""
+    from launcher.manifest import manifest_gist
+
+    path = run_dir / "manifest.json"
+    return manifest_gist(json.loads(path.read_text())) if path.is_file() else "unknown (no manifest)"

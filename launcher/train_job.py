@@ -48,7 +48,31 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
         metavar="FIELD=VALUE",
         help="override a config field, e.g. --set train.steps=5 (value parsed as YAML)",
     )
-    p.add_argument("--fresh", action="store_true", help="delete the run directory and start over")
+    # where this process finds the run's services: one config file serves every machine of a run
+    p.add_argument(
+        "--redis-url", default=None, help="the run's Redis (default $PQRL_REDIS_URL, else the config's)"
+    )
+    p.add_argument(
+        "--engine",
+        action="append",
+        default=None,
+        metavar="URL",
+        help="an engine URL, repeatable (default $PQRL_ENGINES, comma-separated, else the config's)",
+    )
+    p.add_argument(
+        "--env-server",
+        action="append",
+        default=None,
+        metavar="URL",
+        help="an env-server URL, repeatable (default $PQRL_ENV_SERVERS, else the config's; "
+        "token $PQRL_ENV_TOKEN)",
+    )
+    p.add_argument(
+        "--fresh",
+        action="store_true",
+        help="delete the run directory and start over (distributed: also gives the run this config's "
+        "shared settings)",
+    )
     p.add_argument("--explain", action="store_true", help="list every config field and exit")
     p.add_argument("--markdown", action="store_true", help="with --explain: as the table of docs/config.md")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -64,6 +88,21 @@ def _overrides(pairs: list[str]) -> dict[str, Any]:
     return out
 
 
+def _service_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The services flags, else the ``PQRL_*`` environment variables, as config overrides."""
+
+    def urls(flag: list[str] | None, var: str) -> list[str] | None:
+        given = flag or [u.strip() for u in os.environ.get(var, "").split(",") if u.strip()]
+        return given or None
+
+    found = {
+        "services.redis_url": args.redis_url or os.environ.get("PQRL_REDIS_URL") or None,
+        "services.engines": urls(args.engine, "PQRL_ENGINES"),
+        "services.env_servers": urls(args.env_server, "PQRL_ENV_SERVERS"),
+    }
+    return {k: v for k, v in found.items() if v is not None}
+
+
 def train_command(args: argparse.Namespace) -> int:
     if args.explain:
         print(explain_markdown() if args.markdown else "\n".join(explain_lines()) + "\n", end="")
@@ -72,12 +111,20 @@ def train_command(args: argparse.Namespace) -> int:
         print("pqrl train: give a CONFIG file (pqrl train --explain lists its fields)", file=sys.stderr)
         return 2
     try:
-        cfg = load_config(args.config, _overrides(args.set))
+        cfg = load_config(args.config, _overrides(args.set) | _service_overrides(args))
     except ConfigInvalid as e:
         print(f"pqrl train: {e}", file=sys.stderr)
         return 2
     if cfg.embedded and args.role != "all":
-        print("pqrl train: --role needs services.redis_url (distributed mode)", file=sys.stderr)
+        print("pqrl train: --role needs the run's Redis (--redis-url, $PQRL_REDIS_URL or services.redis_url)",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    if not cfg.embedded and args.role != "trainer" and not cfg.services.engines:
+        print("pqrl train: rollouts on a shared Redis need engines (--engine, $PQRL_ENGINES or "
+              "services.engines)", file=sys.stderr)  # fmt: skip
+        return 2
+    if args.fresh and args.role == "rollout":
+        print("pqrl train: --fresh is the trainer's; a rollout worker joins a run", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request drowns the progress
@@ -106,13 +153,16 @@ def _rank(cfg: TrainConfig, args: argparse.Namespace, ctx: Any) -> int:
     if args.fresh:
         shutil.rmtree(cfg.run_dir, ignore_errors=True)
     cfg.run_dir.mkdir(parents=True, exist_ok=True)
-    dump = yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+    from launcher.manifest import public_config
+
+    dump = yaml.safe_dump(public_config(cfg), sort_keys=False)
     (cfg.run_dir / "config.yaml").write_text(dump)
     barrier(ctx)
     from launcher.services import job_services
 
     with job_services(cfg) as services:
-        summary = asyncio.run(_run_job(cfg, services, role=args.role, quiet=args.quiet, ctx=ctx))
+        how = {"role": args.role, "quiet": args.quiet, "ctx": ctx, "fresh": args.fresh}
+        summary = asyncio.run(_run_job(cfg, services, **how))
     print(json.dumps(summary))
     return 0
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import re
 import sys
@@ -78,6 +79,7 @@ class _Run:
         from trainer.metrics import plot_curves
 
         evals = self.job.evals
+        await self._write_manifest()
         await self._resume_or_open_gate(resumed=resumed)
         if self.eval_suite is not None and self.trainer.state.step == 0:
             evals["before"] = await self._evaluate(0)
@@ -108,6 +110,14 @@ class _Run:
             "plot": str(png),
         }
         return summary | {f"eval_{k}": v[0] for k, v in evals.items()}
+
+    async def _write_manifest(self) -> None:
+        """``manifest.json`` in the run directory (each checkpoint copies it); its gist for pqrl status."""
+        from launcher.manifest import manifest_gist, run_manifest
+
+        manifest = await asyncio.to_thread(run_manifest, self.cfg, self.job.suites, self.eval_suite)
+        (self.cfg.run_dir / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+        await self.store.status.set({"manifest": manifest_gist(manifest)})
 
     async def _resume_or_open_gate(self, *, resumed: bool) -> None:
         if resumed:

@@ -8,7 +8,9 @@ A checkpoint directory ``CKPT_DIR/step-000012/`` holds:
 - ``critic.pt``: PPO's value head (``trainer.critic``), when the run has one;
 - ``state.json``: step, policy version, task-sampler position, the ids of every group trained so
   far (the model's provenance) and the stream entries of the groups trained since the previous
-  checkpoint (acknowledged in Redis only once this checkpoint exists; see ``trainer.loop``).
+  checkpoint (acknowledged in Redis only once this checkpoint exists; see ``trainer.loop``);
+- ``manifest.json``: what the run was made of (code revision, config, suite and model digests,
+  versions, devices), when the job gives one.
 
 A checkpoint is written to a temporary directory and renamed into place, then ``latest`` is
 replaced atomically: a process killed at any moment leaves either the old or the new checkpoint
@@ -70,11 +72,13 @@ def save_checkpoint(
     keep: int = 2,
     optimizer_state: Any = None,
     critic: Any = None,
+    manifest: str | Path | None = None,
 ) -> Path:
     """Writes the checkpoint of ``state.step`` and points ``latest`` at it; returns its path.
 
     ``optimizer_state``: the state keyed by parameter name, whole tensors (a sharded trainer's
     ``trainer.distributed.full_optimizer_state``); by default ``optimizer.state_dict()``.
+    ``manifest``: a file copied in as ``manifest.json`` when it exists (what the run was made of).
     """
     ckpt_dir = Path(ckpt_dir)
     ckpt_dir.mkdir(parents=True, exist_ok=True)
@@ -97,6 +101,8 @@ def save_checkpoint(
         from trainer.critic import save_critic
 
         save_critic(critic, tmp)
+    if manifest is not None and Path(manifest).is_file():
+        shutil.copyfile(manifest, tmp / "manifest.json")
     (tmp / "state.json").write_text(json.dumps(asdict(state)))
     _fsync_tree(tmp)
     if final.exists():  # a step re-done after a resume: the new one replaces it

@@ -149,3 +149,4 @@ class LoopConfig(Settings):
     )
     keep_checkpoints: int = setting(2, "checkpoints kept on disk", ge=1)
     consumer: str = setting("trainer-0", "fixed per trainer rank: a restart finds its own pending groups")
+    manifest: str | None = setting(None, "a file copied into every checkpoint as manifest.json (the run's)")

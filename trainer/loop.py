@@ -169,7 +169,7 @@ class TrainerLoop:
         path = await asyncio.to_thread(
             save_checkpoint, self.cfg.ckpt_dir, self.state, model=model, optimizer=self.optimizer,
             scheduler=self.scheduler, tokenizer=self.tokenizer, keep=self.cfg.keep_checkpoints,
-            optimizer_state=optimizer_state, critic=self.critic,
+            optimizer_state=optimizer_state, critic=self.critic, manifest=self.cfg.manifest,
         )  # fmt: skip
         _failpoint("checkpointed", self.state.step)
         await self.store.groups.ack(STREAM_CONSUMER_GROUP, self.state.unacked_entries)

@@ -16,6 +16,8 @@ concern, each owning its keys of run ``R`` (the braces keep a run's keys in one 
   ``weights`` (where they are), ``updated``
 - ``.gate`` (AdmissionGate): ``pqrl:{R}:gate``, the staleness gate's counters
 - ``.status`` (JobStatus): ``pqrl:{R}:status``, the job's latest figures for ``pqrl status``
+- ``.settings`` (RunSettings): ``pqrl:{R}:settings``, the settings every process of the run shares
+  (sampling, group shape, model, task plan), fixed by the first process that joins it
 
 Every write that must be atomic when several producers, managers and trainers share a run (acking
 with trimming, publishing a policy version, admission, claiming a sampler slot) is one Lua script.
@@ -41,6 +43,7 @@ from pqrl.store.gate import AdmissionGate
 from pqrl.store.groups import GroupEntry, GroupStream
 from pqrl.store.policy import PolicyState, PolicyVersion
 from pqrl.store.sampler import SamplerClaim, SamplerCursor, SamplerState
+from pqrl.store.settings import RunSettings
 from pqrl.store.status import JobStatus
 from pqrl.store.tasks import TaskEntry, TaskQueue
 
@@ -54,6 +57,7 @@ __all__ = [
     "PolicyState",
     "PolicyVersion",
     "RunKeys",
+    "RunSettings",
     "SamplerClaim",
     "SamplerCursor",
     "SamplerState",
@@ -90,6 +94,7 @@ class TrajectoryStore:
         self.policy = PolicyVersion(*part)
         self.gate = AdmissionGate(*part, policy=self.policy)
         self.status = JobStatus(*part)
+        self.settings = RunSettings(*part)
 
     @property
     def run_id(self) -> str:

@@ -102,6 +102,11 @@ class RunKeys:
         """Hash: the trainer's latest figures (JSON values) for ``pqrl status``."""
         return f"{self.prefix}:status"
 
+    @property
+    def settings(self) -> str:
+        """String: the settings every process of the run shares (JSON), fixed by the first to join."""
+        return f"{self.prefix}:settings"
+
 
 def redacted(url: str) -> str:
     """``url`` with its password replaced by ``***``."""

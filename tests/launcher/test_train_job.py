@@ -64,6 +64,13 @@ def test_embedded_job_trains_checkpoints_evaluates_and_resumes(tmp_path):
     assert (run / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert list((run / "tensorboard").glob("events.out.tfevents.*"))
     assert (run / "checkpoints" / "latest").read_text() == "step-000001"
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert (run / "checkpoints" / "step-000001" / "manifest.json").read_text() == (
+        run / "manifest.json"
+    ).read_text()
+    assert len(manifest["git"]["revision"]) == 40 and isinstance(manifest["git"]["dirty"], bool)
+    assert manifest["config"]["rollout"]["temperature"] == 0.7 and manifest["packages"]["torch"]
+    assert [s["tasks"] for s in manifest["suites"]] == [16] and len(manifest["base_model"]["digest"]) == 16
     assert not (run / "services.json").exists(), "the private services are gone after the job"
 
     second = _train(config, "--set", "train.steps=2")
@@ -116,6 +123,25 @@ def test_status_shows_a_runs_figures(redis_server, capsys):
     assert main(["status", "--run", "st", "--redis-url", redis_server.url]) == 0
     out = capsys.readouterr().out
     assert "training step 3/10, policy v3" in out and "[0.1, 0.25]" in out and "'engine': 2" in out
+    assert "made of: unknown (no manifest)" in out
+
+
+def test_status_shows_what_the_run_is_made_of(redis_server, capsys):
+    from launcher.manifest import manifest_gist, model_digest
+
+    manifest = {"git": {"revision": "0123456789abcdef", "dirty": True}, "python": "3.11.2",
+                "base_model": model_digest("smollm2-135m-instruct"), "packages": {"torch": "2.13.0"},
+                "suites": [{"id": "calc@abc", "tasks": 16}], "devices": {"cuda": [], "cpus": 2}}  # fmt: skip
+
+    async def report() -> None:
+        async with TrajectoryStore(redis_server.url, "mf") as store:
+            await store.status.set({"phase": "training", "manifest": manifest_gist(manifest)})
+
+    asyncio.run(report())
+    assert main(["status", "--run", "mf", "--redis-url", redis_server.url]) == 0
+    made_of = next(line for line in capsys.readouterr().out.splitlines() if "made of" in line)
+    assert "code 0123456789 (uncommitted changes)" in made_of and "calc@abc (16)" in made_of
+    assert manifest["base_model"]["digest"] in made_of and "2 CPUs" in made_of
 
 
 @pytest.mark.timeout(900)
