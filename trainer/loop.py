@@ -97,16 +97,17 @@ class TrainerLoop:
         self._redelivered: list[GroupEntry] | None = None  # own pending groups, read once
         self._gathered: WholeModel | None = None  # sharded: the weights last published, until they change
 
-    async def resume(self) -> int:
+    async def resume(self, *, live_managers: bool = False) -> int:
         """After loading a checkpoint: acknowledge what it covers, serve its weights under a fresh
-        version above every version ever published; returns that version."""
+        version above every version ever published; returns that version. ``live_managers``: rollout
+        workers of the run may be mid-group (``AdmissionGate.reset``)."""
         await self.store.groups.create_consumer_group(STREAM_CONSUMER_GROUP)
         await self.store.groups.ack(STREAM_CONSUMER_GROUP, self.state.unacked_entries)
         self.state.unacked_entries = []
         highest = max((await self.store.policy.get()).version, self.state.policy_version)
         version = await self._publish(highest + 1)
         self.state.policy_version = version
-        await self.store.gate.reset(groups_per_step=self.cfg.groups_per_step)
+        await self.store.gate.reset(groups_per_step=self.cfg.groups_per_step, live_managers=live_managers)
         return version
 
     async def step(self, *, timeout_s: float | None = None) -> dict[str, float]:

@@ -28,6 +28,20 @@ return 1
 """
 
 
+# Other managers may be running groups (distributed mode): their places stay theirs, and what they
+# already wrote stays counted; alone (embedded mode, its manager gone with the old process), start over.
+_LUA_RESET = """
+local floor = tonumber(redis.call('HGET', KEYS[2], 'version') or '0') * tonumber(ARGV[1])
+if ARGV[2] == '1' then
+  local accepted = tonumber(redis.call('HGET', KEYS[1], 'accepted') or '0')
+  redis.call('HSET', KEYS[1], 'accepted', math.max(accepted, floor))
+else
+  redis.call('HSET', KEYS[1], 'accepted', floor, 'running', 0)
+end
+return 1
+"""
+
+
 class AdmissionGate(RunPart):
     """The hash ``keys.gate``: ``accepted``, ``running`` and ``rejected`` groups; reads the policy."""
 
@@ -37,6 +51,7 @@ class AdmissionGate(RunPart):
         super().__init__(redis, keys, url_redacted)
         self.policy = policy
         self._admit = redis.register_script(_LUA_ADMIT)
+        self._reset = redis.register_script(_LUA_RESET)
 
     @redis_errors
     async def admit(self, *, max_concurrent: int, max_staleness: int, groups_per_step: int) -> bool:
@@ -66,10 +81,15 @@ class AdmissionGate(RunPart):
             await pipe.execute()
 
     @redis_errors
-    async def reset(self, *, groups_per_step: int) -> None:
-        """On resume: ``accepted`` restarts at ``version * groups_per_step``, nothing running."""
-        version = (await self.policy.get()).version
-        await self.redis.hset(self.keys.gate, mapping={"accepted": version * groups_per_step, "running": 0})
+    async def reset(self, *, groups_per_step: int, live_managers: bool = False) -> None:
+        """On a trainer's start: ``accepted`` restarts at ``version * groups_per_step``, nothing running.
+
+        With ``live_managers`` (workers of a shared run may be mid-group) ``running`` is theirs and
+        is kept, and ``accepted`` only rises to that floor: zeroing them would let the gate admit
+        past the staleness bound and drive ``running`` below zero as their groups finish.
+        """
+        keys = [self.keys.gate, self.keys.policy]
+        await self._reset(keys=keys, args=[groups_per_step, int(live_managers)])
 
     @redis_errors
     async def state(self) -> dict[str, int]:

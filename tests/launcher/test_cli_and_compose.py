@@ -51,12 +51,22 @@ def test_console_script_is_installed():
     assert out.returncode == 0 and "demo" in out.stdout and "sandbox" in out.stdout
 
 
-def test_every_compose_service_runs_a_known_pqrl_subcommand():
-    compose = yaml.safe_load((ROOT / "compose.yaml").read_text())
+def _resolved(*files: str) -> dict:
+    """compose files as docker-compose resolves them (anchors merged, variables interpolated)."""
+    exe = shutil.which("docker-compose")
+    cmd = [exe] if exe else ["docker", "compose"]
+    for f in files:
+        cmd += ["-f", f]
+    env = {"PATH": "/usr/bin:/bin", "PQRL_ENV_TOKEN": "t"}
+    out = subprocess.run([*cmd, "config"], cwd=ROOT, capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr
+    return yaml.safe_load(out.stdout)["services"]
+
+
+def test_every_compose_service_runs_a_known_pqrl_subcommand_from_one_config():
     known = _subcommand_paths(build_parser())
-    services = compose["services"]
-    assert {"redis", "env-server", "engine", "rollout", "trainer"} <= set(services)
-    assert "gpu" in services["engine-sglang"]["profiles"]
+    services = _resolved("compose.yaml")
+    assert set(services) == {"redis", "env-server", "engine", "rollout", "trainer"}
     for name, svc in services.items():
         if name == "redis":
             continue
@@ -64,12 +74,43 @@ def test_every_compose_service_runs_a_known_pqrl_subcommand():
         assert cmd[0] == "pqrl", name
         words = tuple(w for w in cmd[1:] if not w.startswith("-"))
         assert any(words[: len(p)] == p for p in known), f"{name} calls unknown subcommand {cmd}"
+    # one job config for every role; where the services are comes from the environment
+    assert services["rollout"]["command"][:3] == services["trainer"]["command"][:3] == [
+        "pqrl", "train", "/config/quickstart.yaml",
+    ]  # fmt: skip
+    for name in ("rollout", "trainer"):
+        env = services[name]["environment"]
+        assert env["PQRL_ENV_TOKEN"] == "t" and env["PQRL_ENGINES"] == "http://engine:30000"
+        assert env["PQRL_REDIS_URL"] == "redis://redis:6379/0" and env["PQRL_ENV_SERVERS"]
+        assert {d: c["condition"] for d, c in services[name]["depends_on"].items()} == {
+            "redis": "service_healthy", "engine": "service_healthy", "env-server": "service_healthy",
+        }  # fmt: skip
+        # the trainer's published weights are where the engine loads them (the disk weight sync)
+        assert (
+            "pqrl-runs:/runs:rw" in services[name]["volumes"]
+            and "pqrl-runs:/runs:rw" in services["engine"]["volumes"]
+        )
+    assert services["env-server"]["environment"]["PQRL_ENV_TOKEN"] == "t"
+    for name in ("redis", "env-server", "engine"):
+        assert services[name]["healthcheck"]["test"], f"{name} has no health check"
 
 
-def test_compose_file_is_valid():
-    if shutil.which("docker-compose"):
-        cmd = ["docker-compose", "-f", "compose.yaml", "--profile", "gpu", "config", "-q"]
-    else:
-        cmd = ["docker", "compose", "-f", "compose.yaml", "--profile", "gpu", "config", "-q"]
-    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr
+def test_the_gpu_override_serves_sglang_to_the_same_address_and_builds_its_extra():
+    services = _resolved("compose.yaml", "compose.gpu.yaml")
+    engine = services["engine"]
+    assert engine["command"][:5] == ["pqrl", "engine", "serve", "--backend", "sglang"]
+    assert engine["build"]["args"]["EXTRAS"] == "sglang"
+    for name in ("engine", "trainer"):
+        devices = services[name]["deploy"]["resources"]["reservations"]["devices"]
+        assert devices[0]["capabilities"] == ["gpu"]
+    assert services["rollout"]["environment"]["PQRL_ENGINES"] == "http://engine:30000"
+    assert services["rollout"]["build"]["args"]["EXTRAS"] == ""
+    assert "EXTRAS" in (ROOT / "Dockerfile").read_text()
+
+
+def test_compose_refuses_to_start_without_an_env_server_token():
+    exe = shutil.which("docker-compose")
+    cmd = [exe] if exe else ["docker", "compose"]
+    out = subprocess.run([*cmd, "-f", "compose.yaml", "config"], cwd=ROOT, capture_output=True, text=True,
+                         env={"PATH": "/usr/bin:/bin"})  # fmt: skip
+    assert out.returncode != 0 and "PQRL_ENV_TOKEN" in out.stderr

@@ -24,6 +24,24 @@ async def test_admission_stays_within_the_staleness_budget_and_frees_on_progress
     assert await gate.state() == {"accepted": 2, "running": 0, "rejected": 3}
 
 
+async def test_a_trainer_joining_live_workers_keeps_their_places(store):
+    """Workers admitted groups before the trainer started: a reset must not zero what they hold, or
+    their finishes drive ``running`` below zero and the gate admits past the staleness bound."""
+    gate = store.gate
+    limits = {"max_concurrent": 2, "max_staleness": 0, "groups_per_step": 2}
+    assert [await gate.admit(**limits) for _ in range(3)] == [True, True, False]
+    await gate.finish(accepted=True)
+    await gate.reset(groups_per_step=2, live_managers=True)
+    assert await gate.state() == {"accepted": 1, "running": 1, "rejected": 0}
+    await gate.finish(accepted=True)
+    assert await gate.state() == {"accepted": 2, "running": 0, "rejected": 0}
+    assert not await gate.admit(**limits), "the budget of version 0 is spent"
+    await store.policy.publish("/w/1")
+    await store.policy.publish("/w/2")
+    await gate.reset(groups_per_step=2, live_managers=True)  # a resumed trainer serves version 2
+    assert (await gate.state())["accepted"] == 4, "accepted rises to version x groups_per_step"
+
+
 async def test_gate_never_over_admits_under_concurrency(store):
     limits = {"max_concurrent": 100, "max_staleness": 0, "groups_per_step": 5}
     results = await asyncio.gather(*(store.gate.admit(**limits) for _ in range(40)))
