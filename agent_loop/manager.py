@@ -33,7 +33,8 @@ from engine.errors import EngineError
 from engine.protocol import Engine
 from env_server.client import EnvClient
 from loss_masking import ChatRenderer
-from pqrl.store import TaskEntry, TrajectoryStore
+from pqrl.store import StoreUnavailable, TaskEntry, TrajectoryStore
+from pqrl.store.gate import HOLDER_TTL_MS
 from pqrl.trajectory import Status, Trajectory
 from tasks.storage import RunSampler
 
@@ -82,12 +83,14 @@ class RolloutManager:
     async def run(self, *, until_empty: bool = True) -> _Stats:
         """Produces groups until the queue is drained (``until_empty``) or ``stop()``."""
         last_progress = time.monotonic()
+        beating = asyncio.create_task(self._beat())
         try:
             while not self._stopping.is_set():
                 if time.monotonic() - last_progress > self.cfg.progress_every_s:
                     await self._progress()
                     last_progress = time.monotonic()
                 if len(self._in_flight) >= self.cfg.max_concurrent_groups or not await self.store.gate.admit(
+                    holder=self.consumer,
                     max_concurrent=self.cfg.max_concurrent_groups,
                     max_staleness=self.cfg.max_staleness,
                     groups_per_step=self.cfg.groups_per_step,
@@ -96,7 +99,7 @@ class RolloutManager:
                     continue
                 entry = await self._lease()
                 if entry is None:
-                    await self.store.gate.release()  # nothing to run: give the reserved place back
+                    await self.store.gate.release(holder=self.consumer)  # nothing to run: give it back
                     if until_empty and not self._in_flight:
                         break
                     await self._wait_a_little()
@@ -107,8 +110,16 @@ class RolloutManager:
         finally:
             if self._in_flight:
                 await asyncio.gather(*self._in_flight, return_exceptions=True)
+            beating.cancel()
             await self._progress()
         return self.stats
+
+    async def _beat(self) -> None:
+        """Keeps this manager's gate places while it runs; a killed manager's are given back."""
+        while True:
+            with contextlib.suppress(StoreUnavailable):  # a restarting Redis: beat again soon
+                await self.store.gate.beat(self.consumer)
+            await asyncio.sleep(HOLDER_TTL_MS / 1000 / 6)
 
     async def _wait_a_little(self) -> None:
         # Short: a new policy version (which opens the gate) is only seen at the next look.
@@ -154,7 +165,7 @@ class RolloutManager:
             self.stats.failures[type(e).__name__] += 1
             log.error("group %s failed: %r", group_id, e)
         finally:
-            await self.store.gate.finish(accepted=written)
+            await self.store.gate.finish(holder=self.consumer, accepted=written)
 
     async def _episode(self, queued: dict[str, Any], group_id: str, index: int) -> Trajectory:
         for attempt in range(self.cfg.infra_retries + 1):

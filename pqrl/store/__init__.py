@@ -14,7 +14,8 @@ concern, each owning its keys of run ``R`` (the braces keep a run's keys in one 
   tasks.sampler), ``position`` (next slot)
 - ``.policy`` (PolicyVersion): ``pqrl:{R}:policy``, hash: ``version`` (int, starts at 0),
   ``weights`` (where they are), ``updated``
-- ``.gate`` (AdmissionGate): ``pqrl:{R}:gate``, the staleness gate's counters
+- ``.gate`` (AdmissionGate): ``pqrl:{R}:gate``, the staleness gate's counters, with
+  ``pqrl:{R}:gate-running`` (places per rollout manager) and ``pqrl:{R}:alive:<manager>`` (beats)
 - ``.status`` (JobStatus): ``pqrl:{R}:status``, the job's latest figures for ``pqrl status``
 - ``.settings`` (RunSettings): ``pqrl:{R}:settings``, the settings every process of the run shares
   (sampling, group shape, model, task plan), fixed by the first process that joins it

@@ -94,8 +94,17 @@ class RunKeys:
 
     @property
     def gate(self) -> str:
-        """Hash: the admission gate's ``accepted``, ``running`` and ``rejected`` counters."""
+        """Hash: the admission gate's ``accepted`` and ``rejected`` counters (``running``: gate_running)."""
         return f"{self.prefix}:gate"
+
+    @property
+    def gate_running(self) -> str:
+        """Hash: the groups each rollout manager (holder) has admitted and not yet ended."""
+        return f"{self.prefix}:gate-running"
+
+    def alive(self, holder: str) -> str:
+        """String with a time to live: ``holder`` beats it while it runs (``alive("")`` is the prefix)."""
+        return f"{self.prefix}:alive:{holder}"
 
     @property
     def status(self) -> str:
