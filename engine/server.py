@@ -6,12 +6,14 @@ alike (request and response bodies: ``engine.types``):
     POST /generate                  {input_ids | text, sampling_params, return_logprob, stream, rid}
     POST /update_weights_from_disk, /init_weights_update_group, /update_weights_from_distributed,
          /destroy_weights_update_group: see ``engine.weights_routes``
-    GET  /get_weight_version        -> {"weight_version": "3"}
+    GET  /model_info                -> {"model_path", "is_generation", "weight_version": "3"}
+                                    (also as /get_model_info, SGLang's deprecated name)
+    GET  /get_weight_version        -> {"weight_version": "3"} (pqrl extension; SGLang has no such route)
     POST /pause_generation          {"mode": "abort" | "retract" | "in_place"}
     POST /continue_generation
     GET|POST /flush_cache           (no prefix cache here: always succeeds)
     POST /abort_request             {"rid": ..., "abort_all": false}
-    GET  /health, GET /get_model_info
+    GET  /health
     GET  /engine_stats              pqrl extension: step counters, batch sizes
 
 Beyond SGLang, ``meta_info`` carries ``output_token_weight_versions``: the weight version that produced
@@ -62,7 +64,7 @@ def create_app(engine: BatchEngine, *, api_key: str | None = None, model_path: s
     Args:
         engine: the engine (the app's scheduler must be its only user).
         api_key: when set, every route but ``/health`` needs ``Authorization: Bearer <api_key>``.
-        model_path: reported by ``/get_model_info``.
+        model_path: reported by ``/model_info``.
     """
     scheduler = EngineScheduler(engine)
 
@@ -138,6 +140,7 @@ def _add_generate_route(api: APIRouter, engine: BatchEngine, scheduler: EngineSc
 def _add_control_routes(
     api: APIRouter, engine: BatchEngine, scheduler: EngineScheduler, model_path: str
 ) -> None:
+    @api.get("/model_info", operation_id="model_info")
     @api.get("/get_model_info", operation_id="get_model_info")
     async def model_info() -> dict[str, Any]:
         return {"model_path": model_path, "is_generation": True, "weight_version": engine.weight_version}

