@@ -75,6 +75,7 @@ class RolloutManager:
         self._in_flight: set[asyncio.Task[None]] = set()
         self._sampler: RunSampler | None = None  # loaded when the run has one (it may be set later)
         self._told: set[str] = set()
+        self._weights_checked = float("-inf")
 
     def stop(self) -> None:
         """Graceful shutdown: no new groups; groups in flight finish and are written."""
@@ -143,10 +144,28 @@ class RolloutManager:
             self._sampler = await RunSampler.load(self.store)
         return await self._sampler.claim(TASK_CONSUMER_GROUP, self.consumer) if self._sampler else None
 
+    async def _serve_the_current_policy(self) -> None:
+        """An engine restarted mid-run comes back with its base weights: before a group starts, load
+        the run's current ones on every engine that serves an older version (disk weight sync only:
+        a process-group sync reaches a new engine at the trainer's next step). Looked at most every
+        few seconds; a failure leaves it for the next look."""
+        catch_up = getattr(self.engine, "catch_up_from_disk", None)
+        if catch_up is None or time.monotonic() - self._weights_checked < 2.0:
+            return
+        self._weights_checked = time.monotonic()
+        try:
+            policy = await self.store.policy.get()
+            if policy.version > 0 and policy.weights and "://" not in policy.weights:
+                for url in await catch_up(policy.weights, policy.version):
+                    log.warning("engine %s was behind: now serves policy v%d", url, policy.version)
+        except (EngineError, StoreUnavailable) as e:
+            self._tell("could not bring the engines to the current policy", str(e))
+
     async def _group(self, entry: TaskEntry) -> None:
         group_id = uuid.uuid4().hex[:12]
         written = False
         try:
+            await self._serve_the_current_policy()
             results = await asyncio.gather(
                 *(self._episode(entry.task, group_id, i) for i in range(self.cfg.group_size))
             )

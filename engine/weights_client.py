@@ -14,7 +14,7 @@ import itertools
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from engine.errors import WeightUpdateFailed
+from engine.errors import EngineUnavailable, WeightUpdateFailed
 from engine.pool import ServerPool
 from engine.types import (
     DestroyWeightsUpdateGroupRequest,
@@ -45,11 +45,15 @@ class WeightUpdates(ServerPool):
         abort_all_requests: bool = True,
         flush_cache: bool = True,
         load_format: str | None = None,
+        skip_unreachable: bool = False,
     ) -> list[dict[str, Any]]:
         """Loads a Hugging Face checkpoint directory on every server and sets its weight version.
 
         With ``abort_all_requests`` (default) in-flight generations end with finish reason abort and
-        ``generate`` resumes them on the new weights, so per-token versions stay exact.
+        ``generate`` resumes them on the new weights, so per-token versions stay exact. With
+        ``skip_unreachable`` a server that refuses connections (down, restarting) is left out
+        instead of failing the call: it loads the run's weights when it is back
+        (``catch_up_from_disk``).
 
         Raises:
             WeightUpdateFailed: some server failed; the message names each and why.
@@ -61,7 +65,31 @@ class WeightUpdates(ServerPool):
             flush_cache=flush_cache,
             load_format=load_format,
         )
-        return await self._push_weights("/update_weights_from_disk", request, version)
+        return await self._push_weights("/update_weights_from_disk", request, version, skip_unreachable)
+
+    async def catch_up_from_disk(self, model_path: str, version: int) -> list[str]:
+        """Loads ``model_path`` as ``version`` on each server that serves an older version (an engine
+        restarted with its base weights); returns the URLs updated. A server that does not answer, or
+        fails to load, is left for the next call: it is down, and catching up is retried."""
+        infos = await self._on_all("GET", "/model_info", None)
+        behind = [
+            s
+            for s, r in zip(self.servers, infos, strict=True)
+            if not isinstance(r, BaseException)
+            and parse_version(ModelInfo.model_validate(r).weight_version) < version
+        ]
+        request = UpdateWeightsFromDiskRequest(model_path=model_path, weight_version=str(version),
+                                               abort_all_requests=True, flush_cache=True)  # fmt: skip
+        results = await asyncio.gather(
+            *(self._control(s, "POST", "/update_weights_from_disk", _body(request)) for s in behind),
+            return_exceptions=True,
+        )
+        updated = []
+        for s, r in zip(behind, results, strict=True):
+            if not isinstance(r, BaseException) and r.get("success", False):
+                s.known_version = version
+                updated.append(s.url)
+        return updated
 
     def weights_group_layout(self, ranks_per_server: int | Sequence[int] = 1) -> tuple[list[int], int]:
         """The rank offset of each server in a weights group, and the group's world size.
@@ -151,12 +179,17 @@ class WeightUpdates(ServerPool):
         )
         return await self._push_weights("/update_weights_from_distributed", request, weight_version)
 
-    async def _push_weights(self, path: str, request: Any, version: int) -> list[dict[str, Any]]:
+    async def _push_weights(
+        self, path: str, request: Any, version: int, skip_unreachable: bool = False
+    ) -> list[dict[str, Any]]:
         """Every server takes the new weights as ``version``, or the call fails naming each that did not."""
         results = await self._on_all("POST", path, _body(request))
-        self._raise_failed("weight update", results)
-        for s in self.servers:
-            s.known_version = version
+        reached = [not (skip_unreachable and isinstance(r, EngineUnavailable)) for r in results]
+        self._raise_failed("weight update", [r for r, ok in zip(results, reached, strict=True) if ok],
+                           [s for s, ok in zip(self.servers, reached, strict=True) if ok])  # fmt: skip
+        for s, ok in zip(self.servers, reached, strict=True):
+            if ok:
+                s.known_version = version
         return results
 
     async def destroy_weights_update_group(self, group_name: str = "weight_update_group") -> None:
@@ -182,11 +215,11 @@ class WeightUpdates(ServerPool):
     async def flush_cache(self) -> None:
         await self._on_all("GET", "/flush_cache", None, raise_first=True)
 
-    def _raise_failed(self, what: str, results: list[Any]) -> None:
+    def _raise_failed(self, what: str, results: list[Any], servers: Sequence[Any] | None = None) -> None:
         """Raises WeightUpdateFailed naming each server whose answer was an error or ``success: false``."""
         failed = [
             f"{s.url}: {r}" if isinstance(r, BaseException) else f"{s.url}: {r.get('message')}"
-            for s, r in zip(self.servers, results, strict=True)
+            for s, r in zip(self.servers if servers is None else servers, results, strict=True)
             if isinstance(r, BaseException) or not r.get("success", False)
         ]
         if failed:

@@ -75,7 +75,9 @@ class DiskWeightSync:
         path = Path(self.location(version))
         await asyncio.to_thread(self._save, model, path)
         if self.client is not None:
-            await self.client.update_weights_from_disk(str(path), version)
+            # an engine that is down loads the run's weights when it is back (the rollout side sees
+            # it serving an older version than the run's); one that answered and failed is an error
+            await self.client.update_weights_from_disk(str(path), version, skip_unreachable=True)
         self._saved.append(path)
         while len(self._saved) > self.keep:
             shutil.rmtree(self._saved.pop(0), ignore_errors=True)
