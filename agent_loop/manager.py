@@ -87,33 +87,50 @@ class RolloutManager:
         beating = asyncio.create_task(self._beat())
         try:
             while not self._stopping.is_set():
-                if time.monotonic() - last_progress > self.cfg.progress_every_s:
-                    await self._progress()
-                    last_progress = time.monotonic()
-                if len(self._in_flight) >= self.cfg.max_concurrent_groups or not await self.store.gate.admit(
-                    holder=self.consumer,
-                    max_concurrent=self.cfg.max_concurrent_groups,
-                    max_staleness=self.cfg.max_staleness,
-                    groups_per_step=self.cfg.groups_per_step,
-                ):
-                    await self._wait_a_little()
+                try:
+                    if time.monotonic() - last_progress > self.cfg.progress_every_s:
+                        await self._progress()
+                        last_progress = time.monotonic()
+                    outcome = await self._start_one()
+                except StoreUnavailable as e:  # a restarting Redis: groups in flight go on, admission waits
+                    self._tell("Redis unreachable", str(e))
+                    await asyncio.sleep(1.0)
                     continue
-                entry = await self._lease()
-                if entry is None:
-                    await self.store.gate.release(holder=self.consumer)  # nothing to run: give it back
-                    if until_empty and not self._in_flight:
-                        break
+                if outcome == "drained" and until_empty and not self._in_flight:
+                    break
+                if outcome != "started":
                     await self._wait_a_little()
-                    continue
-                task = asyncio.create_task(self._group(entry))
-                self._in_flight.add(task)
-                task.add_done_callback(self._in_flight.discard)
         finally:
             if self._in_flight:
                 await asyncio.gather(*self._in_flight, return_exceptions=True)
             beating.cancel()
-            await self._progress()
+            with contextlib.suppress(StoreUnavailable):
+                await self._progress()
         return self.stats
+
+    async def _start_one(self) -> str:
+        """Admits and leases one task and starts its group: ``started``; ``full`` (no slot, or the gate
+        is shut); ``drained`` (nothing to run)."""
+        if len(self._in_flight) >= self.cfg.max_concurrent_groups or not await self.store.gate.admit(
+            holder=self.consumer,
+            max_concurrent=self.cfg.max_concurrent_groups,
+            max_staleness=self.cfg.max_staleness,
+            groups_per_step=self.cfg.groups_per_step,
+        ):
+            return "full"
+        try:
+            entry = await self._lease()
+        except BaseException:
+            with contextlib.suppress(StoreUnavailable):
+                await self.store.gate.release(holder=self.consumer)
+            raise
+        if entry is None:
+            await self.store.gate.release(holder=self.consumer)  # nothing to run: give the place back
+            return "drained"
+        task = asyncio.create_task(self._group(entry))
+        self._in_flight.add(task)
+        task.add_done_callback(self._in_flight.discard)
+        return "started"
 
     async def _beat(self) -> None:
         """Keeps this manager's gate places while it runs; a killed manager's are given back."""
@@ -176,15 +193,35 @@ class RolloutManager:
                 log.warning("group %s for %s dropped: %d valid of %d", group_id, entry.task.get("task_id"),
                             len(valid), len(results))  # fmt: skip
             else:
-                await self.store.groups.put(results, timeout=self.cfg.put_timeout_s)
+                await self._through_outage(
+                    lambda: self.store.groups.put(results, timeout=self.cfg.put_timeout_s)
+                )
                 written = True
                 self.stats.groups_written += 1
-            await self.store.tasks.ack(TASK_CONSUMER_GROUP, [entry.entry_id])
+            await self._through_outage(lambda: self.store.tasks.ack(TASK_CONSUMER_GROUP, [entry.entry_id]))
         except Exception as e:  # the lease stays pending: another manager reclaims the task later
             self.stats.failures[type(e).__name__] += 1
             log.error("group %s failed: %r", group_id, e)
         finally:
-            await self.store.gate.finish(holder=self.consumer, accepted=written)
+            with contextlib.suppress(StoreUnavailable):  # gone for good: a restart frees the place
+                await self._through_outage(
+                    lambda: self.store.gate.finish(holder=self.consumer, accepted=written)
+                )
+
+    async def _through_outage(self, write: Any, patience_s: float = 300.0) -> Any:
+        """``write()``, retried while Redis is unreachable (a restart: with appendfsync always it comes
+        back with every acknowledged write), for up to ``patience_s``. A group is worth minutes of
+        generation; a put whose reply was lost may store it twice, and the trainer skips the copy."""
+        deadline, delay = time.monotonic() + patience_s, 0.5
+        while True:
+            try:
+                return await write()
+            except StoreUnavailable as e:
+                if time.monotonic() > deadline:
+                    raise
+                self._tell("Redis unreachable", str(e))
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
 
     async def _episode(self, queued: dict[str, Any], group_id: str, index: int) -> Trajectory:
         for attempt in range(self.cfg.infra_retries + 1):

@@ -96,6 +96,8 @@ class TrainerLoop:
         )
         self._redelivered: list[GroupEntry] | None = None  # own pending groups, read once
         self._gathered: WholeModel | None = None  # sharded: the weights last published, until they change
+        self._consumed: set[str] | None = None  # group ids consumed so far (from the checkpoint on)
+        self._duplicates: list[str] = []  # entries of groups consumed before, acknowledged with the step
 
     async def resume(self, *, live_managers: bool = False) -> int:
         """After loading a checkpoint: acknowledge what it covers, serve its weights under a fresh
@@ -151,7 +153,10 @@ class TrainerLoop:
         self.state.step += 1
         self.state.policy_version = int(metrics["policy/version"])
         self.state.trained_groups += [g[0].group_id for g in groups]
-        ids = [e.entry_id for e in entries]
+        ids = [e.entry_id for e in entries] + self._duplicates
+        if self._duplicates:
+            metrics["dropped/duplicate_groups"] = float(len(self._duplicates))
+            self._duplicates = []
         if self.cfg.ckpt_dir is None:
             await self.store.groups.ack(STREAM_CONSUMER_GROUP, ids)
         else:
@@ -187,18 +192,35 @@ class TrainerLoop:
             )
             held = set(self.state.unacked_entries)  # taken since the last checkpoint, not crashed
             self._redelivered = [e for e in self._redelivered if e.entry_id not in held]
-        entries = self._redelivered[:n]
-        self._redelivered = self._redelivered[len(entries) :]
+        entries = self._fresh(self._redelivered[:n])
+        self._redelivered = self._redelivered[n:]
         loop = asyncio.get_running_loop()
         deadline = None if timeout_s is None else loop.time() + timeout_s
         while len(entries) < n:
             if deadline is not None and loop.time() > deadline:
                 raise TimeoutError(f"only {len(entries)} of {n} groups arrived")
             missing = n - len(entries)
-            entries += await self.store.groups.read(
-                STREAM_CONSUMER_GROUP, self.cfg.consumer, count=missing, block_ms=self.cfg.read_block_ms
+            entries += self._fresh(
+                await self.store.groups.read(
+                    STREAM_CONSUMER_GROUP, self.cfg.consumer, count=missing, block_ms=self.cfg.read_block_ms
+                )
             )
         return entries
+
+    def _fresh(self, entries: list[GroupEntry]) -> list[GroupEntry]:
+        """Leaves out groups consumed before: a producer that retried a write whose reply was lost (a
+        Redis restart) may have stored a group twice. Their entries are acknowledged with the step's."""
+        if self._consumed is None:
+            self._consumed = set(self.state.trained_groups)
+        fresh = []
+        for e in entries:
+            group_id = e.trajectories[0].group_id
+            if group_id in self._consumed:
+                self._duplicates.append(e.entry_id)
+            else:
+                self._consumed.add(group_id)
+                fresh.append(e)
+        return fresh
 
     async def _whole_model(self) -> WholeModel:
         """The gathered weights; gathered once per set of weights (publication, then checkpoint)."""

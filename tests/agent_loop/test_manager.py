@@ -170,3 +170,26 @@ async def test_a_grader_crash_fails_one_episode_not_the_group(
         await env.aclose()
         await engine.aclose()
         await store.close()
+
+
+async def test_a_manager_rides_out_a_redis_restart(parts, redis_server):
+    """Redis goes away mid-run and comes back (same data, appendfsync always): the manager keeps
+    running, waits at admission while it is gone, and every task still ends as one stored group."""
+    store, engine, env, renderer, suites = parts
+    await suites.submit(calc_suite(4, seed=6), "mgr")
+    await store.groups.create_consumer_group("trainer")
+    cfg = ManagerConfig(group_size=2, groups_per_step=8, max_concurrent_groups=1, lease_timeout_s=3,
+                        episode=EPISODE)  # fmt: skip
+    manager = RolloutManager(store, engine, env, renderer, cfg)
+    running = asyncio.create_task(manager.run())
+    for _ in range(600):
+        if manager.stats.groups_written >= 1:
+            break
+        await asyncio.sleep(0.1)
+    redis_server.kill()
+    await asyncio.sleep(8.0)  # longer than a group: its end and the next admission meet the outage
+    redis_server.start()
+    stats = await asyncio.wait_for(running, timeout=240)
+    entries = await store.groups.read("trainer", "t", count=20)
+    assert {e.trajectories[0].task_id for e in entries} == {f"calc-6-{i}" for i in range(4)}, stats
+    assert (await store.gate.state())["running"] == 0

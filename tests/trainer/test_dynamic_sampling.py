@@ -92,3 +92,22 @@ async def test_groups_read_past_free_their_gate_places_while_the_loop_waits(redi
         m = await step
         assert m["dropped/no_signal_groups"] == 2 and m["rollout/trajectories_used"] == 6
         assert (await store.gate.state())["rejected"] == 2, "not counted twice"
+
+
+async def test_a_group_stored_twice_is_consumed_once(redis_server, tmp_path):
+    """A producer whose put reply was lost (a Redis restart) retries, so a group can be in the stream
+    twice: the copy is left out (also across steps), counted and acknowledged."""
+    model = _tiny()
+    async with TrajectoryStore(redis_server.url, "ds") as store:
+        await store.groups.create_consumer_group("trainer")
+        for name in ["a", "a", "b", "b", "c"]:
+            await store.groups.put(_group(name, [0, 1, 0]))
+        cfg = LoopConfig(step=STEP, groups_per_step=2, weights_dir=str(tmp_path / "w"), max_extra_reads=0)
+        loop = TrainerLoop(model, torch.optim.SGD(model.parameters(), lr=0.1), store, None, cfg)
+        first = await loop.step(timeout_s=10)
+        assert loop.state.trained_groups == ["a", "b"] and first["dropped/duplicate_groups"] == 1
+        await store.groups.put(_group("a", [0, 1, 0]))  # a late copy, after "a" was trained
+        await store.groups.put(_group("d", [1, 0, 0]))
+        second = await loop.step(timeout_s=10)
+        assert loop.state.trained_groups == ["a", "b", "c", "d"] and second["dropped/duplicate_groups"] == 2
+        assert await store.groups.backlog() == 0, "the copies are acknowledged with the step"
