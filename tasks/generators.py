@@ -41,12 +41,13 @@ def check(g: Generate) -> None:
 def generate_suite(g: Generate) -> Suite:
     check(g)
     if g.kind == "coding":
-        from tasks.coding.env import builtin_suite, demonstration
+        from tasks.coding.env import MAX_SHOTS, builtin_suite
 
         shipped = builtin_suite()
         if not g.shots:
             return shipped
-        demonstration(g.shots)  # raises for a count there are no examples for
+        if g.shots > MAX_SHOTS:
+            raise ValueError(f"coding: shots must be 0 to {MAX_SHOTS}, got {g.shots}")
         manifest = shipped.manifest.model_copy(
             update={"defaults": {**shipped.manifest.defaults, "shots": g.shots}}
         )

@@ -183,7 +183,7 @@ class TrainerLoop:
         return path
 
     def _has_signal(self, entry: GroupEntry, version: int) -> bool:
-        return screen_group(entry.trajectories, version, self.cfg.step)[1] is None
+        return screen_group(entry.trajectories, version, self.cfg.step).dropped is None
 
     async def _read(self, n: int, timeout_s: float | None) -> list[GroupEntry]:
         if self._redelivered is None:

@@ -44,6 +44,7 @@ Deliberately left out here (the loop's job): reading from Redis, warm-up schedul
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import time
 from collections import Counter
@@ -69,7 +70,15 @@ from trainer.losses import (
 from trainer.packing import enable_packed_attention, first_fit_decreasing, pack_row, packed_model_kwargs
 from trainer.rewards import kl_penalized, overlong_penalty
 
-__all__ = ["StepConfig", "ended_at_a_limit", "screen_group", "trained_reward", "token_logprobs", "train_step"]
+__all__ = [
+    "Screened",
+    "StepConfig",
+    "ended_at_a_limit",
+    "screen_group",
+    "token_logprobs",
+    "train_step",
+    "trained_reward",
+]
 
 
 def token_logprobs(model: Any, tokens: Tensor, attention_mask: Tensor, temperature: float) -> Tensor:
@@ -121,11 +130,21 @@ def trained_reward(t: Trajectory, cfg: StepConfig) -> float:
     )
 
 
-def screen_group(
-    group: Sequence[Trajectory], version: int, cfg: StepConfig
-) -> tuple[list[Trajectory], str | None, Counter[str], list[int]]:
-    """A group's trainable members; why the whole group is dropped (None: it is used); the counts of
-    dropped members; the staleness (versions behind ``version``) of every scored member."""
+@dataclasses.dataclass(frozen=True)
+class Screened:
+    """One group as the step sees it: its trainable members and their trained rewards, why the whole
+    group is dropped (None: it is used), the counts of dropped members, and the staleness (versions
+    behind the current one) of every scored member."""
+
+    valid: list[Trajectory]
+    rewards: list[float]
+    dropped: str | None
+    counts: Counter[str]
+    ages: list[int]
+
+
+def screen_group(group: Sequence[Trajectory], version: int, cfg: StepConfig) -> Screened:
+    """Which members of ``group`` the step at ``version`` trains on, and whether the group is used."""
     counts: Counter[str] = Counter()
     ages: list[int] = []
     valid = []
@@ -142,16 +161,15 @@ def screen_group(
             counts["dropped/truncated"] += 1
             continue
         valid.append(t)
+    rewards = [trained_reward(t, cfg) for t in valid]
+    dropped = None
     if len(valid) < 2:
-        return valid, "groups_too_few_valid", counts, ages
+        dropped = "groups_too_few_valid"
     # every group-relative advantage would be 0 (DAPO dynamic sampling); a batch-mean baseline or
     # a critic still gives such a group a signal
-    if (
-        cfg.algorithm.advantage not in ("reinforce_baseline", "ppo")
-        and len({trained_reward(t, cfg) for t in valid}) == 1
-    ):
-        return valid, "no_signal_groups", counts, ages
-    return valid, None, counts, ages
+    elif cfg.algorithm.advantage not in ("reinforce_baseline", "ppo") and len(set(rewards)) == 1:
+        dropped = "no_signal_groups"
+    return Screened(valid, rewards, dropped, counts, ages)
 
 
 def _select(
@@ -164,15 +182,15 @@ def _select(
     rewards: list[float] = []
     group_ids: list[int] = []
     for g, group in enumerate(groups):
-        valid, dropped, member_counts, ages = screen_group(group, version, cfg)
-        counts.update(member_counts)
-        staleness.update(ages)
-        if dropped is not None:
-            counts[f"dropped/{dropped}"] += 1
+        screened = screen_group(group, version, cfg)
+        counts.update(screened.counts)
+        staleness.update(screened.ages)
+        if screened.dropped is not None:
+            counts[f"dropped/{screened.dropped}"] += 1
             continue
-        used += valid
-        rewards += [trained_reward(t, cfg) for t in valid]
-        group_ids += [g] * len(valid)
+        used += screened.valid
+        rewards += screened.rewards
+        group_ids += [g] * len(screened.valid)
     metrics: dict[str, float] = {k: float(v) for k, v in counts.items()}
     metrics |= {f"offpolicy/staleness_{k}": float(v) for k, v in sorted(staleness.items())}
     metrics["rollout/trajectories_used"] = float(len(used))

@@ -81,6 +81,9 @@ _DEMOS = (
 )  # fmt: skip
 
 
+MAX_SHOTS = len(_DEMOS)
+
+
 def _issue_message(issue: str, files: list[str], sources: list[str]) -> str:
     listing = "\n".join(f"- {p}" for p in sorted(files))
     graded = ", ".join(sources)
