@@ -207,10 +207,11 @@ class _Episode:
 
 
 def _server_fault(e: EnvServerError) -> bool:
-    """The environment side failed (a sandbox: 502, a grader: 500, no server: 503, any other 5xx):
-    this episode is failed_infra, the rest of its group stands. Client-side errors (auth, an
-    unknown session) still propagate."""
-    return e.status >= 500
+    """The environment side failed (a sandbox: 502, a grader: 500, no server: 503, any other 5xx),
+    or the session this episode opened is gone (404: the env server restarted and lost it): this
+    episode is failed_infra, the rest of its group stands. Client-side errors (auth, a step after
+    the end) still propagate."""
+    return e.status >= 500 or e.status == 404
 
 
 def _new_builder(renderer: ChatRenderer, observation: Observation, cfg: EpisodeConfig) -> EpisodeBuilder:

@@ -193,3 +193,41 @@ async def test_a_manager_rides_out_a_redis_restart(parts, redis_server):
     entries = await store.groups.read("trainer", "t", count=20)
     assert {e.trajectories[0].task_id for e in entries} == {f"calc-6-{i}" for i in range(4)}, stats
     assert (await store.gate.state())["running"] == 0
+
+
+class _ServerRestartsMidEpisode(HttpEnvClient):
+    """The real client, except that the server forgets each session before it is stepped or scored,
+    as an env server restarted mid-episode does (the DELETE and the 404 after it are the server's)."""
+
+    async def _forget(self, session_id):
+        async with httpx.AsyncClient(base_url=self.urls[0], timeout=10) as raw:
+            headers = {"Authorization": "Bearer crash"}
+            await raw.delete(f"/sessions/{session_id}", headers=headers)
+
+    async def step(self, session_id, tool_calls, request_id=None):
+        await self._forget(session_id)
+        return await super().step(session_id, tool_calls, request_id)
+
+    async def evaluate(self, session_id):
+        await self._forget(session_id)
+        return await super().evaluate(session_id)
+
+
+async def test_a_session_lost_with_its_server_is_an_infrastructure_failure(
+    served, smollm, redis_server, crashing_env_server
+):
+    """A session gone from its env server (restarted mid-episode) fails that episode as failed_infra,
+    rerun like any other: the group is not lost to an exception."""
+    store = TrajectoryStore(redis_server.url, "lost")
+    engine = EngineClient(served[0])
+    env = _ServerRestartsMidEpisode(crashing_env_server, token="crash")
+    try:
+        await store.tasks.push([queued_task(calc_suite(1, seed=9), 0)])
+        cfg = ManagerConfig(group_size=2, groups_per_step=4, infra_retries=0, min_valid=1, episode=EPISODE)
+        stats = await RolloutManager(store, engine, env, ChatRenderer(smollm[1]), cfg).run()
+        assert stats.groups_dropped == 1 and stats.failures["failed_infra"] == 2, stats
+        assert stats.failures["group_too_few_valid"] == 1 and "NotFound" not in stats.failures
+    finally:
+        await env.aclose()
+        await engine.aclose()
+        await store.close()
