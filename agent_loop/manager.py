@@ -261,7 +261,7 @@ class RolloutManager:
         key = f"{what}: {error[:200]}"
         if key not in self._told and len(self._told) < 100:
             self._told.add(key)
-            log.warning("%s (episodes are rerun; repeats are counted, not logged): %s", what, error[:500])
+            log.warning("%s (retried; repeats of this error are not logged): %s", what, error[:500])
 
     async def _progress(self) -> None:
         gate = await self.store.gate.state()

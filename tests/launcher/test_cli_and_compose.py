@@ -93,6 +93,7 @@ def test_every_compose_service_runs_a_known_pqrl_subcommand_from_one_config():
     assert services["env-server"]["environment"]["PQRL_ENV_TOKEN"] == "t"
     for name in ("redis", "env-server", "engine"):
         assert services[name]["healthcheck"]["test"], f"{name} has no health check"
+    assert all(services[n]["restart"] == "on-failure" for n in services if n != "redis")
 
 
 def test_the_gpu_override_serves_sglang_to_the_same_address_and_builds_its_extra():
