@@ -76,8 +76,9 @@ class Job:
         await self.store.close()
 
     async def _agree_on_settings(self) -> None:
-        """Joins the run only with the settings its other processes use (a fresh trainer sets them)."""
-        replace = self.fresh and self.role != "rollout"
+        """Joins the run only with the settings its other processes use (a fresh trainer sets them; an
+        embedded job is the run's only process, so a resumed one may change them)."""
+        replace = (self.fresh or self.cfg.embedded) and self.role != "rollout"
         diff = await self.store.settings.agree(shared_settings(self.cfg), replace=replace)
         if diff:
             lines = "\n".join(f"  {k}: the run's {a!r}, this config's {b!r}" for k, (a, b) in diff.items())
