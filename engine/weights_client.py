@@ -29,6 +29,11 @@ from engine.types import (
 __all__ = ["WeightUpdates"]
 
 
+def _served_version(model_info: dict[str, Any]) -> int:
+    """The weight version a server reports in its ``/model_info`` answer."""
+    return parse_version(ModelInfo.model_validate(model_info).weight_version)
+
+
 def _body(request: Any) -> dict[str, Any]:
     """The fields the caller set, so servers of other SGLang versions get nothing they do not know."""
     return request.model_dump(mode="json", exclude_unset=True, exclude_none=True)
@@ -75,8 +80,7 @@ class WeightUpdates(ServerPool):
         behind = [
             s
             for s, r in zip(self.servers, infos, strict=True)
-            if not isinstance(r, BaseException)
-            and parse_version(ModelInfo.model_validate(r).weight_version) < version
+            if not isinstance(r, BaseException) and _served_version(r) < version
         ]
         request = UpdateWeightsFromDiskRequest(model_path=model_path, weight_version=str(version),
                                                abort_all_requests=True, flush_cache=True)  # fmt: skip
@@ -201,10 +205,7 @@ class WeightUpdates(ServerPool):
     async def get_weight_version(self) -> dict[str, int]:
         """The weight version of every server (from ``/model_info``, where SGLang reports it)."""
         results = await self._on_all("GET", "/model_info", None, raise_first=True)
-        return {
-            s.url: parse_version(ModelInfo.model_validate(r).weight_version)
-            for s, r in zip(self.servers, results, strict=True)
-        }
+        return {s.url: _served_version(r) for s, r in zip(self.servers, results, strict=True)}
 
     async def pause_generation(self, mode: Literal["abort", "retract", "in_place"] = "abort") -> None:
         await self._on_all("POST", "/pause_generation", _body(PauseRequest(mode=mode)), raise_first=True)

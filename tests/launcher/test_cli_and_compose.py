@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 from launcher.cli import build_parser, main
+from launcher.compose_local import resolved_services
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -51,21 +51,9 @@ def test_console_script_is_installed():
     assert out.returncode == 0 and "demo" in out.stdout and "sandbox" in out.stdout
 
 
-def _resolved(*files: str) -> dict:
-    """compose files as docker-compose resolves them (anchors merged, variables interpolated)."""
-    exe = shutil.which("docker-compose")
-    cmd = [exe] if exe else ["docker", "compose"]
-    for f in files:
-        cmd += ["-f", f]
-    env = {"PATH": "/usr/bin:/bin", "PQRL_ENV_TOKEN": "t"}
-    out = subprocess.run([*cmd, "config"], cwd=ROOT, capture_output=True, text=True, env=env)
-    assert out.returncode == 0, out.stderr
-    return yaml.safe_load(out.stdout)["services"]
-
-
 def test_every_compose_service_runs_a_known_pqrl_subcommand_from_one_config():
     known = _subcommand_paths(build_parser())
-    services = _resolved("compose.yaml")
+    services = resolved_services({"PQRL_ENV_TOKEN": "t"})
     assert set(services) == {"redis", "env-server", "engine", "rollout", "trainer"}
     for name, svc in services.items():
         if name == "redis":
@@ -97,7 +85,7 @@ def test_every_compose_service_runs_a_known_pqrl_subcommand_from_one_config():
 
 
 def test_the_gpu_override_serves_sglang_to_the_same_address_and_builds_its_extra():
-    services = _resolved("compose.yaml", "compose.gpu.yaml")
+    services = resolved_services({"PQRL_ENV_TOKEN": "t"}, "compose.yaml", "compose.gpu.yaml")
     engine = services["engine"]
     assert engine["command"][:5] == ["pqrl", "engine", "serve", "--backend", "sglang"]
     assert engine["build"]["args"]["EXTRAS"] == "sglang"
