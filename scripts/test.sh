@@ -5,6 +5,13 @@ set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 bash "$ROOT/scripts/setup.sh" || exit $?
 cd "$ROOT" || exit 1
+# The suite saves model checkpoints (~0.5 GB each) under the temp dir; say so before a full disk
+# turns into hundreds of unrelated errors.
+tmp=${TMPDIR:-/tmp}
+free_gb=$(df -Pk "$tmp" | awk 'NR==2 {print int($4 / 1048576)}')
+if [ "${free_gb:-0}" -lt 15 ]; then
+  echo "scripts/test.sh: WARNING: only ${free_gb} GB free in $tmp; the suite needs about 15 GB" >&2
+fi
 .venv/bin/python -m pytest -q "$@"
 rc=$?
 if [ "$rc" -eq 5 ]; then
