@@ -41,9 +41,11 @@ def trainer_parts(cfg: TrainConfig, ctx: Any) -> TrainerParts:
     """The model, optimizer, scheduler and step settings, from the latest checkpoint when there is one."""
     import torch
 
+    from pqrl.heap import fix_mmap_threshold
     from trainer.checkpoint import latest_checkpoint, load_checkpoint
     from trainer.distributed import shard
 
+    fix_mmap_threshold()  # before the first step's activations grow a heap they then fragment
     t = cfg.train
     if cfg.embedded:
         torch.set_num_threads(cfg.services.trainer_threads)

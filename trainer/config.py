@@ -121,6 +121,9 @@ class StepConfig(Settings):
         1, "optimizer steps per pass, each on a random share of the trajectories", ge=1
     )
     packing: bool = setting(True, "pack sequences end to end into rows (no padding)")
+    share_prefix: bool = setting(
+        True, "with packing: a prompt several sequences of a micro-batch start with is computed once (exact)"
+    )
     fused_logprobs: bool = setting(True, "logprobs from hidden states in vocabulary chunks (no full logits)")
     logprob_chunk_tokens: int = setting(2048, "tokens per chunk of the fused logprob computation", ge=1)
     compile: bool = setting(False, "torch.compile the vocabulary math (CUDA only)")

@@ -67,7 +67,15 @@ from trainer.losses import (
     sequence_weights,
     truncated_is_weights,
 )
-from trainer.packing import enable_packed_attention, first_fit_decreasing, pack_row, packed_model_kwargs
+from trainer.packing import (
+    enable_packed_attention,
+    first_fit_decreasing,
+    pack_row,
+    packed_model_kwargs,
+    prefix_key,
+    share_prefixes,
+    shared_rows,
+)
 from trainer.rewards import kl_penalized, overlong_penalty
 
 __all__ = [
@@ -211,6 +219,11 @@ class _Batch:
         self.trajs, self.cfg, self.device, self.fused = trajs, cfg, device, fused
         # position 0 has no prefix to predict it from
         self.positions = [np.flatnonzero(t.loss_mask[1:]) + 1 for t in trajs]
+        # the prompt, up to the first trained token, may be stored once per row for all who share it
+        self.shareable = [
+            min(t.prompt_len, int(p[0])) if len(p) else 0 for t, p in zip(trajs, self.positions, strict=True)
+        ]
+        self.share = False  # set once the packed attention mode is known (it must support parents)
         self.advantages = advantages
         # PPO: the critic, its values before the first update, and per-token advantages and returns
         self.critic: Any = None
@@ -220,7 +233,11 @@ class _Batch:
 
     def micro_batches(self, members: Sequence[int]) -> list[list[int]]:
         trajs = [self.trajs[i] for i in members]
-        if self.cfg.packing:
+        if self.cfg.packing and self.share:
+            keys = [prefix_key(t.tokens, self.shareable[i]) for t, i in zip(trajs, members, strict=True)]
+            shared = [self.shareable[i] for i in members]
+            rows = shared_rows([t.num_tokens for t in trajs], keys, shared, self.cfg.micro_batch_tokens)
+        elif self.cfg.packing:
             rows = first_fit_decreasing([t.num_tokens for t in trajs], self.cfg.micro_batch_tokens)
         else:
             rows = _micro_batches(trajs, self.cfg.micro_batch_tokens)
@@ -243,6 +260,13 @@ class _Batch:
     def lengths(self, members: Sequence[int]) -> list[int]:
         return [len(self.positions[i]) for i in members]
 
+    def row_tokens(self, members: Sequence[int]) -> int:
+        """Tokens one forward over ``members`` computes (a shared prompt counts once)."""
+        if not self.share:
+            return sum(self.trajs[i].num_tokens for i in members)
+        layout = share_prefixes([self.trajs[i].tokens for i in members], [self.shareable[i] for i in members])
+        return sum(len(s) for s in layout.segments)
+
 
 def _logprobs(
     model: Any, batch: _Batch, members: Sequence[int], mode: str | None, *, with_entropy: bool,
@@ -252,17 +276,25 @@ def _logprobs(
     ``[n]``; ``values`` (the critic's ``V(s_t)``, from the same hidden states) None without a critic."""
     cfg, device = batch.cfg, batch.device
     trajs = [batch.trajs[i] for i in members]
-    if mode is not None:  # one packed row, flattened: sequence k starts at offsets[k]
-        row = pack_row([t.tokens for t in trajs], device)
-        kwargs, starts = packed_model_kwargs(model, row, mode), row.offsets
+    # the hidden state at position p - 1 predicts the token at p
+    if mode is not None:  # one packed row, flattened
+        tokens = [t.tokens for t in trajs]
+        if batch.share and mode in ("varlen", "mask"):
+            layout = share_prefixes(tokens, [batch.shareable[i] for i in members])
+            row = pack_row(layout.segments, device, layout.parents)
+            src = [layout.rows_of(j, batch.positions[i] - 1, row.offsets) for j, i in enumerate(members)]
+        else:  # sequence k starts at offsets[k]
+            row = pack_row(tokens, device)
+            src = [s + batch.positions[i] - 1 for s, i in zip(row.offsets, members, strict=True)]
+        kwargs = packed_model_kwargs(model, row, mode)
     else:  # padded [B, T], flattened: row b starts at b * T
         mb = _collate(trajs, device)
         kwargs = {"input_ids": mb["tokens"], "attention_mask": mb["attention_mask"], "use_cache": False}
-        starts = [b * mb["tokens"].shape[1] for b in range(len(trajs))]
-    # the hidden state at position p - 1 predicts the token at p
-    src = np.concatenate([s + batch.positions[i] - 1 for s, i in zip(starts, members, strict=True)])
-    src_t = torch.from_numpy(src).to(device)
-    target = kwargs["input_ids"].reshape(-1)[src_t + 1]
+        width = mb["tokens"].shape[1]
+        src = [b * width + batch.positions[i] - 1 for b, i in enumerate(members)]
+    src_t = torch.from_numpy(np.concatenate(src)).to(device)
+    target = np.concatenate([t.tokens[batch.positions[i]] for t, i in zip(trajs, members, strict=True)])
+    target = torch.from_numpy(target.astype(np.int64)).to(device)
     if batch.fused and has_plain_head(model):
         hidden = model.base_model(**kwargs).last_hidden_state
         h = hidden.reshape(-1, hidden.shape[-1])[src_t]
@@ -636,9 +668,11 @@ def train_step(
     batch = _Batch(used, [], cfg, device, fused=cfg.fused_logprobs and not ctx.distributed)
     batch.critic = critic
     mode = enable_packed_attention(model) if cfg.packing else None
+    batch.share = cfg.share_prefix and mode in ("varlen", "mask")
     mine = shard_of(list(range(len(used))), ctx, cost=lambda i: used[i].num_tokens)
     own = set(mine)
     one_pass = equalize_passes(batch.micro_batches(mine), ctx)
+    metrics["perf/forward_tokens"] = float(sum(batch.row_tokens(m) for m in one_pass))
     # one epoch, one minibatch: a single update, so pi_prox is the training forward's own policy
     # (a critic needs its values before the first update: the advantages come from them)
     on_policy = cfg.ppo_epochs == 1 and cfg.minibatches == 1 and critic is None

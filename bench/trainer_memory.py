@@ -1,0 +1,142 @@
+"""The trainer's peak memory and step time on the CPU quickstart's shape, before and after the
+memory work, each configuration in a fresh process, alternated over rounds in one run.
+
+Shape: 2 groups x 8 episodes of SmolLM2-135M-Instruct, each a shared 400-token prompt (the
+quickstart's two worked examples) then two turns (30 generated + 15 tool tokens, 20 generated):
+465 tokens, 50 trained. Tokens are random (time and memory do not depend on them). AdamW, one
+torch thread as the quickstart's trainer has. Peak memory is the process's VmHWM after ``--steps``
+steps (the second step is the first with AdamW's states beside a backward).
+
+Configurations (``name: heap, micro_batch_tokens, share_prefix, gradient_checkpointing``):
+    before:   glibc default, 2048, off, off   (the quickstart before this work)
+    heap:     fixed mmap threshold, 2048, off, off
+    shared:   fixed mmap threshold, 2048, on,  off
+    after:    fixed mmap threshold, 1024, on,  off   (the quickstart now)
+    after_gc: fixed mmap threshold, 1024, on,  on
+
+    python bench/trainer_memory.py [--rounds 1] [--steps 2] [--configs before,after]
+
+Prints one JSON line per run, then a last line: per configuration the medians and the ratios to
+``before`` (peak_rss_ratio, step_s_ratio).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = {
+    "before": {"heap": False, "micro_batch_tokens": 2048, "share_prefix": False, "gc": False},
+    "heap": {"heap": True, "micro_batch_tokens": 2048, "share_prefix": False, "gc": False},
+    "shared": {"heap": True, "micro_batch_tokens": 2048, "share_prefix": True, "gc": False},
+    "after": {"heap": True, "micro_batch_tokens": 1024, "share_prefix": True, "gc": False},
+    "after_gc": {"heap": True, "micro_batch_tokens": 1024, "share_prefix": True, "gc": True},
+}
+PROMPT, TURNS, GROUPS, G = 400, ((30, 15), (20, 0)), 2, 8
+
+
+def _vm(key: str) -> int:
+    """A /proc/self/status figure in MiB."""
+    status = Path("/proc/self/status").read_text().splitlines()
+    line = next(x for x in status if x.startswith(key + ":"))
+    return int(line.split()[1]) // 1024
+
+
+def _groups(step: int) -> list:
+    import numpy as np
+
+    from tests.conftest import make_trajectory
+
+    out = []
+    for g in range(GROUPS):
+        group = []
+        for i in range(G):
+            t = make_trajectory(group_id=f"s{step}g{g}", index=i, prompt_len=PROMPT, turn_lens=TURNS,
+                                seed=1000 * step + 10 * g + i, reward=float(i % 2))  # fmt: skip
+            tokens = t.tokens.copy()
+            if group:  # one prompt per group, as in a real group
+                tokens[:PROMPT] = group[0].tokens[:PROMPT]
+            versions = np.where(t.generated == 1, 0, -1).astype(np.int32)
+            group.append(dataclasses.replace(t, tokens=tokens, versions=versions, truncation=None))
+        out.append(group)
+    return out
+
+
+def child(name: str, steps: int) -> dict:
+    """One configuration in this (fresh) process."""
+    conf = CONFIGS[name]
+    if conf["heap"]:
+        from pqrl.heap import fix_mmap_threshold
+
+        assert fix_mmap_threshold()
+    import torch
+
+    from pqrl.model_cache import load_model
+    from trainer.config import StepConfig
+    from trainer.step import train_step
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = load_model(dtype=torch.float32)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=2e-5)
+    cfg = StepConfig(temperature=0.7, max_staleness=1, micro_batch_tokens=conf["micro_batch_tokens"],
+                     share_prefix=conf["share_prefix"], gradient_checkpointing=conf["gc"])  # fmt: skip
+    step_s, forward_tokens = [], 0.0
+    for s in range(steps):
+        t0 = time.perf_counter()
+        m = train_step(model, optimizer, _groups(s), version=0, cfg=cfg)
+        step_s.append(time.perf_counter() - t0)
+        forward_tokens = m["perf/forward_tokens"]
+    return {"config": name, **conf, "step_s": step_s, "forward_tokens": forward_tokens,
+            "peak_rss_mb": _vm("VmHWM"), "rss_mb": _vm("VmRSS")}  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--configs", default="before,heap,shared,after,after_gc")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.child:
+        print(json.dumps(child(a.child, a.steps)), flush=True)
+        return
+    names = a.configs.split(",")
+    if "before" not in names or any(n not in CONFIGS for n in names):
+        ap.error(f"--configs: a comma-separated subset of {list(CONFIGS)} that includes before")
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip()  # fmt: skip
+    print(f"# {' '.join(sys.argv)}; commit {commit}; load {os.getloadavg()[0]:.2f}; {os.cpu_count()} cores",
+          flush=True)  # fmt: skip
+    runs: dict[str, list[dict]] = {n: [] for n in names}
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for r in range(a.rounds):
+        for n in names:
+            print(f"# round {r + 1}/{a.rounds}: {n}", file=sys.stderr, flush=True)
+            out = subprocess.run([sys.executable, __file__, "--child", n, "--steps", str(a.steps)], env=env,
+                                 capture_output=True, text=True, check=True, cwd=ROOT).stdout  # fmt: skip
+            runs[n].append(json.loads(out.strip().splitlines()[-1]))
+            print(json.dumps(runs[n][-1]), flush=True)
+    summary = {}
+    for n, rs in runs.items():
+        summary[n] = {
+            "peak_rss_mb": statistics.median(x["peak_rss_mb"] for x in rs),
+            "step_s": statistics.median(statistics.mean(x["step_s"]) for x in rs),
+            "forward_tokens": rs[-1]["forward_tokens"],
+        }
+    for n in names:
+        summary[n]["peak_rss_ratio"] = summary[n]["peak_rss_mb"] / summary["before"]["peak_rss_mb"]
+        summary[n]["step_s_ratio"] = summary[n]["step_s"] / summary["before"]["step_s"]
+    print(json.dumps({"load_end": round(os.getloadavg()[0], 2), **summary}))
+
+
+if __name__ == "__main__":
+    main()
