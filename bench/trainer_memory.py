@@ -4,15 +4,18 @@ memory work, each configuration in a fresh process, alternated over rounds in on
 Shape: 2 groups x 8 episodes of SmolLM2-135M-Instruct, each a shared 400-token prompt (the
 quickstart's two worked examples) then two turns (30 generated + 15 tool tokens, 20 generated):
 465 tokens, 50 trained. Tokens are random (time and memory do not depend on them). AdamW, one
-torch thread as the quickstart's trainer has. Peak memory is the process's VmHWM after ``--steps``
-steps (the second step is the first with AdamW's states beside a backward).
+torch thread as the quickstart's trainer has, the step in a worker thread as the job runs it.
+Peak memory is the process's VmHWM after ``--steps`` steps (the second step is the first with
+AdamW's states beside a backward).
 
-Configurations (``name: heap, micro_batch_tokens, share_prefix, gradient_checkpointing``):
-    before:   glibc default, 2048, off, off   (the quickstart before this work)
-    heap:     fixed mmap threshold, 2048, off, off
-    shared:   fixed mmap threshold, 2048, on,  off
-    after:    fixed mmap threshold, 1024, on,  off   (the quickstart now)
-    after_gc: fixed mmap threshold, 1024, on,  on
+Configurations (``name: heap, micro_batch_tokens, share_prefix, gradient_checkpointing,
+logprob_chunk_tokens``):
+    before:   glibc default, 2048, off, off, 2048   (the quickstart before this work)
+    heap:     fixed mmap threshold, 2048, off, off, 2048
+    shared:   fixed mmap threshold, 2048, on,  off, 2048
+    after:    fixed mmap threshold, 2048, on,  on,  512    (the quickstart now)
+    after_glibc: glibc default, 2048, on, on, 512
+    after_trim: glibc default plus malloc_trim after each step, 2048, on, on, 512
 
     python bench/trainer_memory.py [--rounds 1] [--steps 2] [--configs before,after]
 
@@ -30,15 +33,19 @@ import statistics
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # before bench/, whose engine.py would shadow the engine package
+_AFTER = {"micro_batch_tokens": 2048, "share_prefix": True, "gc": True, "chunk": 512}
 CONFIGS = {
-    "before": {"heap": False, "micro_batch_tokens": 2048, "share_prefix": False, "gc": False},
-    "heap": {"heap": True, "micro_batch_tokens": 2048, "share_prefix": False, "gc": False},
-    "shared": {"heap": True, "micro_batch_tokens": 2048, "share_prefix": True, "gc": False},
-    "after": {"heap": True, "micro_batch_tokens": 1024, "share_prefix": True, "gc": False},
-    "after_gc": {"heap": True, "micro_batch_tokens": 1024, "share_prefix": True, "gc": True},
+    "before": {"heap": False, "micro_batch_tokens": 2048, "share_prefix": False, "gc": False, "chunk": 2048},
+    "heap": {"heap": True, "micro_batch_tokens": 2048, "share_prefix": False, "gc": False, "chunk": 2048},
+    "shared": {"heap": True, "micro_batch_tokens": 2048, "share_prefix": True, "gc": False, "chunk": 2048},
+    "after": {"heap": True, **_AFTER},
+    "after_glibc": {"heap": False, **_AFTER},
+    "after_trim": {"heap": "trim", **_AFTER},
 }
 PROMPT, TURNS, GROUPS, G = 400, ((30, 15), (20, 0)), 2, 8
 
@@ -73,10 +80,10 @@ def _groups(step: int) -> list:
 def child(name: str, steps: int) -> dict:
     """One configuration in this (fresh) process."""
     conf = CONFIGS[name]
-    if conf["heap"]:
+    if conf["heap"] is True:
         from pqrl.heap import fix_mmap_threshold
 
-        assert fix_mmap_threshold()
+        assert fix_mmap_threshold(int(os.environ.get("BENCH_MMAP_THRESHOLD", 1 << 20)))
     import torch
 
     from pqrl.model_cache import load_model
@@ -88,11 +95,17 @@ def child(name: str, steps: int) -> dict:
     model = load_model(dtype=torch.float32)
     optimizer = torch.optim.AdamW(model.parameters(), lr=2e-5)
     cfg = StepConfig(temperature=0.7, max_staleness=1, micro_batch_tokens=conf["micro_batch_tokens"],
-                     share_prefix=conf["share_prefix"], gradient_checkpointing=conf["gc"])  # fmt: skip
+                     share_prefix=conf["share_prefix"], gradient_checkpointing=conf["gc"],
+                     logprob_chunk_tokens=conf["chunk"])  # fmt: skip
     step_s, forward_tokens = [], 0.0
+    pool = ThreadPoolExecutor(1)  # the job trains in a worker thread (its own malloc arena) too
     for s in range(steps):
         t0 = time.perf_counter()
-        m = train_step(model, optimizer, _groups(s), version=0, cfg=cfg)
+        m = pool.submit(train_step, model, optimizer, _groups(s), version=0, cfg=cfg).result()
+        if conf["heap"] == "trim":
+            from pqrl.heap import trim
+
+            trim()
         step_s.append(time.perf_counter() - t0)
         forward_tokens = m["perf/forward_tokens"]
     return {"config": name, **conf, "step_s": step_s, "forward_tokens": forward_tokens,
@@ -103,7 +116,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--steps", type=int, default=2)
-    ap.add_argument("--configs", default="before,heap,shared,after,after_gc")
+    ap.add_argument("--configs", default="before,heap,shared,after")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
@@ -121,8 +134,11 @@ def main() -> None:
     for r in range(a.rounds):
         for n in names:
             print(f"# round {r + 1}/{a.rounds}: {n}", file=sys.stderr, flush=True)
-            out = subprocess.run([sys.executable, __file__, "--child", n, "--steps", str(a.steps)], env=env,
-                                 capture_output=True, text=True, check=True, cwd=ROOT).stdout  # fmt: skip
+            proc = subprocess.run([sys.executable, __file__, "--child", n, "--steps", str(a.steps)], env=env,
+                                  capture_output=True, text=True, cwd=ROOT)  # fmt: skip
+            if proc.returncode:
+                sys.exit(f"{n} failed:\n{proc.stderr[-3000:]}")
+            out = proc.stdout
             runs[n].append(json.loads(out.strip().splitlines()[-1]))
             print(json.dumps(runs[n][-1]), flush=True)
     summary = {}

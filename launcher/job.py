@@ -36,7 +36,8 @@ class Job:
 
         self.cfg, self.services, self.role, self.quiet, self.fresh = cfg, services, role, quiet, fresh
         self.ctx = ctx or DistContext()
-        self.stopping = asyncio.Event()
+        self.stopping = asyncio.Event()  # first Ctrl-C: finish the step, checkpoint, stop
+        self.hurry = asyncio.Event()  # second: give up the step in progress too (see _on_signal)
         self.manager: Any = None
         self.evals: dict[str, Any] = {}
         self.store: Any = None
@@ -52,8 +53,8 @@ class Job:
 
         cfg = self.cfg
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):  # finish the step, checkpoint, stop
-            loop.add_signal_handler(sig, self.stopping.set)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, self._on_signal)
         self.store = TrajectoryStore(self.services["redis_url"], cfg.run)
         self.engine = EngineClient(self.services["engines"]) if self.services["engines"] else None
         servers = self.services["env_servers"]
@@ -68,6 +69,17 @@ class Job:
             await self.__aexit__()
             raise
         return self
+
+    def _on_signal(self) -> None:
+        """Ctrl-C (or SIGTERM) once: the step in progress finishes and is checkpointed, then the job
+        stops. Twice: the step gives way too (before its first weight update; its groups come back
+        on resume), evaluations and rollouts in flight are dropped, and what was trained is saved."""
+        if not self.stopping.is_set():
+            self.stopping.set()
+            log.warning("stopping after this step (it will be checkpointed); Ctrl-C again to stop at once")
+        elif not self.hurry.is_set():
+            self.hurry.set()
+            log.warning("stopping at once: checkpointing what was trained")
 
     async def __aexit__(self, *exc: object) -> None:
         if self.engine is not None:

@@ -186,6 +186,9 @@ class _TrainBase(_Section):
     betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW moment decay rates")
     max_time_min: float | None = Field(None, gt=0, description="stop after this many minutes (checkpointed)")
     read_timeout_s: float = Field(1800.0, gt=0, description="fail when no group arrives for this long")
+    compact_memory: bool = Field(
+        False, description="glibc: large blocks always from mmap (CPU quickstart: peak RSS -30%, step +40%)"
+    )
 
 
 # the job's own training settings, the trainer loop's and the step's; where weights and

@@ -45,8 +45,9 @@ def trainer_parts(cfg: TrainConfig, ctx: Any) -> TrainerParts:
     from trainer.checkpoint import latest_checkpoint, load_checkpoint
     from trainer.distributed import shard
 
-    fix_mmap_threshold()  # before the first step's activations grow a heap they then fragment
     t = cfg.train
+    if t.compact_memory:  # before the first step's activations grow a heap they then fragment
+        fix_mmap_threshold()
     if cfg.embedded:
         torch.set_num_threads(cfg.services.trainer_threads)
     torch.manual_seed(cfg.seed)

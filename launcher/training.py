@@ -82,7 +82,9 @@ class _Run:
         await self._write_manifest()
         await self._resume_or_open_gate(resumed=resumed)
         if self.eval_suite is not None and self.trainer.state.step == 0:
-            evals["before"] = await self._evaluate(0)
+            before = await self._evaluate(0)
+            if before is not None:
+                evals["before"] = before
         await self._start_rollouts()
         started = time.monotonic()
         try:
@@ -97,7 +99,9 @@ class _Run:
             log.info("stopped at step %d: final evaluation skipped; run the same command again to "
                      "resume, and it runs when the job finishes", self.trainer.state.step)  # fmt: skip
         elif self.eval_suite is not None:
-            evals["after"] = await self._evaluate(self.trainer.state.step)
+            after = await self._evaluate(self.trainer.state.step)
+            if after is not None:
+                evals["after"] = after
         self.writer.close()
         png = plot_curves(self.writer.path, self.cfg.run_dir / "curves.png")
         await self.store.status.set({"phase": "finished", "finished_at": time.time()})
@@ -149,8 +153,10 @@ class _Run:
         try:
             while trainer.state.step < t.steps and not self.job.stopping.is_set():
                 step_task = asyncio.create_task(trainer.step(timeout_s=t.read_timeout_s))
-                await _first(step_task, self.rollout_task)
-                last = step_task.result()
+                last = await _first(step_task, self.rollout_task, self.job.hurry, trainer)
+                if last is None:
+                    log.info("step %d given up before it changed the weights", trainer.state.step + 1)
+                    break
                 last.setdefault("perf/tokens_per_s", 0.0)  # the step's own figure when it trained
                 step = trainer.state.step
                 self.writer.log(step, last)
@@ -194,10 +200,17 @@ class _Run:
         if self.job.manager is not None:
             self.job.manager.stop()
         if self.rollout_task is not None:
+            # the groups in flight finish (up to 2 minutes), unless the user asked to stop at once:
+            # then they are dropped, and their tasks go back to the queue when the run resumes
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.rollout_task, timeout=120)
+                await asyncio.wait_for(_unless_hurried(self.rollout_task, self.job.hurry), timeout=120)
+            if not self.rollout_task.done():
+                self.rollout_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await self.rollout_task
 
-    async def _evaluate(self, step: int) -> tuple[float, Any]:
+    async def _evaluate(self, step: int) -> tuple[float, Any] | None:
+        """``(pass@1, per-task outcomes)`` on the held-out suite; None when the user stopped it."""
         t0 = time.monotonic()
         bar = _progress(None, 0, disable=self.job.quiet, desc=f"eval@{step}", unit="episode")
 
@@ -206,8 +219,15 @@ class _Run:
                 bar.reset(total=total)
             bar.update(done - bar.n)
 
+        work = asyncio.ensure_future(self.job.evaluate(self.eval_suite, progress))
         try:
-            metrics, solved = await self.job.evaluate(self.eval_suite, progress)
+            if not await _unless_hurried(work, self.job.hurry):
+                work.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await work
+                log.info("evaluation at step %d stopped", step)
+                return None
+            metrics, solved = work.result()
         finally:
             bar.close()
         metrics["perf/eval_s"] = time.monotonic() - t0
@@ -235,14 +255,35 @@ class _Run:
         )
 
 
-async def _first(step_task: asyncio.Task[Any], rollout_task: asyncio.Task[Any] | None) -> None:
-    """Waits for the step; a rollout manager that dies meanwhile is an error, not a silent stall."""
-    waiting = {step_task} | ({rollout_task} if rollout_task is not None else set())
-    done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-    if step_task not in done:
-        step_task.cancel()
-        exc = rollout_task.exception() if rollout_task is not None else None
-        raise RuntimeError(f"the rollout manager stopped: {exc!r}")
+async def _first(
+    step_task: asyncio.Task[Any], rollout_task: asyncio.Task[Any] | None, hurry: asyncio.Event, trainer: Any
+) -> dict[str, float] | None:
+    """The step's metrics; None when the user asked to stop at once and the step gave way (see
+    ``TrainerLoop.abort``). A rollout manager that dies meanwhile is an error, not a silent stall."""
+    from trainer.step import StepAborted
+
+    if await _unless_hurried(step_task, hurry, rollout_task):
+        return step_task.result()
+    if hurry.is_set():
+        if not trainer.abort():
+            step_task.cancel()  # still reading groups: nothing to undo
+        try:
+            return await step_task  # past its first update, a step finishes
+        except (asyncio.CancelledError, StepAborted):
+            return None
+    step_task.cancel()
+    exc = rollout_task.exception() if rollout_task is not None else None
+    raise RuntimeError(f"the rollout manager stopped: {exc!r}")
+
+
+async def _unless_hurried(task: asyncio.Future[Any], hurry: asyncio.Event, *others: Any) -> bool:
+    """Waits for ``task``, ``hurry`` or any of ``others`` (None skipped); whether ``task`` is done."""
+    hurried = asyncio.ensure_future(hurry.wait())
+    try:
+        await asyncio.wait({task, hurried, *filter(None, others)}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        hurried.cancel()
+    return task.done()
 
 
 def _progress(

@@ -29,11 +29,13 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from engine.client import EngineClient
+from pqrl.heap import trim
 from pqrl.store import GroupEntry, TrajectoryStore
 from trainer.checkpoint import CheckpointState, save_checkpoint
 from trainer.config import LoopConfig
@@ -98,6 +100,8 @@ class TrainerLoop:
         self._gathered: WholeModel | None = None  # sharded: the weights last published, until they change
         self._consumed: set[str] | None = None  # group ids consumed so far (from the checkpoint on)
         self._duplicates: list[str] = []  # entries of groups consumed before, acknowledged with the step
+        self._abort = threading.Event()  # asks a one-process step's thread to stop (see abort)
+        self._training = False
 
     async def resume(self, *, live_managers: bool = False) -> int:
         """After loading a checkpoint: acknowledge what it covers, serve its weights under a fresh
@@ -132,11 +136,7 @@ class TrainerLoop:
         self._gathered = None  # the step changes the weights
         groups = [e.trajectories for e in entries]
         t0 = time.perf_counter()
-        train = train_step if self.leader is None else self.leader.train
-        metrics = await asyncio.to_thread(
-            train, self.model, self.optimizer, groups, version, self.cfg.step, scheduler=self.scheduler,
-            ref_model=self.ref_model, critic=self.critic,
-        )  # fmt: skip
+        metrics = await self._train(groups, version)
         _failpoint("trained", self.state.step + 1)
         metrics["perf/train_s"] = time.perf_counter() - t0
         metrics |= rollout_metrics(groups)
@@ -162,6 +162,32 @@ class TrainerLoop:
         else:
             self.state.unacked_entries += ids
         return metrics
+
+    def abort(self) -> bool:
+        """Asks the step in progress to stop now. True: it is training, and will either raise
+        ``StepAborted`` before its first optimizer step (weights, state and acknowledgements as they
+        were; the groups it read come back after a restart) or, past that point, finish normally.
+        False: it is not training (reading groups, say), so cancelling its task loses nothing."""
+        self._abort.set()
+        return self._training
+
+    async def _train(self, groups: list[list[Any]], version: int) -> dict[str, float]:
+        kwargs = {"scheduler": self.scheduler, "ref_model": self.ref_model, "critic": self.critic}
+        self._abort.clear()
+        self._training = True
+        try:
+            if self.leader is None:
+                return await asyncio.to_thread(
+                    train_step, self.model, self.optimizer, groups, version, self.cfg.step, **kwargs,
+                    abort=self._abort,
+                )  # fmt: skip
+            # the other ranks are in the step's collectives: it runs to its end
+            return await asyncio.to_thread(
+                self.leader.train, self.model, self.optimizer, groups, version, self.cfg.step, **kwargs
+            )
+        finally:
+            self._training = False
+            trim()  # the step's freed activations fragment the heap: hand the free pages back
 
     async def checkpoint(self, *, sampler_position: int | None = None) -> Path:
         """Writes a checkpoint of the current step, then acknowledges the groups it covers."""

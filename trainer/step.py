@@ -80,6 +80,7 @@ from trainer.rewards import kl_penalized, overlong_penalty
 
 __all__ = [
     "Screened",
+    "StepAborted",
     "StepConfig",
     "ended_at_a_limit",
     "screen_group",
@@ -87,6 +88,11 @@ __all__ = [
     "train_step",
     "trained_reward",
 ]
+
+
+class StepAborted(Exception):
+    """``train_step`` stopped on request before its first optimizer step: the weights, the optimizer
+    and the scheduler are as they were, so the last checkpoint still describes them."""
 
 
 def token_logprobs(model: Any, tokens: Tensor, attention_mask: Tensor, temperature: float) -> Tensor:
@@ -224,6 +230,7 @@ class _Batch:
             min(t.prompt_len, int(p[0])) if len(p) else 0 for t, p in zip(trajs, self.positions, strict=True)
         ]
         self.share = False  # set once the packed attention mode is known (it must support parents)
+        self.abort: Any = None  # a threading.Event checked before each forward until the first update
         self.advantages = advantages
         # PPO: the critic, its values before the first update, and per-token advantages and returns
         self.critic: Any = None
@@ -275,6 +282,8 @@ def _logprobs(
     """``(logp, entropy, values)`` of the trained tokens of ``members``, in member order, each
     ``[n]``; ``values`` (the critic's ``V(s_t)``, from the same hidden states) None without a critic."""
     cfg, device = batch.cfg, batch.device
+    if batch.abort is not None and batch.abort.is_set():
+        raise StepAborted("stopped before the first optimizer step")
     trajs = [batch.trajs[i] for i in members]
     # the hidden state at position p - 1 predicts the token at p
     if mode is not None:  # one packed row, flattened
@@ -634,7 +643,7 @@ def _gae(batch: _Batch, rewards: list[float]) -> dict[str, float]:
 def train_step(
     model: Any, optimizer: torch.optim.Optimizer, groups: Sequence[Sequence[Trajectory]], version: int,
     cfg: StepConfig, *, scheduler: Any = None, ref_model: Any = None, critic: Any = None,
-    ctx: DistContext | None = None,
+    ctx: DistContext | None = None, abort: Any = None,
 ) -> dict[str, float]:  # fmt: skip
     """Trains on ``groups``; returns metrics (nothing is updated when no group is usable).
 
@@ -651,6 +660,8 @@ def train_step(
         critic: ``algorithm.advantage: ppo``: the value head (``trainer.critic.ValueHead``), trained
             with the policy; ``optimizer`` must hold its parameters too.
         ctx: under FSDP2, this rank (every rank calls ``train_step`` with the same groups).
+        abort: a ``threading.Event``; set before the first optimizer step, the step raises
+            ``StepAborted`` at its next micro-batch and changes nothing (one process only).
     """
     start = time.perf_counter()
     alg = cfg.algorithm
@@ -666,7 +677,7 @@ def train_step(
     ctx = ctx or DistContext()
     device = next(model.parameters()).device
     batch = _Batch(used, [], cfg, device, fused=cfg.fused_logprobs and not ctx.distributed)
-    batch.critic = critic
+    batch.critic, batch.abort = critic, abort
     mode = enable_packed_attention(model) if cfg.packing else None
     batch.share = cfg.share_prefix and mode in ("varlen", "mask")
     mine = shard_of(list(range(len(used))), ctx, cost=lambda i: used[i].num_tokens)
@@ -709,6 +720,7 @@ def train_step(
             )  # fmt: skip
             grad_norms.append(grad_norm)
             normalizers.append(normalizer)
+            batch.abort = None  # the weights changed: finish the step rather than leave it half done
 
     n_tokens = [len(p) for p in batch.positions]
     metrics |= _step_metrics(

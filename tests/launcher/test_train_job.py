@@ -145,9 +145,11 @@ def test_status_shows_what_the_run_is_made_of(redis_server, capsys):
 
 
 @pytest.mark.timeout(900)
-def test_ctrl_c_stops_after_the_step_checkpoints_and_skips_the_final_evaluation(tmp_path):
+@pytest.mark.parametrize("presses", [1, 2])
+def test_ctrl_c_stops_after_the_step_checkpoints_and_skips_the_final_evaluation(tmp_path, presses):
     """SIGINT during training: the step in flight finishes, is checkpointed, the job exits 0 without
-    the "after" evaluation and says how to get it; evaluations show a progress bar."""
+    the "after" evaluation and says how to get it; evaluations show a progress bar. Twice: the step
+    in flight (reading groups or training) is given up instead, and the last one trained is saved."""
     import os
     import signal
     import time
@@ -162,7 +164,9 @@ def test_ctrl_c_stops_after_the_step_checkpoints_and_skips_the_final_evaluation(
             break
         time.sleep(0.5)
     assert proc.poll() is None, proc.communicate()[1][-3000:]
-    os.kill(proc.pid, signal.SIGINT)
+    for _ in range(presses):
+        os.kill(proc.pid, signal.SIGINT)
+        time.sleep(0.5)
     out, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err[-3000:]
     summary = json.loads(out.strip().splitlines()[-1])
@@ -170,6 +174,11 @@ def test_ctrl_c_stops_after_the_step_checkpoints_and_skips_the_final_evaluation(
     assert "final evaluation skipped" in err and "eval@0" in err
     latest = (tmp_path / "runs" / "e2e" / "checkpoints" / "latest").read_text()
     assert latest == f"step-{summary['steps']:06d}", "the last step trained is checkpointed"
+    if presses == 2:  # step 2 was reading or training when the signals came: given up, not finished
+        assert "stopping at once" in err and summary["steps"] == 1
+        assert f"step {summary['steps'] + 1} given up" in err, err[-3000:]
+        trained = [json.loads(x)["step"] for x in metrics.read_text().splitlines() if "rollout/groups" in x]
+        assert trained == [1]
 
 
 @pytest.mark.timeout(900)

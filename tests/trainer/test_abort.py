@@ -1,0 +1,63 @@
+"""A step asked to stop (the second Ctrl-C) gives way before its first optimizer step and changes
+nothing; once it has updated the weights it finishes instead of leaving them half trained."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import threading
+
+import pytest
+import torch
+
+from launcher.demo import DemoConfig, sample_group
+from pqrl.model_cache import load_model, load_tokenizer
+from tests.trainer.one_thread import one_torch_thread  # noqa: F401 (autouse: torch on one thread)
+from trainer.config import StepConfig
+from trainer.step import StepAborted, train_step
+
+
+@pytest.fixture(scope="module")
+def setup():
+    torch.manual_seed(0)
+    model, tok = load_model(dtype=torch.float32).eval(), load_tokenizer()
+    task = {"id": "t", "question": "What is 6 * 7?", "answer": "42"}
+    samples = sample_group(model, tok, task, DemoConfig(group_size=4, max_new_tokens=6, temperature=1.0), "r")
+    return model, [[dataclasses.replace(t, reward=float(i < 2)) for i, t in enumerate(samples)]]
+
+
+def _state(model, optimizer):
+    return [p.detach().clone() for p in model.parameters()], copy.deepcopy(optimizer.state_dict())
+
+
+def test_an_aborted_step_changes_nothing(setup):
+    base, groups = setup
+    model = copy.deepcopy(base)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    cfg = StepConfig(temperature=1.0, max_staleness=1, ppo_epochs=2)  # proximal pass, then two updates
+    abort = threading.Event()
+    abort.set()
+    with pytest.raises(StepAborted):
+        train_step(model, optimizer, groups, version=0, cfg=cfg, abort=abort)
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), base.parameters(), strict=True))
+    assert optimizer.state_dict()["state"] == {}, "no optimizer step was taken"
+    metrics = train_step(model, optimizer, groups, version=0, cfg=cfg, abort=threading.Event())
+    assert metrics["perf/optimizer_steps"] == 2.0  # an unset event changes nothing
+
+
+def test_a_step_past_its_first_update_finishes(setup):
+    base, groups = setup
+    model = copy.deepcopy(base)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    abort = threading.Event()
+    first_step = optimizer.step
+
+    def step_then_ask_to_stop(*args, **kwargs):
+        out = first_step(*args, **kwargs)
+        abort.set()  # the user presses Ctrl-C twice right after the first update
+        return out
+
+    optimizer.step = step_then_ask_to_stop
+    cfg = StepConfig(temperature=1.0, max_staleness=1, ppo_epochs=2)
+    metrics = train_step(model, optimizer, groups, version=0, cfg=cfg, abort=abort)
+    assert abort.is_set() and metrics["perf/optimizer_steps"] == 2.0
