@@ -72,6 +72,7 @@ class RolloutManager:
         self.consumer = consumer or f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
         self.stats = _Stats()
         self._stopping = asyncio.Event()
+        self._abandoning = False  # abandon(): groups in flight are cancelled, not awaited
         self._in_flight: set[asyncio.Task[None]] = set()
         self._sampler: RunSampler | None = None  # loaded when the run has one (it may be set later)
         self._told: set[str] = set()
@@ -80,6 +81,14 @@ class RolloutManager:
     def stop(self) -> None:
         """Graceful shutdown: no new groups; groups in flight finish and are written."""
         self._stopping.set()
+
+    def abandon(self) -> None:
+        """Shutdown now: no new groups, and the groups in flight are cancelled (their tasks stay
+        leased and go back to the queue when the run's pending leases are requeued)."""
+        self._abandoning = True
+        self._stopping.set()
+        for task in self._in_flight:
+            task.cancel()
 
     async def run(self, *, until_empty: bool = True) -> _Stats:
         """Produces groups until the queue is drained (``until_empty``) or ``stop()``."""
@@ -102,6 +111,9 @@ class RolloutManager:
                     await self._wait_a_little()
         finally:
             if self._in_flight:
+                if self._abandoning:
+                    for task in self._in_flight:
+                        task.cancel()
                 await asyncio.gather(*self._in_flight, return_exceptions=True)
             beating.cancel()
             with contextlib.suppress(StoreUnavailable):

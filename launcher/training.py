@@ -197,14 +197,19 @@ class _Run:
         if self.trainer.state.unacked_entries and self.leader is None:
             with contextlib.suppress(Exception):
                 await self._checkpoint()
-        if self.job.manager is not None:
-            self.job.manager.stop()
+        manager = self.job.manager
+        if manager is not None:
+            manager.stop()
         if self.rollout_task is not None:
             # the groups in flight finish (up to 2 minutes), unless the user asked to stop at once:
             # then they are dropped, and their tasks go back to the queue when the run resumes
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(_unless_hurried(self.rollout_task, self.job.hurry), timeout=120)
             if not self.rollout_task.done():
+                if manager is not None:
+                    manager.abandon()
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(asyncio.shield(self.rollout_task), timeout=30)
                 self.rollout_task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await self.rollout_task

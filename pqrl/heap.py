@@ -5,14 +5,14 @@ the rest from its heaps; by default the threshold rises to the size of every lar
 to 32 MiB. A training step allocates and frees activations of a few MiB each, so after the first
 step they come from the heaps and leave them fragmented: on the CPU quickstart's shape the trainer
 held 6.1 GB after a step whose tensors need 2.5 GB. Two remedies, measured by
-``bench/trainer_memory.py``:
+``bench/trainer_memory.py`` (``bench/results/trainer_memory_cpu.log``):
 
 - ``trim`` after each step hands the free pages back (the trainer loop always does): the resident
   set falls back to what the tensors hold, at no measurable cost; within a step the heap still
   fragments (peak 3.8 GB there);
 - ``fix_mmap_threshold`` (``train.compact_memory``) sends every block of 1 MiB or more to ``mmap``
-  for good (setting it turns the dynamic rise off): peak 2.75 GB, but each such block is then
-  faulted in afresh, and the step took 1.4x as long.
+  for good (setting it turns the dynamic rise off): peak 2.76 GB, but each such block is then
+  faulted in afresh, and the step took 1.46x as long.
 """
 
 from __future__ import annotations

@@ -101,7 +101,7 @@ class TrainerLoop:
         self._consumed: set[str] | None = None  # group ids consumed so far (from the checkpoint on)
         self._duplicates: list[str] = []  # entries of groups consumed before, acknowledged with the step
         self._abort = threading.Event()  # asks a one-process step's thread to stop (see abort)
-        self._training = False
+        self._waiting = False  # the step has not trained yet: cancelling it changes nothing
 
     async def resume(self, *, live_managers: bool = False) -> int:
         """After loading a checkpoint: acknowledge what it covers, serve its weights under a fresh
@@ -118,6 +118,7 @@ class TrainerLoop:
 
     async def step(self, *, timeout_s: float | None = None) -> dict[str, float]:
         """One step; returns its metrics (with ``policy/version`` after publication)."""
+        self._waiting = True
         await self.store.groups.create_consumer_group(STREAM_CONSUMER_GROUP)
         gps = self.cfg.groups_per_step
         entries = await self._read(gps, timeout_s)
@@ -136,6 +137,7 @@ class TrainerLoop:
         self._gathered = None  # the step changes the weights
         groups = [e.trajectories for e in entries]
         t0 = time.perf_counter()
+        self._waiting = False
         metrics = await self._train(groups, version)
         _failpoint("trained", self.state.step + 1)
         metrics["perf/train_s"] = time.perf_counter() - t0
@@ -164,17 +166,17 @@ class TrainerLoop:
         return metrics
 
     def abort(self) -> bool:
-        """Asks the step in progress to stop now. True: it is training, and will either raise
-        ``StepAborted`` before its first optimizer step (weights, state and acknowledgements as they
-        were; the groups it read come back after a restart) or, past that point, finish normally.
-        False: it is not training (reading groups, say), so cancelling its task loses nothing."""
+        """Asks the step in progress to stop now. False: it is still waiting for groups, so
+        cancelling its task loses nothing (what it read comes back after a restart). True: leave it
+        to end by itself: training, it raises ``StepAborted`` before its first optimizer step
+        (weights, state and acknowledgements as they were) or, past that point, finishes normally;
+        publishing and checkpointing finish normally too."""
         self._abort.set()
-        return self._training
+        return not self._waiting
 
     async def _train(self, groups: list[list[Any]], version: int) -> dict[str, float]:
         kwargs = {"scheduler": self.scheduler, "ref_model": self.ref_model, "critic": self.critic}
         self._abort.clear()
-        self._training = True
         try:
             if self.leader is None:
                 return await asyncio.to_thread(
@@ -186,7 +188,6 @@ class TrainerLoop:
                 self.leader.train, self.model, self.optimizer, groups, version, self.cfg.step, **kwargs
             )
         finally:
-            self._training = False
             trim()  # the step's freed activations fragment the heap: hand the free pages back
 
     async def checkpoint(self, *, sampler_position: int | None = None) -> Path:

@@ -275,6 +275,11 @@ class _Batch:
         return sum(len(s) for s in layout.segments)
 
 
+def _check_abort(batch: _Batch) -> None:
+    if batch.abort is not None and batch.abort.is_set():
+        raise StepAborted("stopped before the first optimizer step")
+
+
 def _logprobs(
     model: Any, batch: _Batch, members: Sequence[int], mode: str | None, *, with_entropy: bool,
     critic: Any = None,
@@ -282,8 +287,7 @@ def _logprobs(
     """``(logp, entropy, values)`` of the trained tokens of ``members``, in member order, each
     ``[n]``; ``values`` (the critic's ``V(s_t)``, from the same hidden states) None without a critic."""
     cfg, device = batch.cfg, batch.device
-    if batch.abort is not None and batch.abort.is_set():
-        raise StepAborted("stopped before the first optimizer step")
+    _check_abort(batch)
     trajs = [batch.trajs[i] for i in members]
     # the hidden state at position p - 1 predicts the token at p
     if mode is not None:  # one packed row, flattened
@@ -558,6 +562,7 @@ def _minibatch_update(
                 _empty_pass(model, batch.device).backward()
             continue
         _micro_batch_backward(model, batch, members, mode, weight, sums, version=version, prox=prox, ref=ref)
+    _check_abort(batch)  # the last chance before the weights change
     params = list(model.parameters()) + ([] if batch.critic is None else list(batch.critic.parameters()))
     grad_norm = _full(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm))
     optimizer.step()
@@ -661,7 +666,8 @@ def train_step(
             with the policy; ``optimizer`` must hold its parameters too.
         ctx: under FSDP2, this rank (every rank calls ``train_step`` with the same groups).
         abort: a ``threading.Event``; set before the first optimizer step, the step raises
-            ``StepAborted`` at its next micro-batch and changes nothing (one process only).
+            ``StepAborted`` at its next micro-batch (or before that update) and changes nothing
+            (one process only).
     """
     start = time.perf_counter()
     alg = cfg.algorithm

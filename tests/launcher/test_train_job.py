@@ -158,9 +158,11 @@ def test_ctrl_c_stops_after_the_step_checkpoints_and_skips_the_final_evaluation(
     cmd = [sys.executable, "-m", "launcher.cli", "train", str(config), "--set", "train.steps=50"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     metrics = tmp_path / "runs" / "e2e" / "metrics.jsonl"
+    latest = tmp_path / "runs" / "e2e" / "checkpoints" / "latest"
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline and proc.poll() is None:
-        if metrics.exists() and any("rollout/groups" in line for line in metrics.read_text().splitlines()):
+        # step 1 trained and checkpointed: the signals come while step 2 reads groups or trains
+        if latest.exists() and latest.read_text() == "step-000001":
             break
         time.sleep(0.5)
     assert proc.poll() is None, proc.communicate()[1][-3000:]
@@ -172,8 +174,7 @@ def test_ctrl_c_stops_after_the_step_checkpoints_and_skips_the_final_evaluation(
     summary = json.loads(out.strip().splitlines()[-1])
     assert 1 <= summary["steps"] < 50 and "eval_before" in summary and "eval_after" not in summary
     assert "final evaluation skipped" in err and "eval@0" in err
-    latest = (tmp_path / "runs" / "e2e" / "checkpoints" / "latest").read_text()
-    assert latest == f"step-{summary['steps']:06d}", "the last step trained is checkpointed"
+    assert latest.read_text() == f"step-{summary['steps']:06d}", "the last step trained is checkpointed"
     if presses == 2:  # step 2 was reading or training when the signals came: given up, not finished
         assert "stopping at once" in err and summary["steps"] == 1
         assert f"step {summary['steps'] + 1} given up" in err, err[-3000:]
