@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import logging
 import sys
 from typing import Any
@@ -31,6 +32,7 @@ MMAP_THRESHOLD = 1 << 20  # bytes: small objects stay on the heap, tensors of 1 
 _M_MMAP_THRESHOLD = -3  # mallopt's parameter number, from glibc's malloc.h
 
 
+@functools.cache  # find_library runs ldconfig in a subprocess: once per process, not per step
 def _libc() -> Any:
     if not sys.platform.startswith("linux"):
         return None

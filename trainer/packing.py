@@ -100,7 +100,12 @@ class PackedRow:
     @property
     def offsets(self) -> list[int]:
         """Start of each segment in the row."""
-        return np.concatenate([[0], np.cumsum(self.seq_lens)[:-1]]).astype(int).tolist()
+        return _starts(self.seq_lens)
+
+
+def _starts(lengths: Sequence[int]) -> list[int]:
+    """The start of each segment when segments of ``lengths`` are laid end to end."""
+    return np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(int).tolist()
 
 
 def pack_row(
@@ -239,7 +244,7 @@ def segment_attention(
     if key.shape[1] != query.shape[1]:
         groups = query.shape[1] // key.shape[1]
         key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
-    starts = np.concatenate([[0], np.cumsum(seq_lens)[:-1]]).astype(int).tolist()
+    starts = _starts(seq_lens)
     out = []
     for j, (start, n) in enumerate(zip(starts, seq_lens, strict=True)):
         q, k, v = (x[:, :, start : start + n] for x in (query, key, value))
