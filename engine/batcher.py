@@ -23,8 +23,14 @@ New weights come from a checkpoint directory (``load_weights``) or as one broadc
 trainer over a process group of their own (``pqrl.collective.init_weights_group``, ``receive_weights``:
 SGLang's NCCL path, which gloo carries on CPU); ``load_state`` checks a whole set before copying any of it.
 
-Deliberately left out: prefix caching (``flush_cache`` has nothing to flush), chunked prefill,
-paged KV memory, CUDA graphs, speculative decoding, input-token logprobs, penalties.
+Prefix sharing: identical prompts admitted together (a GRPO group's G copies) are prefilled once and
+their KV copied to each row; and a prompt that starts like a sequence computed before (the same
+instructions, the conversation so far of a multi-turn episode) prefills only what follows the
+longest cached prefix (``engine.prefix_cache``). The cache is flushed whenever the weights change,
+so reused KV is always what a fresh prefill would compute.
+
+Deliberately left out: chunked prefill, paged KV memory, CUDA graphs, speculative decoding,
+input-token logprobs, penalties.
 
 Imports only torch, transformers (and safetensors, which transformers requires), the standard library,
 ``engine.sampling`` and ``pqrl.collective`` (both standard library only), so it runs on a bare GPU box.
@@ -42,6 +48,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from engine.prefix_cache import KV, PrefixCache
 from engine.sampling import SamplingParams
 from pqrl.collective import broadcast_from_rank0
 
@@ -73,6 +80,7 @@ class Sequence:
     weight_version: str = ""  # the engine's version when the sequence finished
     text: str = ""
     generator: torch.Generator | None = field(default=None, repr=False)
+    kv_epoch: int = -1  # the engine's cache epoch when this row's KV was computed
 
     @property
     def finished(self) -> bool:
@@ -85,6 +93,8 @@ class EngineStats:
 
     prefill_steps: int = 0
     decode_steps: int = 0
+    prompt_tokens: int = 0  # tokens of every admitted row's prompt (and output so far, when retracted)
+    prefill_tokens: int = 0  # of those, the ones the model computed (the rest were shared or cached)
     generated_tokens: int = 0
     max_batch_rows: int = 0
 
@@ -185,6 +195,8 @@ class BatchEngine:
         seed: seeds the per-request seeds of requests that bring none.
         max_running: most rows decoded together.
         max_prefill_tokens: most (padded) prompt tokens prefilled in one step; one sequence always fits.
+        prefix_cache_tokens: most tokens whose KV the prefix cache holds (0: no cache; identical
+            prompts admitted together are still prefilled once).
     """
 
     def __init__(
@@ -196,6 +208,7 @@ class BatchEngine:
         seed: int = 0,
         max_running: int = 64,
         max_prefill_tokens: int = 8192,
+        prefix_cache_tokens: int = 16384,
     ) -> None:
         self.model = model.eval()
         self.tokenizer = tokenizer
@@ -210,6 +223,8 @@ class BatchEngine:
             tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.eos_ids, default=0)
         )
         self.stats = EngineStats()
+        self.prefix_cache = PrefixCache(prefix_cache_tokens)
+        self._kv_epoch = 0  # advances when the weights change: KV computed before is stale
         self.rows: list[Sequence] = []
         self._seeds = random.Random(seed)
         forward_args = inspect.signature(model.forward).parameters
@@ -299,6 +314,12 @@ class BatchEngine:
         with torch.no_grad():
             for k, t in new.items():
                 own[k].copy_(t)
+        self.flush_cache()
+
+    def flush_cache(self) -> None:
+        """Forgets every cached prefix; rows already running keep their KV (as in SGLang)."""
+        self.prefix_cache.flush()
+        self._kv_epoch += 1
 
     # -- internals --------------------------------------------------------------------------------
 
@@ -308,12 +329,24 @@ class BatchEngine:
                 seed = seq.params.sampling_seed
                 seed = self._seeds.getrandbits(63) if seed is None else seed
                 seq.generator = torch.Generator(device=self.device).manual_seed(seed)
-        ids = [s.prompt_ids + s.output_ids for s in seqs]  # retracted rows resume from all their tokens
-        L = max(len(x) for x in ids)
-        input_ids = torch.tensor([[self.pad_id] * (L - len(x)) + x for x in ids], device=self.device)
-        mask = torch.tensor([[0] * (L - len(x)) + [1] * len(x) for x in ids], device=self.device)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        cache = _new_cache()
+            seq.kv_epoch = self._kv_epoch
+        # Retracted rows resume from all their tokens. Identical token lists are computed once.
+        unique: dict[tuple[int, ...], int] = {}
+        row_of = [unique.setdefault(tuple(s.prompt_ids + s.output_ids), len(unique)) for s in seqs]
+        ids = list(unique)
+        # Each row computes only what follows its longest cached prefix (at least its last token).
+        hits = [self.prefix_cache.match(x, limit=len(x) - 1) for x in ids]
+        cached = [n for n, _ in hits]
+        todo = [x[n:] for x, (n, _) in zip(ids, hits, strict=True)]
+        self.stats.prompt_tokens += sum(len(ids[r]) for r in row_of)
+        self.stats.prefill_tokens += sum(map(len, todo))
+        # Row layout: [padding, cached prefix | padding, new tokens]; positions count real tokens only.
+        cache, past = self._past(hits)
+        S = max(map(len, todo))
+        input_ids = torch.tensor([[self.pad_id] * (S - len(x)) + list(x) for x in todo], device=self.device)
+        new = torch.tensor([[0] * (S - len(x)) + [1] * len(x) for x in todo], device=self.device)
+        mask = torch.cat([past, new], dim=1)
+        positions = torch.tensor(cached, device=self.device)[:, None] + (new.cumsum(-1) - 1).clamp(min=0)
         out = self.model(
             input_ids=input_ids,
             attention_mask=mask,
@@ -323,14 +356,35 @@ class BatchEngine:
             **self._last_only,
         )
         self.stats.prefill_steps += 1
-        done = self._append(seqs, out.logits[:, -1, :])
+        if self.prefix_cache.max_tokens:
+            layers = _kv_layers(cache)
+            for r, x in enumerate(ids):
+                self.prefix_cache.insert(x, _row_kv(layers, r, mask[r]))
+        rows = torch.tensor(row_of, device=self.device)
+        done = self._append(seqs, out.logits[:, -1, :][rows])
         keep = [i for i, s in enumerate(seqs) if not s.finished]
         if keep:
-            idx = torch.tensor(keep, device=self.device)
-            if len(keep) < len(seqs):
+            idx = rows[keep]
+            if idx.tolist() != list(range(len(ids))):
                 cache.batch_select_indices(idx)
             self._merge([seqs[i] for i in keep], cache, mask[idx], mask[idx].sum(-1))
         return done
+
+    def _past(self, hits: list[tuple[int, KV | None]]) -> tuple[Any, torch.Tensor]:
+        """A KV cache holding each row's cached prefix, left-padded to the longest, and its mask."""
+        lengths = [n for n, _ in hits]
+        P = max(lengths)
+        mask = torch.tensor([[0] * (P - n) + [1] * n for n in lengths], device=self.device, dtype=torch.long)
+        if P == 0:
+            return _new_cache(), mask
+        template = next(kv for _, kv in hits if kv is not None)  # any row's, to shape the empty ones
+        layers = []
+        for layer, (k0, v0) in enumerate(template):
+            rows = [kv[layer] if kv is not None else (k0, v0) for _, kv in hits]
+            keys = torch.stack([_pad_left(k[:, :n], P) for (k, _), n in zip(rows, lengths, strict=True)])
+            values = torch.stack([_pad_left(v[:, :n], P) for (_, v), n in zip(rows, lengths, strict=True)])
+            layers.append((keys, values))
+        return _cache_from(layers), mask
 
     def _decode(self) -> list[Sequence]:
         B = len(self.rows)
@@ -347,8 +401,21 @@ class BatchEngine:
         self.stats.decode_steps += 1
         done = self._append(self.rows, out.logits[:, -1, :])
         if done:
+            self._remember(done)
             self._keep([i for i, s in enumerate(self.rows) if not s.finished])
         return done
+
+    def _remember(self, done: list[Sequence]) -> None:
+        """Caches the KV of rows that just finished (prompt + output but the last token, which was
+        never fed back): the next turn of an episode starts with exactly these tokens."""
+        if not self.prefix_cache.max_tokens:
+            return
+        layers = _kv_layers(self._cache)
+        finished = {id(s) for s in done if s.kv_epoch == self._kv_epoch}  # KV of the current weights
+        for r, seq in enumerate(self.rows):
+            if id(seq) in finished:
+                tokens = seq.prompt_ids + seq.output_ids[:-1]
+                self.prefix_cache.insert(tokens, _row_kv(layers, r, self._mask[r]))
 
     def _append(self, seqs: list[Sequence], logits: torch.Tensor) -> list[Sequence]:
         """Samples a token for each sequence, records it, and finishes the sequences that must stop."""
@@ -453,6 +520,12 @@ def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
         elif isinstance(eos, list | tuple):
             ids.update(int(e) for e in eos)
     return frozenset(ids)
+
+
+def _row_kv(layers: list[tuple[torch.Tensor, torch.Tensor]], row: int, mask: torch.Tensor) -> KV:
+    """One row's keys and values at its real tokens (``mask`` 1), copied out of a batch's ``[B, H, L, D]``."""
+    cols = mask.nonzero()[:, 0]
+    return [(k[row].index_select(1, cols), v[row].index_select(1, cols)) for k, v in layers]
 
 
 def _pad_left(t: torch.Tensor, length: int) -> torch.Tensor:

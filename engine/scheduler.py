@@ -183,6 +183,11 @@ class EngineScheduler:
                 return len(retracted)
             return len(self.engine.rows)
 
+    async def flush_cache(self) -> None:
+        """Empties the engine's prefix cache between decode steps."""
+        async with self._lock:
+            self.engine.flush_cache()
+
     async def resume(self) -> None:
         """Ends a pause; queued and retracted requests continue."""
         self.paused = False
@@ -198,6 +203,9 @@ class EngineScheduler:
             "prefill_steps": s.prefill_steps,
             "decode_steps": s.decode_steps,
             "generated_tokens": s.generated_tokens,
+            "prompt_tokens": s.prompt_tokens,
+            "prefill_tokens": s.prefill_tokens,
+            "prefix_cache_tokens": self.engine.prefix_cache.tokens,
             "max_batch_rows": s.max_batch_rows,
         }
 

@@ -40,6 +40,7 @@ def build_engine(config: EngineConfig) -> BatchEngine:
         seed=config.seed,
         max_running=config.max_running_requests,
         max_prefill_tokens=config.max_prefill_tokens,
+        prefix_cache_tokens=config.prefix_cache_tokens,
     )
 
 

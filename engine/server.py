@@ -11,7 +11,7 @@ alike (request and response bodies: ``engine.types``):
     GET  /get_weight_version        -> {"weight_version": "3"} (pqrl extension; SGLang has no such route)
     POST /pause_generation          {"mode": "abort" | "retract" | "in_place"}
     POST /continue_generation
-    GET|POST /flush_cache           (no prefix cache here: always succeeds)
+    GET|POST /flush_cache           (empties the prefix cache)
     POST /abort_request             {"rid": ..., "abort_all": false}
     GET  /health
     GET  /engine_stats              pqrl extension: step counters, batch sizes
@@ -166,7 +166,8 @@ def _add_control_routes(
 
     @api.api_route("/flush_cache", methods=["GET", "POST"], operation_id="flush_cache")
     async def flush_cache() -> dict[str, Any]:
-        return {"success": True, "message": "no prefix cache to flush"}
+        await scheduler.flush_cache()
+        return {"success": True, "message": "prefix cache flushed"}
 
     @api.post("/abort_request", operation_id="abort_request")
     async def abort_request(body: AbortRequest) -> dict[str, Any]:
