@@ -12,19 +12,104 @@ the final checkpoint, each served by a fresh built-in engine, with the paired 95
 Prints one JSON line: ``{"pass_rate_before", "pass_rate_after", "ci95_low", "improvement", "steps",
 "minutes", "weight_updates_applied", "staleness_hist", "mismatch_kl_mean"}`` plus the training
 curves. Target: improvement >= 0.15 with ci95_low > 0.
+
+``--target P``: time to target instead. The job runs with its own evaluation every ``--eval-every``
+steps (on the config's held-out suite, "before" included) and is stopped (Ctrl-C twice) at the first
+evaluation whose greedy pass@1 reaches ``P``; ``minutes`` is the wall time from the job's start to
+the end of that evaluation, so evaluations count. With ``--baseline-commit C`` the same protocol
+first runs on a checkout of commit C (its own code and its own copy of the config), and the JSON
+line gives both times and their ratio. Each side runs from a checkout of its commit (``--commit``,
+default HEAD). Usage:
+  python bench/learn_calc.py --target 0.6 --baseline-commit a404185
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
+import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.learning import greedy_pass, held_out, report, train  # noqa: E402
+
+
+def time_to_target(repo: Path, config: str, out: Path, args: argparse.Namespace) -> dict:
+    """Runs the job from checkout ``repo`` until an evaluation reaches ``args.target``; its evaluations
+    as ``[step, pass@1, minutes]`` and the minutes to the target (None if never reached)."""
+    from launcher.jobconfig import load_config
+
+    run_dir = out / load_config(config).run
+    cmd = [sys.executable, "-m", "launcher.cli", "train", config, "--fresh", "--quiet",
+           "--set", f"eval.every={args.eval_every}", "--set", f"train.steps={args.steps}",
+           "--set", f"train.max_time_min={args.minutes}", "--set", f"output_dir={out}"]  # fmt: skip
+    log = open(out.with_suffix(".log"), "w")  # noqa: SIM115 - the child writes it until it exits
+    t0 = time.time()
+    job = subprocess.Popen(cmd, cwd=repo, env=os.environ | {"PYTHONPATH": str(repo)}, stdout=log, stderr=log)
+    evals, reached, seen = [], None, 0
+    while job.poll() is None and reached is None:
+        time.sleep(2)
+        lines = (
+            (run_dir / "metrics.jsonl").read_text().splitlines()
+            if (run_dir / "metrics.jsonl").exists()
+            else []
+        )
+        for line in lines[seen:]:
+            m = json.loads(line)
+            if "eval/pass@1" in m:
+                evals.append([m["step"], m["eval/pass@1"], round((m["time"] - t0) / 60, 2)])
+                print(f"{repo.name}: eval at step {m['step']}: {m['eval/pass@1']:.3f} ({evals[-1][2]} min)",
+                      file=sys.stderr)  # fmt: skip
+                if m["eval/pass@1"] >= args.target and reached is None:
+                    reached = evals[-1][2]
+        seen = len(lines)
+    if job.poll() is None:  # reached: stop at once, keep what was trained
+        for _ in range(2):
+            job.send_signal(signal.SIGINT)
+            time.sleep(1)
+        job.wait(timeout=600)
+    log.close()
+    return {"minutes": reached, "evals": evals, "exit": job.returncode}
+
+
+def target_main(args: argparse.Namespace) -> None:
+    out = Path(args.output_dir)
+    result: dict = {"target": args.target, "eval_every": args.eval_every}
+    sides = [("baseline", args.baseline_commit)] if args.baseline_commit else []
+    for side, commit in [*sides, ("new", args.commit)]:
+        with tempfile.TemporaryDirectory() as tmp:
+            # each side runs from a checkout of its commit, so editing this tree meanwhile changes nothing
+            repo = Path(tmp) / side
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(repo), commit],
+                           check=True, capture_output=True)  # fmt: skip
+            try:
+                config = str(repo / Path(args.config).resolve().relative_to(ROOT))
+                result[side] = {"commit": _commit(repo)} | time_to_target(
+                    repo, config, out / f"target_{side}", args
+                )
+            finally:
+                subprocess.run(
+                    ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(repo)], check=False
+                )
+    new = result.pop("new")
+    result |= new
+    base_min = result.get("baseline", {}).get("minutes")
+    if base_min and result["minutes"]:
+        result["ratio"] = round(result["minutes"] / base_min, 3)
+    result["pass_rate_after"] = result["evals"][-1][1] if result["evals"] else None
+    print(json.dumps(result))
+
+
+def _commit(repo: Path) -> str:
+    return subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"],
+                          capture_output=True, text=True).stdout.strip()  # fmt: skip
 
 
 def main() -> None:
@@ -36,7 +121,13 @@ def main() -> None:
     ap.add_argument("--eval-tasks", type=int, default=128)
     ap.add_argument("--config", default=str(ROOT / "examples" / "quickstart.yaml"))
     ap.add_argument("--output-dir", default=str(ROOT / "runs" / "bench"))
+    ap.add_argument("--target", type=float, help="time to this greedy pass@1 instead (see above)")
+    ap.add_argument("--eval-every", type=int, default=2, help="--target: evaluate every N steps")
+    ap.add_argument("--baseline-commit", help="--target: run the same protocol on this commit first")
+    ap.add_argument("--commit", default="HEAD", help="--target: the commit measured (default HEAD)")
     args = ap.parse_args()
+    if args.target is not None:
+        return target_main(args)
 
     cfg = load_config(args.config)
     suite = held_out(cfg, args.eval_tasks)
