@@ -50,6 +50,7 @@ def time_to_target(repo: Path, config: str, out: Path, args: argparse.Namespace)
     cmd = [sys.executable, "-m", "launcher.cli", "train", config, "--fresh", "--quiet",
            "--set", f"eval.every={args.eval_every}", "--set", f"train.steps={args.steps}",
            "--set", f"train.max_time_min={args.minutes}", "--set", f"output_dir={out}"]  # fmt: skip
+    out.parent.mkdir(parents=True, exist_ok=True)
     log = open(out.with_suffix(".log"), "w")  # noqa: SIM115 - the child writes it until it exits
     t0 = time.time()
     job = subprocess.Popen(cmd, cwd=repo, env=os.environ | {"PYTHONPATH": str(repo)}, stdout=log, stderr=log)
