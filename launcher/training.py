@@ -220,8 +220,8 @@ class _Run:
         bar = _progress(None, 0, disable=self.job.quiet, desc=f"eval@{step}", unit="episode")
 
         def progress(done: int, total: int) -> None:
-            if bar.total != total:  # greedy pass, then the k samples: one bar each
-                bar.reset(total=total)
+            if bar.total != total:  # known from the first report on
+                bar.total = total
             bar.update(done - bar.n)
 
         work = asyncio.ensure_future(self.job.evaluate(self.eval_suite, progress))

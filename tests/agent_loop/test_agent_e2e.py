@@ -86,3 +86,27 @@ async def test_calc_group_with_the_models_own_tool_calls(served, smollm, env_url
             await store.groups.put(group)
         entries = await store.groups.read("trainer", "t", count=2)
         assert [e.trajectories for e in entries] == groups
+
+
+async def test_evaluation_batches_its_greedy_and_sampled_episodes(served, smollm, env_url):
+    from agent_loop.evaluation import evaluate
+
+    engine_url, served_engine = served
+    suite = calc_suite(3, seed=5)
+    engine, env = EngineClient(engine_url), HttpEnvClient(env_url, token="e2e")
+    reports: list[tuple[int, int]] = []
+    how = {"engine": engine, "env": env, "renderer": ChatRenderer(smollm[1]), "cfg": CFG}
+    try:
+        greedy_only, alone = await evaluate(suite, k=1, **how)
+        rows_before = served_engine.stats.max_batch_rows
+        served_engine.stats.max_batch_rows = 0
+        metrics, solved = await evaluate(suite, k=2, progress=lambda d, t: reports.append((d, t)), **how)
+    finally:
+        served_engine.stats.max_batch_rows = max(rows_before, served_engine.stats.max_batch_rows)
+        await engine.aclose()
+        await env.aclose()
+    assert solved == alone and metrics["eval/pass@1"] == greedy_only["eval/pass@1"]  # greedy: deterministic
+    assert metrics["eval/k"] == 2 and 0.0 <= metrics["eval/pass@k"] <= 1.0
+    assert {t for _, t in reports} == {9} and reports[-1] == (9, 9)  # one total for both passes
+    assert [d for d, _ in reports] == sorted(d for d, _ in reports)
+    assert served_engine.stats.max_batch_rows > 3  # the 3 greedy episodes ran beside sampled ones
