@@ -195,8 +195,8 @@ class BatchEngine:
         seed: seeds the per-request seeds of requests that bring none.
         max_running: most rows decoded together.
         max_prefill_tokens: most (padded) prompt tokens prefilled in one step; one sequence always fits.
-        prefix_cache_tokens: most tokens whose KV the prefix cache holds (0: no cache; identical
-            prompts admitted together are still prefilled once).
+        prefix_cache_tokens: most tokens whose KV the prefix cache holds (0: no prefix sharing at
+            all, every prompt prefilled in full).
     """
 
     def __init__(
@@ -330,10 +330,13 @@ class BatchEngine:
                 seed = self._seeds.getrandbits(63) if seed is None else seed
                 seq.generator = torch.Generator(device=self.device).manual_seed(seed)
             seq.kv_epoch = self._kv_epoch
-        # Retracted rows resume from all their tokens. Identical token lists are computed once.
+        # Retracted rows resume from all their tokens. Identical token lists are computed once
+        # (unless prefix sharing is off: then every prompt is computed in full, as before it existed).
+        tokens = [tuple(s.prompt_ids + s.output_ids) for s in seqs]
+        sharing = self.prefix_cache.max_tokens > 0
         unique: dict[tuple[int, ...], int] = {}
-        row_of = [unique.setdefault(tuple(s.prompt_ids + s.output_ids), len(unique)) for s in seqs]
-        ids = list(unique)
+        row_of = [unique.setdefault(x, len(unique)) for x in tokens] if sharing else list(range(len(seqs)))
+        ids = list(unique) if sharing else tokens
         # Each row computes only what follows its longest cached prefix (at least its last token).
         hits = [self.prefix_cache.match(x, limit=len(x) - 1) for x in ids]
         cached = [n for n, _ in hits]
