@@ -1,0 +1,197 @@
+"""One GRPO step, split into its parts: generate, train, weight sync; synchronous and overlapped.
+
+Shape (the quickstart's, single-turn): SmolLM2-135M-Instruct, 2 calc prompts (the quickstart's
+suite, two worked examples in each prompt) x 8 completions of at most 48 tokens at T 0.7, one turn.
+Everything real: the built-in engine as its own process over HTTP (``--engine-threads``), the agent
+loop and the calc environment, ``train_step`` with the quickstart's step settings in this process
+(``--trainer-threads``), and the quickstart's weight sync (checkpoint + ``/update_weights_from_disk``).
+Rewards are set to 0/1 alternately within each group, so every group is trained (the time of a step
+does not depend on which episodes earned what).
+
+    sync:  generate 2 groups, then train on them, then push the weights; ``--steps`` times.
+    async: the next step's groups are generated while this step trains and pushes (one version of
+           staleness, the quickstart's ``max_staleness``); the mean time per step.
+
+Each engine variant runs in the same run, one after the other: ``sharing`` (the engine's prefix
+sharing on, the default) and ``no_sharing`` (``--prefix-cache-tokens 0``: every prompt prefilled in
+full, the engine as it was before sharing). Prints one JSON line per variant, then the last line:
+the ``sharing`` variant's ``sync_step_s``, ``async_step_s``, ``generate_s``, ``train_s``,
+``weight_sync_s``, ``generate_tok_s``, with the ratios of ``no_sharing`` to it.
+
+    python bench/grpo_step.py [--steps 3] [--engine-threads 1] [--trainer-threads 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # before bench/, whose engine.py would shadow the engine package
+
+GROUPS, G = 2, 8
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _engine(port: int, threads: int, cache_tokens: int) -> subprocess.Popen[bytes]:
+    env = os.environ | {
+        "OMP_NUM_THREADS": str(threads),
+        "MKL_NUM_THREADS": str(threads),
+        "PYTHONPATH": str(ROOT),
+    }
+    cmd = [sys.executable, "-m", "launcher.cli", "engine", "serve", "--backend", "builtin",
+           "--port", str(port), "--seed", "0", "--prefix-cache-tokens", str(cache_tokens)]  # fmt: skip
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+class Step:
+    """The parts of one step, on one engine and one trainer."""
+
+    def __init__(self, cfg: Any, engine: Any, model: Any, tokenizer: Any, weights_dir: str) -> None:
+        import torch
+
+        from agent_loop.agent import EpisodeConfig
+        from env_server.client import LocalEnvClient
+        from launcher.jobconfig import episode_config, step_config
+        from loss_masking import ChatRenderer
+        from trainer.weight_sync import DiskWeightSync
+
+        self.suite = cfg.tasks.suites[0].build()
+        self.engine, self.model = engine, model
+        self.env = LocalEnvClient()
+        self.renderer = ChatRenderer(tokenizer)
+        self.episode: EpisodeConfig = dataclasses.replace(episode_config(cfg), max_turns=1)
+        self.step_cfg = step_config(cfg)
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr)
+        self.sync = DiskWeightSync(engine, weights_dir)
+        self.version = 0
+        self.next_task = 0
+
+    async def generate(self) -> tuple[list[list[Any]], float, int]:
+        """``GROUPS`` groups of ``G`` episodes; their seconds and generated tokens."""
+        from agent_loop.agent import run_episode
+        from tasks.storage import queued_task
+
+        first, self.next_task = self.next_task, self.next_task + GROUPS
+        t0 = time.perf_counter()
+        done = await asyncio.gather(*(
+            run_episode(queued_task(self.suite, k), engine=self.engine, env=self.env, renderer=self.renderer,
+                        run_id="bench", group_id=f"g{k}", index=i, cfg=self.episode)
+            for k in range(first, first + GROUPS) for i in range(G)
+        ))  # fmt: skip
+        took = time.perf_counter() - t0
+        groups = [[dataclasses.replace(t, reward=float(i % 2)) for i, t in enumerate(done[g * G:(g + 1) * G])]
+                  for g in range(GROUPS)]  # fmt: skip
+        return groups, took, sum(t.num_generated for t in done)
+
+    async def train(self, groups: list[list[Any]]) -> float:
+        from trainer.step import train_step
+
+        t0 = time.perf_counter()
+        metrics = await asyncio.to_thread(
+            train_step, self.model, self.optimizer, groups, self.version, self.step_cfg
+        )
+        if metrics.get("rollout/trajectories_used", 0) != GROUPS * G:
+            raise SystemExit(f"the step did not train every episode: {metrics}")
+        return time.perf_counter() - t0
+
+    async def push(self) -> float:
+        t0 = time.perf_counter()
+        self.version += 1
+        await self.sync.push(self.model, self.version)
+        return time.perf_counter() - t0
+
+
+async def _variant(args: argparse.Namespace, cache_tokens: int) -> dict[str, Any]:
+    import torch
+
+    from engine.client import EngineClient
+    from launcher.jobconfig import load_config
+    from pqrl.model_cache import load_model, load_tokenizer
+
+    cfg = load_config(ROOT / "examples" / "quickstart.yaml")
+    torch.set_num_threads(args.trainer_threads)
+    torch.manual_seed(0)
+    port = _free_port()
+    proc = _engine(port, args.engine_threads, cache_tokens)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        async with EngineClient(url) as engine:
+            await engine.wait_until_healthy(timeout_s=300)
+            model = load_model(cfg.model.name, dtype=torch.float32)
+            with tempfile.TemporaryDirectory() as weights:
+                step = Step(cfg, engine, model, load_tokenizer(cfg.model.name), weights)
+                await step.train((await step.generate())[0])  # warm-up: allocator, threads, optimizer state
+                await step.push()
+                gen, train, push, tok = [], [], [], 0
+                for _ in range(args.steps):  # synchronous
+                    groups, g_s, n = await step.generate()
+                    gen.append(g_s)
+                    tok += n
+                    train.append(await step.train(groups))
+                    push.append(await step.push())
+                t0 = time.perf_counter()
+                pending = asyncio.ensure_future(step.generate())
+                for s in range(args.steps):  # overlapped: generate the next step while this one trains
+                    groups = (await pending)[0]
+                    if s + 1 < args.steps:
+                        pending = asyncio.ensure_future(step.generate())
+                    await step.train(groups)
+                    await step.push()
+                async_step_s = (time.perf_counter() - t0) / args.steps
+        stats = httpx.get(f"{url}/engine_stats", timeout=30).json()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+    sync = [a + b + c for a, b, c in zip(gen, train, push, strict=True)]
+    return {
+        "variant": "sharing" if cache_tokens else "no_sharing",
+        "sync_step_s": round(statistics.median(sync), 2),
+        "async_step_s": round(async_step_s, 2),
+        "generate_s": round(statistics.median(gen), 2),
+        "train_s": round(statistics.median(train), 2),
+        "weight_sync_s": round(statistics.median(push), 2),
+        "generate_tok_s": round(tok / sum(gen), 1),
+        "engine_prompt_tokens": stats.get("prompt_tokens"),
+        "engine_prefill_tokens": stats.get("prefill_tokens"),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--engine-threads", type=int, default=1)
+    ap.add_argument("--trainer-threads", type=int, default=1)
+    args = ap.parse_args()
+    results = {}
+    for cache_tokens in (0, 16384):
+        r = asyncio.run(_variant(args, cache_tokens))
+        print(json.dumps(r), flush=True)
+        results[r["variant"]] = r
+    new, old = results["sharing"], results["no_sharing"]
+    keys = ("sync_step_s", "async_step_s", "generate_s", "train_s", "weight_sync_s", "generate_tok_s")
+    summary = {k: new[k] for k in keys} | {f"{k}_ratio_no_sharing": round(old[k] / new[k], 2) for k in keys}
+    print(json.dumps(summary | {"steps": args.steps, "engine_threads": args.engine_threads,
+                                "trainer_threads": args.trainer_threads}))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
