@@ -35,7 +35,9 @@ class EngineConfig(Settings):
     max_running_requests: int = setting(64, "builtin: most requests decoded together", ge=1)
     max_prefill_tokens: int = setting(8192, "builtin: most (padded) prompt tokens prefilled at once", ge=1)
     prefix_cache_tokens: int = setting(
-        16384, "builtin: most tokens whose KV is kept for later prompts with the same start (0: no sharing)", ge=0
+        16384,
+        "builtin: most tokens whose KV is kept for later prompts with the same start (0: no sharing)",
+        ge=0,
     )
 
 
