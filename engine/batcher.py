@@ -48,7 +48,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from engine.prefix_cache import KV, PrefixCache
+from engine.prefix_cache import KV, PrefixCache, common_prefix_len
 from engine.sampling import SamplingParams
 from pqrl.collective import broadcast_from_rank0
 
@@ -64,6 +64,7 @@ __all__ = [
 
 _GREEDY_EPS = 1e-6  # temperatures below this decode greedily (SGLang's threshold)
 _TRIM_MIN_COLUMNS = 32  # drop all-padding KV columns once this many pile up at the left
+_MIN_STEM = 32  # shorter common starts are not worth a forward pass of their own
 
 
 @dataclass(eq=False)
@@ -337,11 +338,26 @@ class BatchEngine:
         unique: dict[tuple[int, ...], int] = {}
         row_of = [unique.setdefault(x, len(unique)) for x in tokens] if sharing else list(range(len(seqs)))
         ids = list(unique) if sharing else tokens
-        # Each row computes only what follows its longest cached prefix (at least its last token).
+        self.stats.prompt_tokens += sum(len(ids[r]) for r in row_of)
+        if sharing:
+            self._prefill_stems(ids)
+        cache, mask, logits = self._forward(ids)
+        rows = torch.tensor(row_of, device=self.device)
+        done = self._append(seqs, logits[rows])
+        keep = [i for i, s in enumerate(seqs) if not s.finished]
+        if keep:
+            idx = rows[keep]
+            if idx.tolist() != list(range(len(ids))):
+                cache.batch_select_indices(idx)
+            self._merge([seqs[i] for i in keep], cache, mask[idx], mask[idx].sum(-1))
+        return done
+
+    def _forward(self, ids: list[tuple[int, ...]]) -> tuple[Any, torch.Tensor, torch.Tensor]:
+        """Computes the KV of every row, each from its longest cached prefix on (at least its last
+        token), and caches it; returns the batch's KV cache, its mask and the last logits."""
         hits = [self.prefix_cache.match(x, limit=len(x) - 1) for x in ids]
         cached = [n for n, _ in hits]
-        todo = [x[n:] for x, (n, _) in zip(ids, hits, strict=True)]
-        self.stats.prompt_tokens += sum(len(ids[r]) for r in row_of)
+        todo = [x[n:] for x, n in zip(ids, cached, strict=True)]
         self.stats.prefill_tokens += sum(map(len, todo))
         # Row layout: [padding, cached prefix | padding, new tokens]; positions count real tokens only.
         cache, past = self._past(hits)
@@ -363,15 +379,29 @@ class BatchEngine:
             layers = _kv_layers(cache)
             for r, x in enumerate(ids):
                 self.prefix_cache.insert(x, _row_kv(layers, r, mask[r]))
-        rows = torch.tensor(row_of, device=self.device)
-        done = self._append(seqs, out.logits[:, -1, :][rows])
-        keep = [i for i, s in enumerate(seqs) if not s.finished]
-        if keep:
-            idx = rows[keep]
-            if idx.tolist() != list(range(len(ids))):
-                cache.batch_select_indices(idx)
-            self._merge([seqs[i] for i in keep], cache, mask[idx], mask[idx].sum(-1))
-        return done
+        return cache, mask, out.logits[:, -1, :]
+
+    def _prefill_stems(self, ids: list[tuple[int, ...]]) -> None:
+        """Computes once, and caches, the starts that several rows share beyond their cached prefix,
+        so that rows admitted together share them too: a group resumed after a weight update (the
+        cache was flushed; each row has its own output after the common prompt), or tasks with the
+        same instructions."""
+        if len(ids) < 2:
+            return
+        rows = [torch.tensor(x) for x in ids]
+        stems: list[tuple[int, ...]] = []
+        for i, (x, a) in enumerate(zip(ids, rows, strict=True)):
+            shared = max(common_prefix_len(a, b) for j, b in enumerate(rows) if j != i)
+            shared = min(shared, len(x) - 1)  # the row's own last token is computed with the row
+            if shared >= _MIN_STEM and shared > self.prefix_cache.match(x, limit=shared)[0]:
+                stems.append(x[:shared])
+        # Longest first; a stem that starts a chosen one is covered by it.
+        chosen: list[tuple[int, ...]] = []
+        for stem in sorted(set(stems), key=len, reverse=True):
+            if not any(c[: len(stem)] == stem for c in chosen):
+                chosen.append(stem)
+        if chosen:
+            self._forward(chosen)
 
     def _past(self, hits: list[tuple[int, KV | None]]) -> tuple[Any, torch.Tensor]:
         """A KV cache holding each row's cached prefix, left-padded to the longest, and its mask."""

@@ -86,11 +86,13 @@ def test_shared_and_cached_prefixes_reproduce_fresh_prefills(smollm):
     fresh = BatchEngine(model, tok, prefix_cache_tokens=0)
     shared = BatchEngine(model, tok, prefix_cache_tokens=8192)
 
-    # Turn 1: a group's copies are prefilled once.
+    # Turn 1: a group's copies are prefilled once, and the two groups' instructions once.
     expected = _run(fresh, group, temperature=0.8)
     got = _run(shared, group, temperature=0.8)
     assert fresh.stats.prefill_tokens == sum(map(len, group)) == shared.stats.prompt_tokens
-    assert shared.stats.prefill_tokens == len(first) + len(second)
+    instructions = common_prefix_len(torch.tensor(first), torch.tensor(second))
+    assert instructions > 50
+    assert shared.stats.prefill_tokens == len(first) + len(second) - instructions
     assert [s.output_ids for s in got] == [s.output_ids for s in expected]
     assert len({tuple(s.output_ids) for s in got[:4]}) > 1  # each copy samples on its own
     for s in got:
@@ -138,3 +140,22 @@ def test_new_weights_flush_the_cache_and_stale_rows_are_not_remembered(smollm):
     before = engine.stats.prefill_tokens
     _run(engine, [prompt], temperature=0, n=2)
     assert engine.stats.prefill_tokens - before == len(prompt)  # nothing reused
+
+
+def test_rows_admitted_together_compute_their_common_start_once(smollm):
+    """A group resumed after a weight update: the cache is empty, every row has the prompt and then
+    its own tokens so far. The prompt is computed once, each row's own tokens once."""
+    model, tok = smollm
+    prompt = chat_prompt(tok, "Write a short story about a lighthouse keeper and a storm at sea. " * 3)
+    own = [[tok.convert_tokens_to_ids(w)] + list(range(1000 + 10 * i, 1004 + 10 * i)) for i, w in
+           enumerate(["The", "Once", "A", "In"])]  # fmt: skip
+    rows = [prompt + o for o in own]
+    fresh = BatchEngine(model, tok, prefix_cache_tokens=0)
+    shared = BatchEngine(model, tok, prefix_cache_tokens=8192)
+    expected = _run(fresh, rows, temperature=0)
+    got = _run(shared, rows, temperature=0)
+    assert shared.stats.prefill_tokens == len(prompt) + sum(map(len, own))
+    assert fresh.stats.prefill_tokens == sum(map(len, rows))
+    assert [s.output_ids for s in got] == [s.output_ids for s in expected]
+    for s, e in zip(got, expected, strict=True):
+        assert max_abs_diff(e.logprobs, s.logprobs) < MAX_LOGPROB_DIFF
