@@ -388,10 +388,14 @@ class BatchEngine:
         same instructions."""
         if len(ids) < 2:
             return
-        rows = [torch.tensor(x) for x in ids]
+        # In sorted order a row's longest common start with any other row is with a neighbour.
+        order = sorted(range(len(ids)), key=ids.__getitem__)
+        rows = [torch.tensor(ids[i]) for i in order]
+        between = [common_prefix_len(a, b) for a, b in zip(rows, rows[1:], strict=False)]
         stems: list[tuple[int, ...]] = []
-        for i, (x, a) in enumerate(zip(ids, rows, strict=True)):
-            shared = max(common_prefix_len(a, b) for j, b in enumerate(rows) if j != i)
+        for k, i in enumerate(order):
+            x = ids[i]
+            shared = max(between[k - 1] if k else 0, between[k] if k < len(between) else 0)
             shared = min(shared, len(x) - 1)  # the row's own last token is computed with the row
             if shared >= _MIN_STEM and shared > self.prefix_cache.match(x, limit=shared)[0]:
                 stems.append(x[:shared])
