@@ -28,7 +28,6 @@ import asyncio
 import dataclasses
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -43,12 +42,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # before bench/, whose engine.py would shadow the engine package
 
 GROUPS, G = 2, 8
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _engine(port: int, threads: int, cache_tokens: int) -> subprocess.Popen[bytes]:
@@ -126,11 +119,12 @@ async def _variant(args: argparse.Namespace, cache_tokens: int) -> dict[str, Any
     from engine.client import EngineClient
     from launcher.jobconfig import load_config
     from pqrl.model_cache import load_model, load_tokenizer
+    from pqrl.redis_server import free_port
 
     cfg = load_config(ROOT / "examples" / "quickstart.yaml")
     torch.set_num_threads(args.trainer_threads)
     torch.manual_seed(0)
-    port = _free_port()
+    port = free_port()
     proc = _engine(port, args.engine_threads, cache_tokens)
     url = f"http://127.0.0.1:{port}"
     try:

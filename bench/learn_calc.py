@@ -38,7 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.learning import greedy_pass, held_out, report, train  # noqa: E402
+from bench.learning import greedy_pass, held_out, report, short_commit, train  # noqa: E402
 
 
 def time_to_target(repo: Path, config: str, out: Path, args: argparse.Namespace) -> dict:
@@ -92,7 +92,7 @@ def target_main(args: argparse.Namespace) -> None:
                            check=True, capture_output=True)  # fmt: skip
             try:
                 config = str(repo / Path(args.config).resolve().relative_to(ROOT))
-                result[side] = {"commit": _commit(repo)} | time_to_target(
+                result[side] = {"commit": short_commit(repo)} | time_to_target(
                     repo, config, out / f"target_{side}", args
                 )
             finally:
@@ -106,11 +106,6 @@ def target_main(args: argparse.Namespace) -> None:
         result["ratio"] = round(result["minutes"] / base_min, 3)
     result["pass_rate_after"] = result["evals"][-1][1] if result["evals"] else None
     print(json.dumps(result))
-
-
-def _commit(repo: Path) -> str:
-    return subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"],
-                          capture_output=True, text=True).stdout.strip()  # fmt: skip
 
 
 def main() -> None:

@@ -17,6 +17,12 @@ from pathlib import Path
 from typing import Any
 
 
+def short_commit(repo: Path) -> str:
+    """The checked-out commit of ``repo``, abbreviated (recorded with a benchmark's figures)."""
+    return subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"],
+                          capture_output=True, text=True).stdout.strip()  # fmt: skip
+
+
 def held_out(cfg: Any, n: int) -> Any:
     """The config's eval suite with ``n`` tasks; refuses a seed that training also uses."""
     ref = cfg.eval.suite
