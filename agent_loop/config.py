@@ -53,4 +53,8 @@ class ManagerConfig(Settings):
     lease_timeout_s: float = setting(900.0, "a task leased this long by a silent manager is taken over", gt=0)
     put_timeout_s: float = setting(600.0, "how long a finished group waits for room in the stream", gt=0)
     progress_every_s: float = setting(30.0, "seconds between progress lines", gt=0)
+    cull_stale: bool = setting(
+        True, "cancel a group once the policy has moved too far past its tokens for it to be trained"
+    )
+    stale_requeues: int = setting(1, "times a task whose group was cancelled as stale is run again", ge=0)
     episode: EpisodeConfig = setting(factory=EpisodeConfig, description="limits and sampling of each episode")

@@ -7,6 +7,8 @@ the staleness gate (counters in Redis shared by every manager of the run, change
 has room, so no sample lags the policy by more than ``max_staleness`` versions on admission.
 Episodes whose infrastructure failed are retried up to ``infra_retries`` times; a group left with
 fewer than ``min_valid`` usable episodes is dropped, counted, and frees its place in the gate.
+A group that falls too far behind the policy to be trained (``agent_loop.culling``) is cancelled
+while it generates, frees its place, and its task is queued again (``stale_requeues`` times).
 
 When the run has a task sampler (tasks.storage.RunSampler: epochs, seeded shuffling, per-suite
 mixing weights) a manager with nothing in the queue claims the sampler's next slot, atomically
@@ -29,6 +31,7 @@ from typing import Any
 
 from agent_loop.agent import failed_trajectory, run_episode
 from agent_loop.config import ManagerConfig
+from agent_loop.culling import GroupWatch
 from engine.errors import EngineError
 from engine.protocol import Engine
 from env_server.client import EnvClient
@@ -43,12 +46,14 @@ __all__ = ["TASK_CONSUMER_GROUP", "ManagerConfig", "RolloutManager"]
 log = logging.getLogger(__name__)
 
 TASK_CONSUMER_GROUP = "rollout"  # the Redis consumer group through which managers lease tasks
+CULL_EVERY_S = 0.25  # how often groups in flight are checked against the policy version
 
 
 @dataclass
 class _Stats:
     groups_written: int = 0
     groups_dropped: int = 0
+    groups_culled: int = 0  # cancelled as too stale to train
     episodes: int = 0
     failures: collections.Counter[str] = field(default_factory=collections.Counter)
     started: float = field(default_factory=time.monotonic)
@@ -74,6 +79,8 @@ class RolloutManager:
         self._stopping = asyncio.Event()
         self._abandoning = False  # abandon(): groups in flight are cancelled, not awaited
         self._in_flight: set[asyncio.Task[None]] = set()
+        self._generating: dict[asyncio.Task[None], GroupWatch] = {}  # groups that may still be culled
+        self._requeued: collections.Counter[str] = collections.Counter()
         self._sampler: RunSampler | None = None  # loaded when the run has one (it may be set later)
         self._told: set[str] = set()
         self._weights_checked = float("-inf")
@@ -94,6 +101,7 @@ class RolloutManager:
         """Produces groups until the queue is drained (``until_empty``) or ``stop()``."""
         last_progress = time.monotonic()
         beating = asyncio.create_task(self._beat())
+        culling = asyncio.create_task(self._cull()) if self.cfg.cull_stale else None
         try:
             while not self._stopping.is_set():
                 try:
@@ -116,6 +124,8 @@ class RolloutManager:
                         task.cancel()
                 await asyncio.gather(*self._in_flight, return_exceptions=True)
             beating.cancel()
+            if culling is not None:
+                culling.cancel()
             with contextlib.suppress(StoreUnavailable):
                 await self._progress()
         return self.stats
@@ -139,7 +149,8 @@ class RolloutManager:
         if entry is None:
             await self.store.gate.release(holder=self.consumer)  # nothing to run: give the place back
             return "drained"
-        task = asyncio.create_task(self._group(entry))
+        watch = GroupWatch(self.engine, self.cfg.group_size)
+        task = asyncio.create_task(self._group(entry, watch))
         self._in_flight.add(task)
         task.add_done_callback(self._in_flight.discard)
         return "started"
@@ -150,6 +161,28 @@ class RolloutManager:
             with contextlib.suppress(StoreUnavailable):  # a restarting Redis: beat again soon
                 await self.store.gate.beat(self.consumer)
             await asyncio.sleep(HOLDER_TTL_MS / 1000 / 6)
+
+    async def _cull(self) -> None:
+        """Cancels each group that can no longer be trained while it is still generating."""
+        while True:
+            await asyncio.sleep(CULL_EVERY_S)
+            if not self._generating:
+                continue
+            with contextlib.suppress(StoreUnavailable):  # a restarting Redis: look again soon
+                version = (await self.store.policy.get()).version
+                for task, watch in list(self._generating.items()):
+                    if not watch.culled and watch.hopeless(version, self.cfg.max_staleness):
+                        watch.culled = True
+                        task.cancel()
+
+    async def _requeue(self, entry: TaskEntry) -> None:
+        """A culled group's task runs again, up to ``stale_requeues`` times (a task whose episodes are
+        always slow is then given up, as the trainer would drop its groups anyway)."""
+        key = str(entry.task.get("task_id", entry.entry_id))
+        if self._requeued[key] < self.cfg.stale_requeues:
+            self._requeued[key] += 1
+            await self._through_outage(lambda: self.store.tasks.push([entry.task]))
+        await self._through_outage(lambda: self.store.tasks.ack(TASK_CONSUMER_GROUP, [entry.entry_id]))
 
     async def _wait_a_little(self) -> None:
         # Short: a new policy version (which opens the gate) is only seen at the next look.
@@ -190,14 +223,29 @@ class RolloutManager:
         except (EngineError, StoreUnavailable) as e:
             self._tell("could not bring the engines to the current policy", str(e))
 
-    async def _group(self, entry: TaskEntry) -> None:
+    async def _group(self, entry: TaskEntry, watch: GroupWatch) -> None:
         group_id = uuid.uuid4().hex[:12]
         written = False
+        me = asyncio.current_task()
         try:
             await self._serve_the_current_policy()
-            results = await asyncio.gather(
-                *(self._episode(entry.task, group_id, i) for i in range(self.cfg.group_size))
-            )
+            if me is not None and self.cfg.cull_stale:
+                self._generating[me] = watch
+            try:
+                results = await asyncio.gather(
+                    *(self._episode(entry.task, group_id, i, tap) for i, tap in enumerate(watch.taps))
+                )
+            except asyncio.CancelledError:
+                if not watch.culled or self._abandoning or me is None:
+                    raise
+                me.uncancel()  # this manager's own decision: the group ends here, not the manager
+                self.stats.groups_culled += 1
+                log.info("group %s for %s cancelled: too stale to be trained", group_id,
+                         entry.task.get("task_id"))  # fmt: skip
+                await self._requeue(entry)
+                return
+            finally:
+                self._generating.pop(me, None)  # type: ignore[arg-type]
             valid = [t for t in results if t.status is not Status.FAILED_INFRA]
             if len(valid) < self.cfg.min_valid:
                 self.stats.groups_dropped += 1
@@ -235,11 +283,11 @@ class RolloutManager:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
 
-    async def _episode(self, queued: dict[str, Any], group_id: str, index: int) -> Trajectory:
+    async def _episode(self, queued: dict[str, Any], group_id: str, index: int, engine: Engine) -> Trajectory:
         for attempt in range(self.cfg.infra_retries + 1):
             try:
                 async with asyncio.timeout(self.cfg.episode_deadline_s):
-                    t = await run_episode(queued, engine=self.engine, env=self.env, renderer=self.renderer,
+                    t = await run_episode(queued, engine=engine, env=self.env, renderer=self.renderer,
                                           run_id=self.store.run_id, group_id=group_id, index=index,
                                           cfg=self.cfg.episode)  # fmt: skip
             except TimeoutError:
@@ -285,8 +333,9 @@ class RolloutManager:
             total = self._sampler.schedule.total
             sampler = f"{await self._sampler.position()}/{'inf' if total is None else total}"
         log.info(
-            "[rollout %s] %.2f groups/s | written %d dropped %d | in flight %d | policy v%d | gate %s | "
-            "sampler %s | failures %s",
+            "[rollout %s] %.2f groups/s | written %d dropped %d culled %d | in flight %d | policy v%d | "
+            "gate %s | sampler %s | failures %s",
             self.store.run_id, self.stats.groups_written / elapsed, self.stats.groups_written,
-            self.stats.groups_dropped, len(self._in_flight), policy.version, gate, sampler, failures,
+            self.stats.groups_dropped, self.stats.groups_culled, len(self._in_flight), policy.version, gate,
+            sampler, failures,
         )  # fmt: skip

@@ -35,8 +35,14 @@ is dropped, its place given back (gate.reject) and another read instead, so the 
 is trained never exceeds s. Reported: staleness at arrival and as trained, and the fraction
 dropped.
 
-Prints one JSON line: sync_groups_per_s, async_groups_per_s (trained groups), speedup, bound,
-fraction_of_bound, staleness_at_arrival, staleness_trained, dropped_stale_frac, max_staleness_trained.
+The manager also culls: a group that can no longer be trained (fewer than two of its episodes
+within max_staleness of the policy) is cancelled while it generates, frees its place at once and
+its task is queued again. The async side runs twice in the same run, culling off (the baseline:
+stragglers hold their places until they finish, only to be dropped) and on.
+
+Prints one JSON line: sync_groups_per_s, async_groups_per_s (trained groups, culling on), speedup,
+bound, fraction_of_bound, staleness_at_arrival, staleness_trained, dropped_stale_frac,
+max_staleness_trained, culled; and the same figures of the run without culling under ``no_cull``.
 Usage: python bench/async_vs_sync.py [--steps 6]
 """
 
@@ -155,13 +161,14 @@ async def sync_run(steps: int, renderer: ChatRenderer, engine: SimEngine, env: S
 
 
 async def async_run(
-    steps: int, url: str, renderer: ChatRenderer, engine: SimEngine, env: SimEnv
+    steps: int, url: str, renderer: ChatRenderer, engine: SimEngine, env: SimEnv, *, cull: bool
 ) -> tuple[float, dict[str, Any]]:
     """Trained groups per second, and the staleness of the groups at arrival and as trained."""
+    run = f"async-cull{int(cull)}"
     suites = SuiteStore(url)
-    await suites.submit(calc_suite(steps * B * 2, seed=2), "async")
+    await suites.submit(calc_suite(steps * B * 2, seed=2), run)
     await suites.aclose()
-    store = TrajectoryStore(url, "async", max_backlog=0)
+    store = TrajectoryStore(url, run, max_backlog=0)
     await store.groups.create_consumer_group("trainer")
     cfg = ManagerConfig(
         group_size=G,
@@ -170,6 +177,7 @@ async def async_run(
         max_concurrent_groups=(STALENESS + 1) * B,
         episode=EPISODE,
         progress_every_s=1e9,
+        cull_stale=cull,
     )
     manager = RolloutManager(store, engine, env, renderer, cfg)  # type: ignore[arg-type]
     arrival: collections.Counter[int] = collections.Counter()
@@ -205,6 +213,7 @@ async def async_run(
         "staleness_trained": dict(sorted(trained.items())),
         "dropped_stale_frac": round(1 - sum(trained.values()) / read, 3),
         "max_staleness_trained": max(trained),
+        "culled": manager.stats.groups_culled,
     }
 
 
@@ -219,18 +228,27 @@ async def main(steps: int) -> dict[str, float]:
     with RedisServer() as server:
         sync_rate = await sync_run(steps, renderer, SimEngine(renderer.tokenizer), SimEnv(1))
         print(f"sync: {sync_rate:.2f} groups/s", file=sys.stderr)
-        async_rate, staleness = await async_run(
-            steps, server.url, renderer, SimEngine(renderer.tokenizer), SimEnv(2)
-        )
-        print(f"async: {async_rate:.2f} groups/s, {staleness}", file=sys.stderr)
+        runs = {}
+        for cull in (False, True):
+            rate, staleness = await async_run(
+                steps, server.url, renderer, SimEngine(renderer.tokenizer), SimEnv(2), cull=cull
+            )
+            print(f"async (cull {cull}): {rate:.2f} groups/s, {staleness}", file=sys.stderr)
+            runs[cull] = rate, staleness
     b = bound(np.random.default_rng(0))
-    return {
-        "sync_groups_per_s": round(sync_rate, 3),
-        "async_groups_per_s": round(async_rate, 3),
-        "speedup": round(async_rate / sync_rate, 2),
-        "bound": round(b, 2),
-        "fraction_of_bound": round(async_rate / sync_rate / b, 3),
-    } | staleness
+
+    def figures(rate: float, staleness: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "async_groups_per_s": round(rate, 3),
+            "speedup": round(rate / sync_rate, 2),
+            "fraction_of_bound": round(rate / sync_rate / b, 3),
+        } | staleness
+
+    return (
+        {"sync_groups_per_s": round(sync_rate, 3), "bound": round(b, 2)}
+        | figures(*runs[True])
+        | {"no_cull": figures(*runs[False])}
+    )
 
 
 if __name__ == "__main__":

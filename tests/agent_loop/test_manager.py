@@ -231,3 +231,59 @@ async def test_a_session_lost_with_its_server_is_an_infrastructure_failure(
         await env.aclose()
         await engine.aclose()
         await store.close()
+
+
+class GraderNeverAnswers(CalcEnv):
+    """calc-v1 whose grader waits an hour: its groups finish only if something cancels them."""
+
+    sessions = 0
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        GraderNeverAnswers.sessions += 1
+
+    async def evaluate(self) -> RewardResult:
+        await asyncio.sleep(3600)
+        return await super().evaluate()
+
+
+SLOW_ENV = "pytest-slow-grader-v1"
+
+
+async def test_a_group_too_stale_to_train_is_cancelled_and_its_task_run_again_once(parts):
+    """Its tokens came from version 0; once the policy is at 1 with max_staleness 0 the trainer could
+    not use them, so the manager cancels the group while it waits (on a grader that would take an
+    hour), frees its place in the gate and queues the task again, once: the rerun, also generated
+    at version 0, is cancelled too and the task given up. The manager then ends, the queue empty."""
+    store, engine, env, renderer, suites = parts
+    register_environment(SLOW_ENV, f"{__name__}:GraderNeverAnswers")
+    GraderNeverAnswers.sessions = 0
+    await store.tasks.push([{**queued_task(calc_suite(1, seed=9), 0), "env_id": SLOW_ENV}])
+    cfg = ManagerConfig(group_size=2, groups_per_step=1, max_staleness=0, max_concurrent_groups=2,
+                        stale_requeues=1, episode=EPISODE)  # fmt: skip
+    manager = RolloutManager(store, engine, env, renderer, cfg)
+    running = asyncio.create_task(manager.run())
+    try:
+        for _ in range(600):  # both episodes generated and wait for their grade
+            if (
+                len(env.manager._sessions) == 2
+                and manager._generating
+                and all(t.oldest is not None for w in manager._generating.values() for t in w.taps)
+            ):
+                break
+            await asyncio.sleep(0.1)
+        assert manager.stats.groups_culled == 0, "a group within the staleness budget was cancelled"
+        await store.policy.publish("/w/1")
+        done, _ = await asyncio.wait([running], timeout=120)
+        assert done, "the stale group was not cancelled: it waits for its grader"
+        stats = running.result()
+    finally:
+        if not running.done():  # cancel the hour-long graders
+            manager.abandon()
+            await running
+        registry_module._REGISTRY.pop(SLOW_ENV, None)
+    assert stats.groups_culled == 2 and stats.groups_written == 0, stats
+    assert GraderNeverAnswers.sessions == 4, "the task ran twice, two episodes each"
+    assert env.manager.live == 0, "the cancelled episodes closed their sessions"
+    assert await store.gate.state() == {"accepted": 0, "running": 0, "rejected": 2}
+    assert await store.tasks.take("rollout", "probe", count=5) == [], "the task was given up after one rerun"
