@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -24,6 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.learning import short_commit  # noqa: E402
 from sandboxes.docker import DockerSandbox  # noqa: E402
 from sandboxes.docker_api import DockerAPI  # noqa: E402
 from sandboxes.settings import SandboxSettings  # noqa: E402
@@ -79,7 +79,6 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()  # fmt: skip
+    commit = short_commit(ROOT)
     print(f"# commit {commit}, load {os.getloadavg()[0]:.2f}, {os.cpu_count()} cores", flush=True)
     asyncio.run(main())

@@ -12,13 +12,21 @@ does not depend on which episodes earned what).
     async: the next step's groups are generated while this step trains and pushes (one version of
            staleness, the quickstart's ``max_staleness``); the mean time per step.
 
-Each engine variant runs in the same run, one after the other: ``sharing`` (the engine's prefix
-sharing on, the default) and ``no_sharing`` (``--prefix-cache-tokens 0``: every prompt prefilled in
-full, the engine as it was before sharing). Prints one JSON line per variant, then the last line:
-the ``sharing`` variant's ``sync_step_s``, ``async_step_s``, ``generate_s``, ``train_s``,
-``weight_sync_s``, ``generate_tok_s``, with the ratios of ``no_sharing`` to it.
+The variants named by ``--variants`` run in the same run, one after the other, the first being the
+baseline:
+
+    no_sharing    the engine's prefix sharing off (``--prefix-cache-tokens 0``: every prompt prefilled
+                  in full), the trainer in float32
+    sharing       prefix sharing on (the engine's default), the trainer in float32 (the default on CPU)
+    sharing_bf16  prefix sharing on, the trainer under bfloat16 autocast (``model.dtype: bfloat16``)
+    bf16_no_ckpt  as sharing_bf16, without gradient checkpointing
+
+Prints one JSON line per variant, then the last line: the last variant's ``sync_step_s``,
+``async_step_s``, ``generate_s``, ``train_s``, ``weight_sync_s``, ``generate_tok_s``, with the ratios
+of the baseline to it.
 
     python bench/grpo_step.py [--steps 3] [--engine-threads 1] [--trainer-threads 1]
+                              [--variants no_sharing,sharing]
 """
 
 from __future__ import annotations
@@ -42,6 +50,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # before bench/, whose engine.py would shadow the engine package
 
 GROUPS, G = 2, 8
+# name: (engine prefix-cache tokens, step settings replaced)
+VARIANTS: dict[str, tuple[int, dict[str, Any]]] = {
+    "no_sharing": (0, {}),
+    "sharing": (16384, {}),
+    "sharing_bf16": (16384, {"cpu_autocast": True}),
+    "bf16_no_ckpt": (16384, {"cpu_autocast": True, "gradient_checkpointing": False}),
+}
 
 
 def _engine(port: int, threads: int, cache_tokens: int) -> subprocess.Popen[bytes]:
@@ -58,7 +73,9 @@ def _engine(port: int, threads: int, cache_tokens: int) -> subprocess.Popen[byte
 class Step:
     """The parts of one step, on one engine and one trainer."""
 
-    def __init__(self, cfg: Any, engine: Any, model: Any, tokenizer: Any, weights_dir: str) -> None:
+    def __init__(
+        self, cfg: Any, engine: Any, model: Any, tokenizer: Any, weights_dir: str, step: dict[str, Any]
+    ) -> None:
         import torch
 
         from agent_loop.agent import EpisodeConfig
@@ -72,7 +89,7 @@ class Step:
         self.env = LocalEnvClient()
         self.renderer = ChatRenderer(tokenizer)
         self.episode: EpisodeConfig = dataclasses.replace(episode_config(cfg), max_turns=1)
-        self.step_cfg = step_config(cfg)
+        self.step_cfg = dataclasses.replace(step_config(cfg), **step)
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr)
         self.sync = DiskWeightSync(engine, weights_dir)
         self.version = 0
@@ -113,7 +130,7 @@ class Step:
         return time.perf_counter() - t0
 
 
-async def _variant(args: argparse.Namespace, cache_tokens: int) -> dict[str, Any]:
+async def _variant(args: argparse.Namespace, name: str) -> dict[str, Any]:
     import torch
 
     from engine.client import EngineClient
@@ -121,6 +138,7 @@ async def _variant(args: argparse.Namespace, cache_tokens: int) -> dict[str, Any
     from pqrl.model_cache import load_model, load_tokenizer
     from pqrl.redis_server import free_port
 
+    cache_tokens, step_settings = VARIANTS[name]
     cfg = load_config(ROOT / "examples" / "quickstart.yaml")
     torch.set_num_threads(args.trainer_threads)
     torch.manual_seed(0)
@@ -132,7 +150,7 @@ async def _variant(args: argparse.Namespace, cache_tokens: int) -> dict[str, Any
             await engine.wait_until_healthy(timeout_s=300)
             model = load_model(cfg.model.name, dtype=torch.float32)
             with tempfile.TemporaryDirectory() as weights:
-                step = Step(cfg, engine, model, load_tokenizer(cfg.model.name), weights)
+                step = Step(cfg, engine, model, load_tokenizer(cfg.model.name), weights, step_settings)
                 await step.train((await step.generate())[0])  # warm-up: allocator, threads, optimizer state
                 await step.push()
                 gen, train, push, tok = [], [], [], 0
@@ -157,7 +175,8 @@ async def _variant(args: argparse.Namespace, cache_tokens: int) -> dict[str, Any
         proc.wait(timeout=60)
     sync = [a + b + c for a, b, c in zip(gen, train, push, strict=True)]
     return {
-        "variant": "sharing" if cache_tokens else "no_sharing",
+        "variant": name,
+        **{k: getattr(step.step_cfg, k) for k in ("cpu_autocast", "gradient_checkpointing")},
         "sync_step_s": round(statistics.median(sync), 2),
         "async_step_s": round(async_step_s, 2),
         "generate_s": round(statistics.median(gen), 2),
@@ -174,17 +193,21 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--engine-threads", type=int, default=1)
     ap.add_argument("--trainer-threads", type=int, default=1)
+    ap.add_argument("--variants", default="no_sharing,sharing", help=f"comma-separated: {sorted(VARIANTS)}")
     args = ap.parse_args()
-    results = {}
-    for cache_tokens in (0, 16384):
-        r = asyncio.run(_variant(args, cache_tokens))
-        print(json.dumps(r), flush=True)
-        results[r["variant"]] = r
-    new, old = results["sharing"], results["no_sharing"]
+    names = args.variants.split(",")
+    if len(names) < 2 or not set(names) <= set(VARIANTS):
+        ap.error(f"--variants needs two or more of {sorted(VARIANTS)}, got {args.variants!r}")
+    results = []
+    for name in names:
+        results.append(asyncio.run(_variant(args, name)))
+        print(json.dumps(results[-1]), flush=True)
+    old, new = results[0], results[-1]
     keys = ("sync_step_s", "async_step_s", "generate_s", "train_s", "weight_sync_s", "generate_tok_s")
-    summary = {k: new[k] for k in keys} | {f"{k}_ratio_no_sharing": round(old[k] / new[k], 2) for k in keys}
-    print(json.dumps(summary | {"steps": args.steps, "engine_threads": args.engine_threads,
-                                "trainer_threads": args.trainer_threads}))  # fmt: skip
+    ratios = {f"{k}_ratio_{old['variant']}": round(old[k] / new[k], 2) for k in keys}
+    print(json.dumps({"variant": new["variant"]} | {k: new[k] for k in keys} | ratios
+                     | {"steps": args.steps, "engine_threads": args.engine_threads,
+                        "trainer_threads": args.trainer_threads}))  # fmt: skip
 
 
 if __name__ == "__main__":

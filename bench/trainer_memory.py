@@ -16,6 +16,8 @@ logprob_chunk_tokens``):
     after:    fixed mmap threshold, 2048, on,  on,  512    (the quickstart now)
     after_glibc: glibc default, 2048, on, on, 512
     after_trim: glibc default plus malloc_trim after each step, 2048, on, on, 512
+    bf16_trim: as after_trim, under bfloat16 autocast (``model.dtype: bfloat16``)
+    bf16_no_ckpt: as bf16_trim, without gradient checkpointing
 
     python bench/trainer_memory.py [--rounds 1] [--steps 2] [--configs before,after]
 
@@ -38,6 +40,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # before bench/, whose engine.py would shadow the engine package
+
+from bench.learning import short_commit  # noqa: E402
+
 _AFTER = {"micro_batch_tokens": 2048, "share_prefix": True, "gc": True, "chunk": 512}
 CONFIGS = {
     "before": {"heap": False, "micro_batch_tokens": 2048, "share_prefix": False, "gc": False, "chunk": 2048},
@@ -46,6 +51,8 @@ CONFIGS = {
     "after": {"heap": True, **_AFTER},
     "after_glibc": {"heap": False, **_AFTER},
     "after_trim": {"heap": "trim", **_AFTER},
+    "bf16_trim": {"heap": "trim", **_AFTER, "bf16": True},
+    "bf16_no_ckpt": {"heap": "trim", **_AFTER, "gc": False, "bf16": True},
 }
 PROMPT, TURNS, GROUPS, G = 400, ((30, 15), (20, 0)), 2, 8
 
@@ -96,7 +103,7 @@ def child(name: str, steps: int) -> dict:
     optimizer = torch.optim.AdamW(model.parameters(), lr=2e-5)
     cfg = StepConfig(temperature=0.7, max_staleness=1, micro_batch_tokens=conf["micro_batch_tokens"],
                      share_prefix=conf["share_prefix"], gradient_checkpointing=conf["gc"],
-                     logprob_chunk_tokens=conf["chunk"])  # fmt: skip
+                     logprob_chunk_tokens=conf["chunk"], cpu_autocast=conf.get("bf16", False))  # fmt: skip
     step_s, forward_tokens = [], 0.0
     pool = ThreadPoolExecutor(1)  # the job trains in a worker thread (its own malloc arena) too
     for s in range(steps):
@@ -125,8 +132,7 @@ def main() -> None:
     names = a.configs.split(",")
     if "before" not in names or any(n not in CONFIGS for n in names):
         ap.error(f"--configs: a comma-separated subset of {list(CONFIGS)} that includes before")
-    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()  # fmt: skip
+    commit = short_commit(ROOT)
     print(f"# {' '.join(sys.argv)}; commit {commit}; load {os.getloadavg()[0]:.2f}; {os.cpu_count()} cores",
           flush=True)  # fmt: skip
     runs: dict[str, list[dict]] = {n: [] for n in names}

@@ -334,7 +334,7 @@ class BatchEngine:
         # Retracted rows resume from all their tokens. Identical token lists are computed once
         # (unless prefix sharing is off: then every prompt is computed in full, as before it existed).
         tokens = [tuple(s.prompt_ids + s.output_ids) for s in seqs]
-        sharing = self.prefix_cache.max_tokens > 0
+        sharing = self.prefix_cache.enabled
         unique: dict[tuple[int, ...], int] = {}
         row_of = [unique.setdefault(x, len(unique)) for x in tokens] if sharing else list(range(len(seqs)))
         ids = list(unique) if sharing else tokens
@@ -375,7 +375,7 @@ class BatchEngine:
             **self._last_only,
         )
         self.stats.prefill_steps += 1
-        if self.prefix_cache.max_tokens:
+        if self.prefix_cache.enabled:
             layers = _kv_layers(cache)
             for r, x in enumerate(ids):
                 self.prefix_cache.insert(x, _row_kv(layers, r, mask[r]))
@@ -445,7 +445,7 @@ class BatchEngine:
     def _remember(self, done: list[Sequence]) -> None:
         """Caches the KV of rows that just finished (prompt + output but the last token, which was
         never fed back): the next turn of an episode starts with exactly these tokens."""
-        if not self.prefix_cache.max_tokens:
+        if not self.prefix_cache.enabled:
             return
         layers = _kv_layers(self._cache)
         finished = {id(s) for s in done if s.kv_epoch == self._kv_epoch}  # KV of the current weights

@@ -63,6 +63,11 @@ class PrefixCache:
     def __len__(self) -> int:
         return len(self._entries)
 
+    @property
+    def enabled(self) -> bool:
+        """False with ``max_tokens`` 0: nothing is shared, every prompt is computed in full."""
+        return self.max_tokens > 0
+
     def match(self, ids: Sequence[int], limit: int) -> tuple[int, KV | None]:
         """The longest prefix of ``ids`` (at most ``limit`` tokens) with cached KV: ``(n, kv)`` where
         ``kv`` covers at least ``n`` tokens (slice it), or ``(0, None)``. The entry counts as used."""

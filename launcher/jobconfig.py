@@ -47,7 +47,9 @@ class _Section(BaseModel):
 class ModelSection(_Section):
     name: str = Field(DEFAULT_MODEL, description="built-in model name or a Hugging Face model directory")
     dtype: Literal["auto", "float32", "bfloat16"] = Field(
-        "auto", description="trainer weights: auto = float32 on CPU, bfloat16 autocast on GPU"
+        "auto",
+        description="trainer precision: auto = float32 on CPU, bfloat16 autocast on GPU; bfloat16 autocasts "
+        "on CPU too (about 1.7x faster steps where the CPU has AVX512-BF16 or AMX)",
     )
 
 
@@ -199,7 +201,7 @@ TrainSection = _composed(
     _component_fields(
         LoopConfig, exclude=("weights_dir", "ckpt_dir", "keep_checkpoints", "consumer", "manifest")
     ),
-    _component_fields(StepConfig, exclude=("dtype", "seed")),
+    _component_fields(StepConfig, exclude=("dtype", "cpu_autocast", "seed")),
 )
 
 
@@ -278,7 +280,8 @@ def step_config(cfg: TrainConfig) -> StepConfig:
     have admitted: both come from the rollout section, never from a second setting."""
     dtype = "float32" if cfg.model.dtype == "float32" else "bfloat16"
     return _pick(StepConfig, cfg.train, temperature=cfg.rollout.temperature, algorithm=algorithm_config(cfg),
-                 max_staleness=cfg.rollout.max_staleness, seed=cfg.seed, dtype=dtype)  # fmt: skip
+                 max_staleness=cfg.rollout.max_staleness, seed=cfg.seed, dtype=dtype,
+                 cpu_autocast=cfg.model.dtype == "bfloat16")  # fmt: skip
 
 
 # how one rollout process paces itself: workers may differ here, never in what they sample

@@ -130,6 +130,11 @@ class StepConfig(Settings):
     dtype: Literal["bfloat16", "float16", "float32"] = setting(
         "bfloat16", "autocast dtype on CUDA (float32: none)"
     )
+    # Off by default: the engine samples in float32 on CPU, and a bfloat16 trainer scores those
+    # samples slightly differently (the importance weights correct for it, the metrics show it).
+    cpu_autocast: bool = setting(
+        False, "autocast to dtype on CPU too (about 1.7x faster steps on CPUs with AVX512-BF16 or AMX)"
+    )
     gradient_checkpointing: bool = setting(False, "recompute activations in backward")
     seed: int = setting(0, "minibatch shuffling seed, mixed with the version and the epoch")
 

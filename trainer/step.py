@@ -348,9 +348,10 @@ _SUMS = (
 
 
 def _autocast(device: torch.device, cfg: StepConfig) -> contextlib.AbstractContextManager:
-    if device.type != "cuda" or cfg.dtype == "float32":
+    on = device.type == "cuda" or (device.type == "cpu" and cfg.cpu_autocast)
+    if not on or cfg.dtype == "float32":
         return contextlib.nullcontext()
-    return torch.autocast("cuda", dtype=getattr(torch, cfg.dtype))
+    return torch.autocast(device.type, dtype=getattr(torch, cfg.dtype))
 
 
 @contextlib.contextmanager

@@ -246,3 +246,23 @@ def test_a_trajectory_without_trained_tokens_alone_in_its_micro_batch_is_harmles
     m, params = _run(tiny, [group], micro_batch_tokens=10)
     assert m["perf/micro_batches"] == 4 and m["perf/tokens"] == sum(int(t.loss_mask.sum()) for t in group)
     assert all(np.isfinite(v) for v in m.values()) and torch.isfinite(params[0]).all()
+
+
+def test_cpu_autocast_computes_in_bfloat16_and_updates_close_to_float32(tiny):
+    groups = [_tiny_group(tiny, [9, 17, 12, 20])]
+    seen: dict[bool, set[torch.dtype]] = {False: set(), True: set()}
+    updates = {}
+    for on in (False, True):
+        model = copy.deepcopy(tiny)
+        model.model.layers[0].mlp.down_proj.register_forward_hook(
+            lambda m, i, o, on=on: seen[on].add(o.dtype)
+        )
+        snaps = _Snapshots(model)
+        train_step(model, torch.optim.SGD(model.parameters(), lr=0.5), groups, 1, _cfg(cpu_autocast=on),
+                   scheduler=snaps)  # fmt: skip
+        updates[on] = snaps.params[0] - torch.cat([p.detach().flatten() for p in tiny.parameters()])
+        assert all(p.dtype == torch.float32 for p in model.parameters()), "the weights stay float32"
+    assert seen == {False: {torch.float32}, True: {torch.bfloat16}}
+    cos = torch.nn.functional.cosine_similarity(updates[True], updates[False], dim=0)
+    assert cos > 0.99, f"bfloat16 matmuls give nearly the same update: {cos}"
+    assert (updates[True] - updates[False]).abs().max() > 1e-5, "but not exactly the same"
