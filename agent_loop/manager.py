@@ -258,6 +258,10 @@ class RolloutManager:
                 )
                 written = True
                 self.stats.groups_written += 1
+                sampler = self._sampler
+                if sampler is not None:  # for its skipping of tasks without signal
+                    rewards = [t.reward for t in valid]
+                    await self._through_outage(lambda: sampler.record(entry.task, rewards))
             await self._through_outage(lambda: self.store.tasks.ack(TASK_CONSUMER_GROUP, [entry.entry_id]))
         except Exception as e:  # the lease stays pending: another manager reclaims the task later
             self.stats.failures[type(e).__name__] += 1

@@ -143,19 +143,21 @@ class Job:
     async def queue_tasks(self) -> None:
         """Gives the run its task sampler (suites mixed by weight, shuffled per epoch; idempotent).
 
-        Without ``tasks.epochs`` the schedule covers the step budget twice over (dropped groups).
+        Without ``tasks.epochs`` the schedule covers the step budget twice over (dropped groups), and
+        ``1 + tasks.skip_flat`` times that when tasks without signal give up their draws.
         """
         from pqrl.store import StoreError
         from tasks.storage import SuiteStore, WeightedSuite
 
         refs, suites = self.cfg.tasks.suites, self.suites
         weighted = [WeightedSuite(s, ref.weight) for s, ref in zip(suites, refs, strict=True)]
-        groups = self.cfg.train.steps * self.cfg.train.groups_per_step * 2
+        t = self.cfg.tasks
+        groups = self.cfg.train.steps * self.cfg.train.groups_per_step * 2 * (1 + t.skip_flat)
         epochs = self.cfg.tasks.epochs or max(1, -(-groups // max(sum(len(s.tasks) for s in suites), 1)))
         suite_store = SuiteStore(self.services["redis_url"])
         try:
             await suite_store.configure_sampler(
-                self.cfg.run, weighted, epochs=epochs, seed=self.cfg.tasks.seed
+                self.cfg.run, weighted, epochs=epochs, seed=t.seed, skip_flat=t.skip_flat
             )
         except StoreError as e:
             raise SystemExit(

@@ -150,6 +150,12 @@ class TasksSection(_Section):
         None, ge=1, description="passes over each suite; empty = until the step budget"
     )
     seed: int = Field(0, description="shuffling seed of the task sampler")
+    skip_flat: int = Field(
+        0,
+        ge=0,
+        description="a task whose last group had no signal (all rewards equal) gives up its next "
+        "skip_flat draws, then runs again; 0: every draw runs",
+    )
 
 
 def _component_fields(cls: type, *, exclude: tuple[str, ...] = ()) -> dict[str, Any]:

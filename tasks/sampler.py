@@ -17,6 +17,14 @@ weights. Weights therefore set the rate and epochs the amount: a small, heavily 
 finishes its epochs first, and the schedule ends after exactly ``E * sum(n_i)`` slots.
 ``epochs=None`` never ends.
 
+Skipping tasks without signal (``skip_flat``, off by default): a group whose rewards are all equal
+teaches GRPO nothing, and a task solved always or never by the current policy gives such groups
+again. With ``skip_flat = s`` a task whose last group carried no signal gives up its next ``s``
+draws (the slot passes without a group) and then runs again, so a task the policy has mastered costs
+one group in ``s + 1`` draws, and one it newly learns or forgets is seen again within ``s`` epochs.
+The schedule itself stays fixed: skipping only decides, per slot, whether the slot's task runs
+(``skips``), from the outcomes the rollout managers record.
+
 Deliberately left out: weights that change during a run (they re-time every later slot; configure a
 new run instead) and sampling with replacement.
 """
@@ -32,7 +40,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, NamedTuple
 
-__all__ = ["SamplerConfig", "Schedule", "Slot", "SuiteShare", "permutation"]
+__all__ = ["SamplerConfig", "Schedule", "Slot", "SuiteShare", "permutation", "skips"]
 
 
 @dataclass(frozen=True)
@@ -51,6 +59,7 @@ class SamplerConfig:
     suites: tuple[SuiteShare, ...]
     epochs: int | None = None
     seed: int = 0
+    skip_flat: int = 0
 
     def __post_init__(self) -> None:
         if not self.suites:
@@ -65,17 +74,28 @@ class SamplerConfig:
                 raise ValueError(f"suite {s.suite_id}: weight must be finite and > 0, got {s.weight}")
         if self.epochs is not None and self.epochs < 1:
             raise ValueError(f"epochs must be >= 1 or None, got {self.epochs}")
+        if self.skip_flat < 0:
+            raise ValueError(f"skip_flat must be >= 0, got {self.skip_flat}")
 
     def to_json(self) -> str:
         """Canonical text: the same config always gives the same string (compared in Redis)."""
         suites = [[s.suite_id, s.n_tasks, s.weight] for s in self.suites]
-        return json.dumps({"suites": suites, "epochs": self.epochs, "seed": self.seed}, separators=(",", ":"))
+        d: dict[str, Any] = {"suites": suites, "epochs": self.epochs, "seed": self.seed}
+        if self.skip_flat:  # absent when off: a run configured before skipping existed reads the same
+            d["skip_flat"] = self.skip_flat
+        return json.dumps(d, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, text: str | bytes) -> SamplerConfig:
         d: dict[str, Any] = json.loads(text)
         suites = tuple(SuiteShare(str(i), int(n), float(w)) for i, n, w in d["suites"])
-        return cls(suites, d["epochs"], int(d["seed"]))
+        return cls(suites, d["epochs"], int(d["seed"]), int(d.get("skip_flat", 0)))
+
+
+def skips(flat: int, skipped: int, skip_flat: int) -> bool:
+    """Whether a task gives up its slot: its last group had no signal (``flat`` > 0) and it has
+    given up fewer than ``skip_flat`` draws since it last ran."""
+    return flat > 0 and skipped < skip_flat
 
 
 class Slot(NamedTuple):

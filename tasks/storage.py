@@ -29,10 +29,10 @@ from typing import Any, NamedTuple
 import redis.asyncio as aioredis
 
 from pqrl.store import TaskEntry, TrajectoryStore
-from tasks.sampler import SamplerConfig, Schedule, SuiteShare
+from tasks.sampler import SamplerConfig, Schedule, SuiteShare, skips
 from tasks.suite import Suite, parse_suite
 
-__all__ = ["RunSampler", "SuiteStore", "WeightedSuite", "fetch_suite", "queued_task"]
+__all__ = ["RunSampler", "SuiteStore", "WeightedSuite", "fetch_suite", "queued_task", "task_key"]
 
 _INDEX = "pqrl:suites"  # hash: digest -> {"id", "name", "version", "kind", "env_id", "tasks"}
 
@@ -106,7 +106,13 @@ class SuiteStore:
             await store.close()
 
     async def configure_sampler(
-        self, run_id: str, suites: list[WeightedSuite], *, epochs: int | None = None, seed: int = 0
+        self,
+        run_id: str,
+        suites: list[WeightedSuite],
+        *,
+        epochs: int | None = None,
+        seed: int = 0,
+        skip_flat: int = 0,
     ) -> SamplerConfig:
         """Stores the suites and gives ``run_id`` a task sampler over them.
 
@@ -116,7 +122,7 @@ class SuiteStore:
             StoreError: the run already has a different sampler.
         """
         shares = tuple(SuiteShare(ws.suite.id, len(ws.suite.tasks), float(ws.weight)) for ws in suites)
-        config = SamplerConfig(shares, epochs, seed)
+        config = SamplerConfig(shares, epochs, seed, skip_flat)
         for ws in suites:
             await self.save(ws.suite)
         store = TrajectoryStore(self.url, run_id)
@@ -160,11 +166,30 @@ class RunSampler:
         return {**queued_task(self.suites[slot.suite_id], slot.task_index), "epoch": slot.epoch, "slot": k}
 
     async def claim(self, consumer_group: str, consumer: str) -> TaskEntry | None:
-        """Claims the next slot and leases a task to ``consumer``; None once the schedule is over."""
+        """Claims the next slot and leases a task to ``consumer``; None once the schedule is over.
+        Slots whose task gives them up (``tasks.sampler.skips``) are passed over."""
         k = await self.position()
+        skip_flat = self.schedule.config.skip_flat
         while not self.schedule.exhausted(k):
-            got = await self.store.sampler.claim(consumer_group, consumer, position=k, task=self.task(k))
+            task = self.task(k)
+            if skip_flat:
+                key = task_key(task)
+                seen = await self.store.sampler.outcome(key)
+                if skips(seen.flat, seen.skipped, skip_flat):
+                    k = await self.store.sampler.skip(position=k, task_key=key)
+                    continue
+            got = await self.store.sampler.claim(consumer_group, consumer, position=k, task=task)
             if got.entry is not None:
                 return got.entry
             k = got.position  # another manager claimed slot k first
         return None
+
+    async def record(self, task: dict[str, Any], rewards: list[float]) -> None:
+        """A group of ``task`` ran with these rewards (kept only when the sampler skips flat tasks)."""
+        if self.schedule.config.skip_flat and "slot" in task:
+            await self.store.sampler.record(task_key(task), signal=len(set(rewards)) > 1)
+
+
+def task_key(task: dict[str, Any]) -> str:
+    """A queued task's name across the run's suites."""
+    return f"{task['suite']}/{task['task_id']}"

@@ -11,7 +11,8 @@ concern, each owning its keys of run ``R`` (the braces keep a run's keys in one 
 - ``.tasks`` (TaskQueue): ``pqrl:{R}:tasks``, stream, the run's task queue (JSON task specs), and
   ``pqrl:{R}:task-batches``, the batches queued so far
 - ``.sampler`` (SamplerCursor): ``pqrl:{R}:sampler``, hash: ``config`` (the task sampler's JSON,
-  tasks.sampler), ``position`` (next slot)
+  tasks.sampler), ``position`` (next slot); ``pqrl:{R}:outcomes``, hash: per sampled task, its
+  groups in a row without signal and the draws it skipped since
 - ``.policy`` (PolicyVersion): ``pqrl:{R}:policy``, hash: ``version`` (int, starts at 0),
   ``weights`` (where they are), ``updated``
 - ``.gate`` (AdmissionGate): ``pqrl:{R}:gate``, the staleness gate's counters, with
@@ -43,7 +44,7 @@ from pqrl.store.dead_letters import DeadLetters
 from pqrl.store.gate import AdmissionGate
 from pqrl.store.groups import GroupEntry, GroupStream
 from pqrl.store.policy import PolicyState, PolicyVersion
-from pqrl.store.sampler import SamplerClaim, SamplerCursor, SamplerState
+from pqrl.store.sampler import SamplerClaim, SamplerCursor, SamplerState, TaskOutcome
 from pqrl.store.settings import RunSettings
 from pqrl.store.status import JobStatus
 from pqrl.store.tasks import TaskEntry, TaskQueue
@@ -62,6 +63,7 @@ __all__ = [
     "SamplerClaim",
     "SamplerCursor",
     "SamplerState",
+    "TaskOutcome",
     "StoreError",
     "StoreUnavailable",
     "TaskEntry",

@@ -93,6 +93,12 @@ class RunKeys:
         return f"{self.prefix}:sampler"
 
     @property
+    def outcomes(self) -> str:
+        """Hash: per sampled task, its groups in a row without signal (``<task>:flat``) and the
+        sampler draws it gave up since it last ran (``<task>:skipped``)."""
+        return f"{self.prefix}:outcomes"
+
+    @property
     def gate(self) -> str:
         """Hash: the admission gate's ``accepted`` and ``rejected`` counters (``running``: gate_running)."""
         return f"{self.prefix}:gate"

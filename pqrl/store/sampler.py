@@ -1,7 +1,9 @@
 """The run's task-sampler cursor: the sampler's config and the next slot it hands out.
 
-The config is opaque JSON here (tasks.sampler reads it); the position is the only state. Claiming a
-slot advances the position, queues the slot's task and leases a task in one Lua script.
+The config is opaque JSON here (tasks.sampler reads it); the position is its state. Claiming a
+slot advances the position, queues the slot's task and leases a task in one Lua script. For the
+sampler's skipping of tasks without signal it also keeps each sampled task's recent outcome: the
+groups in a row whose rewards were all equal, and the draws the task gave up since it last ran.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from pqrl.store._streams import create_consumer_group
 from pqrl.store.connection import RunKeys, RunPart, StoreError, decode_str, redis_errors
 from pqrl.store.tasks import TaskEntry, task_json
 
-__all__ = ["SamplerClaim", "SamplerCursor", "SamplerState"]
+__all__ = ["SamplerClaim", "SamplerCursor", "SamplerState", "TaskOutcome"]
 
 # The sampler's config is set once per run; setting the same one again (a resumed run) is a no-op.
 _LUA_SAMPLER_SET = """
@@ -44,6 +46,24 @@ local e = got[1][2][1]
 return {pos + 1, e[1], e[2][2]}
 """
 
+# Skipping slot k: the position advances (if it is still k) and the task's skip count with it.
+_LUA_SKIP = """
+local pos = tonumber(redis.call('HGET', KEYS[1], 'position') or '0')
+if pos ~= tonumber(ARGV[1]) then return pos end
+redis.call('HSET', KEYS[1], 'position', pos + 1)
+redis.call('HINCRBY', KEYS[2], ARGV[2] .. ':skipped', 1)
+return pos + 1
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class TaskOutcome:
+    """A sampled task's recent record: ``flat`` groups in a row carried no signal (every reward
+    equal), and it gave up ``skipped`` sampler draws since it last ran."""
+
+    flat: int = 0
+    skipped: int = 0
+
 
 @dataclass(frozen=True, slots=True)
 class SamplerState:
@@ -69,6 +89,7 @@ class SamplerCursor(RunPart):
         super().__init__(redis, keys, url_redacted)
         self._configure = redis.register_script(_LUA_SAMPLER_SET)
         self._claim = redis.register_script(_LUA_CLAIM)
+        self._skip = redis.register_script(_LUA_SKIP)
 
     @redis_errors
     async def configure(self, config: str) -> bool:
@@ -114,3 +135,26 @@ class SamplerCursor(RunPart):
         if len(reply) == 1:
             return SamplerClaim(None, int(reply[0]))
         return SamplerClaim(TaskEntry(decode_str(reply[1]), json.loads(reply[2])), int(reply[0]))
+
+    @redis_errors
+    async def skip(self, *, position: int, task_key: str) -> int:
+        """Passes over slot ``position`` without queueing its task, only if it is still the sampler's
+        next slot, counting the skip against ``task_key`` (atomic); the position after the call."""
+        return int(await self._skip(keys=[self.keys.sampler, self.keys.outcomes], args=[position, task_key]))
+
+    @redis_errors
+    async def outcome(self, task_key: str) -> TaskOutcome:
+        fields = [f"{task_key}:flat", f"{task_key}:skipped"]
+        flat, skipped = await self.redis.hmget(self.keys.outcomes, fields)
+        return TaskOutcome(int(flat or 0), int(skipped or 0))
+
+    @redis_errors
+    async def record(self, task_key: str, *, signal: bool) -> None:
+        """A group of ``task_key`` ran: with ``signal`` (rewards that differ) its flat run ends."""
+        async with self.redis.pipeline(transaction=True) as pipe:
+            if signal:
+                pipe.hset(self.keys.outcomes, f"{task_key}:flat", 0)
+            else:
+                pipe.hincrby(self.keys.outcomes, f"{task_key}:flat", 1)
+            pipe.hset(self.keys.outcomes, f"{task_key}:skipped", 0)
+            await pipe.execute()

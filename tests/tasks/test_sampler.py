@@ -10,10 +10,10 @@ from fractions import Fraction
 
 import pytest
 
-from pqrl.store import StoreError, TrajectoryStore
+from pqrl.store import StoreError, TaskOutcome, TrajectoryStore
 from tasks.calc import calc_suite
-from tasks.sampler import SamplerConfig, Schedule, Slot, SuiteShare, permutation
-from tasks.storage import RunSampler, SuiteStore, WeightedSuite
+from tasks.sampler import SamplerConfig, Schedule, Slot, SuiteShare, permutation, skips
+from tasks.storage import RunSampler, SuiteStore, WeightedSuite, queued_task, task_key
 
 
 def config(*suites: tuple[str, int, float], epochs: int | None = None, seed: int = 0) -> SamplerConfig:
@@ -205,3 +205,53 @@ async def test_a_dead_managers_claim_is_reclaimed_and_submitted_tasks_go_first(r
         await store.close()
     async with TrajectoryStore(redis_server.url, "no-sampler") as plain:
         assert await RunSampler.load(plain) is None
+
+
+# ---------------------------------------------------------------- skipping tasks without signal
+
+
+@pytest.mark.parametrize(
+    ("flat", "skipped", "skip_flat", "gives_up"),
+    [(0, 0, 2, False), (1, 0, 2, True), (3, 1, 2, True), (1, 2, 2, False), (1, 0, 0, False)],
+)
+def test_a_flat_task_gives_up_skip_flat_draws_then_runs_again(flat, skipped, skip_flat, gives_up):
+    assert skips(flat, skipped, skip_flat) is gives_up
+
+
+def test_skip_flat_is_stored_with_the_config_only_when_on():
+    off, on = config(("a", 3, 1.0), epochs=2), SamplerConfig((SuiteShare("a", 3, 1.0),), 2, 0, 2)
+    assert "skip_flat" not in off.to_json(), "a run configured before skipping existed reads the same"
+    assert SamplerConfig.from_json(on.to_json()) == on and SamplerConfig.from_json(off.to_json()) == off
+    with pytest.raises(ValueError, match="skip_flat"):
+        SamplerConfig((SuiteShare("a", 3, 1.0),), 2, 0, -1)
+
+
+async def test_a_task_without_signal_gives_up_its_next_draws_and_returns(redis_server):
+    """Three tasks, five epochs, skip_flat 2. Task 0 is always flat (solved by every episode): after
+    its first group it gives up the next two epochs' draws, runs in the fourth, gives up the fifth.
+    The others always carry signal and run every epoch. The skipped slots pass without a lease."""
+    suite = calc_suite(3, seed=31, shots=0)
+    suites = SuiteStore(redis_server.url)
+    store = TrajectoryStore(redis_server.url, "skip")
+    try:
+        await suites.configure_sampler("skip", [WeightedSuite(suite)], epochs=5, seed=2, skip_flat=2)
+        sampler = await RunSampler.load(store)
+        ran: list[tuple[str, int]] = []
+        while (entry := await sampler.claim("rollout", "m")) is not None:
+            t = entry.task
+            ran.append((t["task_id"], t["epoch"]))
+            flat = t["task_id"] == suite.tasks[0].id
+            await sampler.record(t, [1.0, 1.0] if flat else [0.0, 1.0])
+            await store.tasks.ack("rollout", [entry.entry_id])
+        epochs = collections.defaultdict(list)
+        for task_id, epoch in ran:
+            epochs[task_id].append(epoch)
+        assert epochs == {suite.tasks[0].id: [0, 3], suite.tasks[1].id: [0, 1, 2, 3, 4],
+                          suite.tasks[2].id: [0, 1, 2, 3, 4]}  # fmt: skip
+        assert await store.sampler.position() == 15, "the whole schedule was walked"
+        assert await store.tasks.take("rollout", "late", count=10) == [], "skipped slots queued nothing"
+        seen = await store.sampler.outcome(task_key(queued_task(suite, 0)))
+        assert seen == TaskOutcome(flat=2, skipped=1), "flat twice in a row; one draw given up since"
+    finally:
+        await suites.aclose()
+        await store.close()
