@@ -9,8 +9,14 @@ acknowledging each batch, on a private redis-server (appendfsync everysec for al
   (c) raw XADD / XREADGROUP / XACK of opaque blobs of the same byte size (one per entry, as the
       store writes one blob per group): the ceiling.
 
-(a) and (c) are measured ROUNDS times interleaved and the median taken (the machine is noisy).
-Prints one JSON line: traj_per_s, json_traj_per_s, raw_redis_per_s, ratio_vs_json, fraction_of_raw.
+(a) and (c) are measured ROUNDS times interleaved, alternating which goes first, after one untimed
+round of each (the machine is noisy). fraction_of_raw is the median over rounds of (a)/(c) within
+the round, which follows the load as it drifts better than a ratio of medians; traj_per_s and
+raw_redis_per_s are the medians. Redis rewrites its append-only file between phases instead of when
+it has grown enough: an automatic rewrite forks and writes the whole dataset, and landing in one
+phase or the other at random it was the largest source of noise.
+Prints one JSON line: traj_per_s, json_traj_per_s, raw_redis_per_s, ratio_vs_json, fraction_of_raw,
+and fraction_per_round (to show the spread).
 Usage: python bench/store.py [--trajectories N] [--tokens T] [--rounds R] [--group-size G] [--batch B]
 """
 
@@ -24,6 +30,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 from unittest import mock
 
 import numpy as np
@@ -134,16 +141,48 @@ async def raw_redis(url: str, blobs: list[bytes], run: str) -> float:
     return got / dt
 
 
-async def main(n: int, T: int, rounds: int) -> dict[str, float]:
+async def rewrite_aof(url: str) -> None:
+    """Rewrites the append-only file now (the dataset is empty between phases) and waits for it;
+    automatic rewrites are turned off, so none starts inside a phase."""
+    r = aioredis.Redis.from_url(url)
+    await r.config_set("auto-aof-rewrite-percentage", 0)
+    await aof_idle(r)  # one started before the setting took effect
+    await r.bgrewriteaof()
+    await aof_idle(r)
+    await r.aclose()
+
+
+async def aof_idle(r: aioredis.Redis) -> None:
+    while (info := await r.info("persistence"))["aof_rewrite_in_progress"] or info["aof_rewrite_scheduled"]:
+        await asyncio.sleep(0.05)
+
+
+async def one_round(
+    url: str, groups: list[list[Trajectory]], blobs: list[bytes], k: int
+) -> tuple[float, float]:
+    """(store, raw) rates of round ``k``; odd rounds run the store first."""
+    rates = {}
+    for name in ("raw", "store") if k % 2 == 0 else ("store", "raw"):
+        await rewrite_aof(url)
+        rates[name] = await (
+            raw_redis(url, blobs, f"r{k}") if name == "raw" else through_store(url, groups, "bench")
+        )
+    return rates["store"], rates["raw"]
+
+
+async def main(n: int, T: int, rounds: int) -> dict[str, Any]:
     groups = make_trajectories(n, T)
     blobs = [encode_many(g) for g in groups]
     print(f"{n} trajectories x {T} tokens, groups of {GROUP} in {len(blobs[0])}-byte blobs", file=sys.stderr)
     with RedisServer(appendfsync="everysec") as server:
+        await one_round(server.url, groups, blobs, -1)  # warm-up: allocator, connections, scripts
         store_rates, raw_rates = [], []
         for k in range(rounds):
-            raw_rates.append(await raw_redis(server.url, blobs, f"r{k}"))
-            store_rates.append(await through_store(server.url, groups, "bench"))
-            print(f"round {k}: store {store_rates[-1]:.0f}/s raw {raw_rates[-1]:.0f}/s", file=sys.stderr)
+            store, raw = await one_round(server.url, groups, blobs, k)
+            store_rates.append(store)
+            raw_rates.append(raw)
+            print(f"round {k}: store {store:.0f}/s raw {raw:.0f}/s", file=sys.stderr)
+        await rewrite_aof(server.url)
         with (
             mock.patch.object(pqrl.store.groups, "encode_many", json_encode_many),
             mock.patch.object(pqrl.store.groups, "decode_many", json_decode_many),
@@ -151,12 +190,14 @@ async def main(n: int, T: int, rounds: int) -> dict[str, float]:
             json_rate = await through_store(server.url, groups, "bench")
         print(f"json {json_rate:.0f}/s", file=sys.stderr)
     traj, raw = statistics.median(store_rates), statistics.median(raw_rates)
+    fractions = [a / c for a, c in zip(store_rates, raw_rates, strict=True)]
     return {
         "traj_per_s": round(traj, 1),
         "json_traj_per_s": round(json_rate, 1),
         "raw_redis_per_s": round(raw, 1),
         "ratio_vs_json": round(traj / json_rate, 2),
-        "fraction_of_raw": round(traj / raw, 3),
+        "fraction_of_raw": round(statistics.median(fractions), 3),
+        "fraction_per_round": [round(f, 3) for f in fractions],
     }
 
 
@@ -164,7 +205,7 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--trajectories", type=int, default=2000)
     ap.add_argument("--tokens", type=int, default=4096)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--group-size", type=int, default=GROUP, help="trajectories per stream entry")
     ap.add_argument("--batch", type=int, default=BATCH, help="entries per XREADGROUP")
     a = ap.parse_args()

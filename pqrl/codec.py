@@ -66,8 +66,8 @@ def encode_many(ts: Sequence[Trajectory]) -> bytes:
     )
     pad = -(_PREFIX.size + len(header)) % 8
     parts: list[Any] = [_PREFIX.pack(MAGIC, CURRENT_VERSION, len(header)), header, b"\0" * pad]
-    for name, dtype in _ARRAYS:
-        parts += [memoryview(np.ascontiguousarray(getattr(t, name), dtype=dtype)) for t in ts]
+    for name, dtype in _ARRAYS:  # join reads the arrays' buffers directly: one copy, no wrappers
+        parts += [np.ascontiguousarray(getattr(t, name), dtype=dtype) for t in ts]
     return b"".join(parts)
 
 
@@ -158,15 +158,6 @@ def _record_header(t: Trajectory) -> dict[str, Any]:
 
 
 def _record_from_header(h: dict[str, Any], arrays: dict[str, np.ndarray]) -> Trajectory:
-    try:
-        turns = tuple(
-            Turn(start=s, end=e, finish_reason=fr, tool_calls=tuple(ToolCall(*c) for c in calls))
-            for s, e, fr, calls in _field(h, "turns", list)
-        )
-        trunc = _field(h, "truncation", (list, type(None)))
-        truncation = None if trunc is None else Truncation(*trunc)
-    except (TypeError, ValueError) as e:
-        raise CodecError(f"malformed turns/truncation in header: {e}") from None
     return Trajectory._from_checked_arrays(
         id=_field(h, "id", str),
         run_id=_field(h, "run_id", str),
@@ -174,21 +165,42 @@ def _record_from_header(h: dict[str, Any], arrays: dict[str, np.ndarray]) -> Tra
         group_id=_field(h, "group_id", str),
         env=_field(h, "env", str),
         prompt_len=_field(h, "prompt_len", int),
-        turns=turns,
+        turns=_turns(_field(h, "turns", list)),
         reward=_field(h, "reward", (int, float)),
         reward_info=_field(h, "reward_info", dict),
         status=_field(h, "status", str),
-        truncation=truncation,
+        truncation=_truncation(_field(h, "truncation", (list, type(None)))),
         timings=_field(h, "timings", dict),
         **arrays,
     )
 
 
+def _turns(raw: list[Any]) -> tuple[Turn, ...]:
+    try:
+        return tuple(Turn(s, e, fr, _tool_calls(calls)) for s, e, fr, calls in raw)
+    except (TypeError, ValueError) as e:
+        raise CodecError(f"malformed turns in header: {e}") from None
+
+
+def _tool_calls(calls: list[Any]) -> tuple[ToolCall, ...]:
+    if calls == []:  # most turns: skips building a generator for nothing
+        return ()
+    return tuple(ToolCall(*c) for c in calls)
+
+
+def _truncation(raw: list[Any] | None) -> Truncation | None:
+    try:
+        return None if raw is None else Truncation(*raw)
+    except (TypeError, ValueError) as e:
+        raise CodecError(f"malformed truncation in header: {e}") from None
+
+
 def _field(h: dict[str, Any], key: str, kind: type | tuple[type, ...]) -> Any:
-    if key not in h:
-        raise CodecError(f"header lacks field {key!r}")
-    value = h[key]
-    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+    try:
+        value = h[key]
+    except KeyError:
+        raise CodecError(f"header lacks field {key!r}") from None
+    if not isinstance(value, kind) or (kind is int and type(value) is bool):
         raise CodecError(f"header field {key!r} has type {type(value).__name__}")
     return value
 

@@ -166,10 +166,7 @@ class Trajectory:
 
     def __post_init__(self) -> None:
         for name, dtype in _ARRAY_DTYPES.items():
-            # A read-only view: the caller's array stays writable, the validated record cannot drift.
-            arr = _as_array(name, getattr(self, name), dtype).view()
-            arr.flags.writeable = False
-            object.__setattr__(self, name, arr)
+            object.__setattr__(self, name, _read_only(_as_array(name, getattr(self, name), dtype)))
         check_token_arrays(self.tokens, self.generated, self.loss_mask, self.behavior_logprobs, self.versions)
         self._check_rest()
 
@@ -183,11 +180,12 @@ class Trajectory:
         if fields.keys() != cls.__dataclass_fields__.keys():
             raise TypeError(f"_from_checked_arrays needs exactly the fields {list(cls.__dataclass_fields__)}")
         obj = object.__new__(cls)
+        set_field = object.__setattr__
         for name, value in fields.items():
-            if name in _ARRAY_DTYPES and value.flags.writeable:  # views of bytes are read-only already
-                value = value.view()
-                value.flags.writeable = False
-            object.__setattr__(obj, name, value)
+            set_field(obj, name, value)
+        for name in _ARRAY_DTYPES:
+            if fields[name].flags.writeable:  # views of bytes are read-only already
+                set_field(obj, name, _read_only(fields[name]))
         obj._check_rest()
         return obj
 
@@ -223,6 +221,13 @@ class Trajectory:
             else getattr(self, f) == getattr(other, f)
             for f in self.__dataclass_fields__
         )
+
+
+def _read_only(arr: np.ndarray) -> np.ndarray:
+    """A read-only view: the caller's array stays writable, the validated record cannot drift."""
+    view = arr.view()
+    view.flags.writeable = False
+    return view
 
 
 def _as_array(name: str, value: Any, dtype: np.dtype) -> np.ndarray:
@@ -265,9 +270,11 @@ def check_token_arrays(
     behavior_logprobs: np.ndarray,
     versions: np.ndarray,
 ) -> None:
-    """The elementwise invariants of the token arrays, for one record or several concatenated.
+    """The elementwise invariants of the token arrays (of the Trajectory dtypes), for one record or
+    several concatenated.
 
-    Every decoded blob passes through here: reductions and one-pass comparisons only.
+    Every decoded blob passes through here: one reduction, or one comparison of bool arrays, per
+    invariant.
     """
     n = tokens.shape[0]
     for name, arr in (
@@ -280,45 +287,61 @@ def check_token_arrays(
             raise TrajectoryError(name, f"length {arr.shape[0]} != len(tokens) {n}")
     if n == 0:
         return
-    gen, lp, ver = generated, behavior_logprobs, versions
     if tokens.min() < 0:
         raise TrajectoryError("tokens", "token ids must be >= 0")
-    if gen.max() > 1:
-        raise TrajectoryError("generated", "must hold only 0 and 1")
-    if loss_mask.max() > 1:
-        raise TrajectoryError("loss_mask", "must hold only 0 and 1")
-    if (loss_mask > gen).any():
-        i = int(np.argmax(loss_mask > gen))
+    gen = _flags("generated", generated)
+    if (outside := _flags("loss_mask", loss_mask) > gen).any():
+        i = int(np.argmax(outside))
         raise TrajectoryError("loss_mask", f"is 1 at token {i} where generated is 0 (must be a subset)")
-    # Valid iff generated tokens carry a version >= 0 and all others exactly -1.
-    if ver.min() < -1 or not (gen ^ (ver < 0)).all():
-        i = int(np.argmax((ver < -1) | ((gen == 0) != (ver == -1))))
+    _check_versions(versions, gen)
+    _check_logprobs(behavior_logprobs, gen)
+
+
+def _flags(name: str, arr: np.ndarray) -> np.ndarray:
+    """A 0/1 uint8 array as a bool view: comparisons of bools are the cheapest numpy passes."""
+    if arr.dtype != np.uint8:
+        raise TypeError(f"{name} must be uint8, got {arr.dtype}")
+    if arr.max() > 1:
+        raise TrajectoryError(name, "must hold only 0 and 1")
+    return arr.view(np.bool_)
+
+
+def _check_versions(ver: np.ndarray, gen: np.ndarray) -> None:
+    # Valid iff generated tokens carry a version >= 0 and all others exactly -1: past the minimum,
+    # "negative" must be exactly "not generated".
+    wrong = (ver < 0) == gen
+    if ver.min() < -1 or wrong.any():
+        i = int(np.argmax((ver < -1) | wrong))
         raise TrajectoryError(
             "versions",
             f"must be -1 exactly where generated is 0 and >= 0 elsewhere (token {i}: "
             f"generated={int(gen[i])}, version={int(ver[i])})",
         )
+
+
+def _check_logprobs(lp: np.ndarray, gen: np.ndarray) -> None:
     # max() is NaN when any entry is NaN, so the comparison fails for NaN too.
     # A small positive slack: engines round log_softmax in low precision.
     if not (lp.max() <= _LOGPROB_SLACK and lp.min() > -np.inf):
         raise TrajectoryError("behavior_logprobs", "must be finite log-probabilities (<= 0)")
-    if np.abs(lp).dot(gen == 0) != 0:
-        raise TrajectoryError("behavior_logprobs", "must be 0 where generated is 0")
+    if (outside := (lp != 0) > gen).any():  # -0.0 counts as 0
+        i = int(np.argmax(outside))
+        raise TrajectoryError("behavior_logprobs", f"must be 0 where generated is 0 (token {i}: {lp[i]})")
 
 
 def _check_spans(t: Trajectory) -> None:
     n = t.num_tokens
-    if isinstance(t.prompt_len, bool) or not isinstance(t.prompt_len, int | np.integer):
+    if isinstance(t.prompt_len, bool) or not isinstance(t.prompt_len, _INTEGER):
         raise TrajectoryError("prompt_len", f"must be an int, got {t.prompt_len!r}")
     if not 0 <= t.prompt_len <= n:
         raise TrajectoryError("prompt_len", f"{t.prompt_len} outside 0..{n}")
-    if t.generated[: t.prompt_len].any():
+    if np.count_nonzero(t.generated[: t.prompt_len]):  # cheaper than .any(): no ufunc reduction
         raise TrajectoryError("generated", "prompt tokens cannot be generated")
     prev_end = t.prompt_len
     for i, turn in enumerate(t.turns):
         if not isinstance(turn, Turn):
             raise TrajectoryError("turns", f"turn {i} is {type(turn).__name__}, not Turn")
-        if not all(isinstance(x, int) and not isinstance(x, bool) for x in (turn.start, turn.end)):
+        if not (_is_int(turn.start) and _is_int(turn.end)):
             raise TrajectoryError("turns", f"turn {i} span bounds must be ints")
         if not prev_end <= turn.start <= turn.end <= n:
             raise TrajectoryError(
@@ -329,3 +352,10 @@ def _check_spans(t: Trajectory) -> None:
         prev_end = turn.end
     if t.truncation is not None and not 0 <= t.truncation.at_token <= n:
         raise TrajectoryError("truncation", f"at_token {t.truncation.at_token} outside 0..{n}")
+
+
+_INTEGER = (int, np.integer)  # a tuple: isinstance with a union type is several times slower
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)

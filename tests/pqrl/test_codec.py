@@ -89,6 +89,13 @@ def _corrupt_cases():
     def with_record(**changes):
         return _rebuild({**header, "records": [{**record, **changes}]}, body)
 
+    def with_value(fmt, offset, value):  # one array element overwritten; token 0 is a prompt token
+        changed = bytearray(body)
+        struct.pack_into(fmt, changed, offset, value)
+        return _rebuild(header, bytes(changed))
+
+    first_turn = record["turns"][0]
+
     without_run_id = {k: v for k, v in record.items() if k != "run_id"}
     return [
         ("empty", b"", "shorter than"),
@@ -106,6 +113,14 @@ def _corrupt_cases():
         ("record not a map", _rebuild({**header, "records": [[1, 2]]}, body), "not a map"),
         ("missing lens", _rebuild({"records": [record]}, body), "'lens'"),
         ("invalid record", _rebuild(header, bytes(bad_mask)), "Trajectory.generated"),
+        ("negative token", with_value("<i", 4 * 2, -1), "Trajectory.tokens"),
+        ("logprob on a prompt token", with_value("<f", 4 * T, -0.5), "behavior_logprobs: must be 0"),
+        ("nan logprob", with_value("<f", 4 * T + 4 * 5, float("nan")), "finite log-probabilities"),
+        ("version on a prompt token", with_value("<i", 8 * T, 0), "Trajectory.versions"),
+        ("version below -1", with_value("<i", 8 * T, -2), "Trajectory.versions"),
+        ("mask outside generated", with_value("B", 13 * T, 1), "Trajectory.loss_mask: is 1 at token 0"),
+        ("tool calls not a list", with_record(turns=[[*first_turn[:3], 0]]), "malformed turns"),
+        ("bad truncation", with_record(truncation=["sliced", 3, ""]), "malformed truncation"),
     ]
 
 
@@ -140,10 +155,20 @@ def test_an_invalid_member_fails_the_whole_group():
         decode_many(bytes(blob))
 
 
+def test_negative_zero_logprob_outside_generated_counts_as_zero():
+    t = make_trajectory()
+    blob = bytearray(encode(t))
+    _, body = _header_and_body(bytes(blob))
+    struct.pack_into("<f", blob, len(blob) - len(body) + 4 * t.num_tokens, -0.0)  # token 0, a prompt token
+    assert decode(bytes(blob)) == t
+
+
 def test_decode_accepts_bytearray_and_memoryview():
     t = make_trajectory()
     blob = encode(t)
     assert decode(bytearray(blob)) == t == decode(memoryview(blob))
+    # a writable buffer still gives read-only arrays, so a decoded record cannot drift
+    assert not any(getattr(decode(bytearray(blob)), name).flags.writeable for name in ("tokens", "loss_mask"))
 
 
 def test_turn_spans_survive_round_trip():

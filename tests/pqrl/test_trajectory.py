@@ -16,6 +16,7 @@ from pqrl.trajectory import (
     Truncation,
     TruncationKind,
     Turn,
+    check_token_arrays,
 )
 from tests.conftest import make_trajectory
 
@@ -140,3 +141,12 @@ def test_record_arrays_are_read_only_views():
     mine = np.zeros(t.num_tokens, np.uint8)
     t2 = _with(t, loss_mask=mine)
     assert mine.flags.writeable and not t2.loss_mask.flags.writeable
+
+
+def test_token_checks_want_uint8_masks():
+    # 0/1 masks are read as bools without a copy, which only holds for one-byte arrays
+    t = make_trajectory()
+    arrays = {k: getattr(t, k) for k in ("tokens", "generated", "loss_mask", "behavior_logprobs", "versions")}
+    check_token_arrays(**arrays)
+    with pytest.raises(TypeError, match="generated must be uint8, got int32"):
+        check_token_arrays(**{**arrays, "generated": t.generated.astype(np.int32)})
