@@ -22,6 +22,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import hashlib
+import json
 import logging
 import socket
 import time
@@ -178,7 +180,8 @@ class RolloutManager:
     async def _requeue(self, entry: TaskEntry) -> None:
         """A culled group's task runs again, up to ``stale_requeues`` times (a task whose episodes are
         always slow is then given up, as the trainer would drop its groups anyway)."""
-        key = str(entry.task.get("task_id", entry.entry_id))
+        # one draw of a task: the same dict when requeued, another slot or epoch when drawn again
+        key = hashlib.blake2b(json.dumps(entry.task, sort_keys=True).encode(), digest_size=16).hexdigest()
         if self._requeued[key] < self.cfg.stale_requeues:
             self._requeued[key] += 1
             await self._through_outage(lambda: self.store.tasks.push([entry.task]))

@@ -52,8 +52,8 @@ sys.path.insert(0, str(ROOT))  # before bench/, whose engine.py would shadow the
 GROUPS, G = 2, 8
 # name: (engine prefix-cache tokens, step settings replaced)
 VARIANTS: dict[str, tuple[int, dict[str, Any]]] = {
-    "no_sharing": (0, {}),
-    "sharing": (16384, {}),
+    "no_sharing": (0, {"cpu_autocast": False}),
+    "sharing": (16384, {"cpu_autocast": False}),
     "sharing_bf16": (16384, {"cpu_autocast": True}),
     "bf16_no_ckpt": (16384, {"cpu_autocast": True, "gradient_checkpointing": False}),
 }

@@ -94,6 +94,8 @@ class GroupStream(RunPart):
             self._backlog_hint = int(await self.redis.xlen(self.key))
             if self._backlog_hint >= self.max_backlog:
                 return None, self._backlog_hint
+        if not self.max_backlog:  # unbounded: no length to keep track of, one XADD
+            return decode_str(await self.redis.xadd(self.key, fields)), 0
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.xadd(self.key, fields)
             pipe.xlen(self.key)
