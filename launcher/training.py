@@ -6,15 +6,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import re
+import shutil
 import sys
 import time
 from typing import Any
 
 from launcher.job import Job
 from launcher.jobconfig import loop_config
+from launcher.ram_weights import model_bytes, ram_weights_dir
 from launcher.trainer_parts import trainer_parts
 from pqrl.redis_server import free_port
 
@@ -35,8 +38,16 @@ async def train(job: Job) -> dict[str, Any]:
     if leader is not None:
         log.info("training on %d FSDP2 ranks (%s)", job.ctx.world_size, job.ctx.device.type)
     sync = await _weight_sync(job, job.engine, parts.model)
+    loop = loop_config(job.cfg)
+    ram = None
+    if job.cfg.embedded and sync is None and leader is None:  # the engine reads this machine's files
+        ram = ram_weights_dir(job.cfg.run_dir, model_bytes(parts.model), loop.keep_weights)
+    if ram is not None:
+        shutil.rmtree(ram, ignore_errors=True)  # a crashed earlier process's
+        loop = dataclasses.replace(loop, weights_dir=str(ram))
+        log.info("published weights go to %s (RAM; removed when the job ends)", ram)
     trainer = TrainerLoop(
-        parts.model, parts.optimizer, job.store, job.engine, loop_config(job.cfg), tokenizer=parts.tokenizer,
+        parts.model, parts.optimizer, job.store, job.engine, loop, tokenizer=parts.tokenizer,
         scheduler=parts.scheduler, state=parts.state, ref_model=parts.ref_model, critic=parts.critic,
         leader=leader, sync=sync,
     )  # fmt: skip
@@ -45,6 +56,8 @@ async def train(job: Job) -> dict[str, Any]:
     finally:
         if sync is not None:
             await sync.close()
+        if ram is not None:
+            shutil.rmtree(ram, ignore_errors=True)
 
 
 async def _weight_sync(job: Job, engine: Any, model: Any) -> Any:

@@ -16,6 +16,7 @@ import yaml
 
 from launcher.cli import main
 from launcher.jobconfig import load_config
+from launcher.ram_weights import ram_weights_dir
 from launcher.trainer_parts import trainer_parts
 from pqrl.store import TrajectoryStore
 from trainer.distributed import DistContext
@@ -72,6 +73,8 @@ def test_embedded_job_trains_checkpoints_evaluates_and_resumes(tmp_path):
     assert manifest["config"]["rollout"]["temperature"] == 0.7 and manifest["packages"]["torch"]
     assert [s["tasks"] for s in manifest["suites"]] == [16] and len(manifest["base_model"]["digest"]) == 16
     assert not (run / "services.json").exists(), "the private services are gone after the job"
+    ram = ram_weights_dir(run, 1, 1)  # where the published weights went, if this machine has tmpfs
+    assert ram is None or not ((run / "weights").exists() or ram.exists()), "in RAM, and removed at the end"
 
     second = _train(config, "--set", "train.steps=2")
     assert second["steps"] == 2
