@@ -2,9 +2,10 @@
 
 Every step the trainer saves the whole model and the engine loads it. On disk that write goes
 through the page cache and stalls whenever the kernel throttles writeback: saving the 0.54 GB
-quickstart model took 0.18 to 2.9 s here, where /dev/shm took 0.24 to 0.35 s. An embedded job's
-engine runs on this machine, so it can read from there. Published weights serve only the engines
-(checkpoints stay in the run directory), so the job removes them when it ends.
+quickstart model took 0.17 to 2.8 s here, where /dev/shm took 0.32 to 0.34 s
+(bench/weight_save.py). An embedded job's engine runs on this machine, so it can read from there.
+Published weights serve only the engines (checkpoints stay in the run directory), so the job
+removes them when it ends.
 """
 
 from __future__ import annotations
