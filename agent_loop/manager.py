@@ -23,7 +23,6 @@ import asyncio
 import collections
 import contextlib
 import hashlib
-import json
 import logging
 import socket
 import time
@@ -40,6 +39,7 @@ from env_server.client import EnvClient
 from loss_masking import ChatRenderer
 from pqrl.store import StoreUnavailable, TaskEntry, TrajectoryStore
 from pqrl.store.gate import HOLDER_TTL_MS
+from pqrl.store.tasks import task_json
 from pqrl.trajectory import Status, Trajectory
 from tasks.storage import RunSampler
 
@@ -181,7 +181,7 @@ class RolloutManager:
         """A culled group's task runs again, up to ``stale_requeues`` times (a task whose episodes are
         always slow is then given up, as the trainer would drop its groups anyway)."""
         # one draw of a task: the same dict when requeued, another slot or epoch when drawn again
-        key = hashlib.blake2b(json.dumps(entry.task, sort_keys=True).encode(), digest_size=16).hexdigest()
+        key = hashlib.blake2b(task_json(entry.task).encode(), digest_size=16).hexdigest()
         if self._requeued[key] < self.cfg.stale_requeues:
             self._requeued[key] += 1
             await self._through_outage(lambda: self.store.tasks.push([entry.task]))

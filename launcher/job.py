@@ -153,7 +153,7 @@ class Job:
         weighted = [WeightedSuite(s, ref.weight) for s, ref in zip(suites, refs, strict=True)]
         t = self.cfg.tasks
         groups = self.cfg.train.steps * self.cfg.train.groups_per_step * 2 * (1 + t.skip_flat)
-        epochs = self.cfg.tasks.epochs or max(1, -(-groups // max(sum(len(s.tasks) for s in suites), 1)))
+        epochs = t.epochs or max(1, -(-groups // max(sum(len(s.tasks) for s in suites), 1)))
         suite_store = SuiteStore(self.services["redis_url"])
         try:
             await suite_store.configure_sampler(

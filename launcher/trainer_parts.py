@@ -63,7 +63,8 @@ def trainer_parts(cfg: TrainConfig, ctx: Any) -> TrainerParts:
     latest = latest_checkpoint(cfg.run_dir / "checkpoints")
     device = ctx.device if ctx.distributed else ("cuda" if torch.cuda.is_available() else "cpu")
     model, tokenizer = _load_policy(str(latest / "model") if latest else cfg.model.name, device)
-    if device == "cpu" and step_config(cfg).cpu_autocast and _cpu_has_bf16_matmul() is False:
+    step_cfg = step_config(cfg)
+    if device == "cpu" and step_cfg.cpu_autocast and _cpu_has_bf16_matmul() is False:
         log.warning("model.dtype bfloat16 on a CPU without AVX512-BF16 or AMX: bfloat16 matmuls are "
                     "emulated and slower than float32 here; set model.dtype: auto")  # fmt: skip
     model = shard(model, ctx)
@@ -89,6 +90,4 @@ def trainer_parts(cfg: TrainConfig, ctx: Any) -> TrainerParts:
         optimizer, lambda s: min(1.0, (s + 1) / (t.warmup_steps + 1))
     )
     state = load_checkpoint(latest, optimizer=optimizer, scheduler=scheduler, model=model) if latest else None
-    return TrainerParts(
-        model, tokenizer, ref_model, critic, optimizer, scheduler, state, step_config(cfg), latest
-    )
+    return TrainerParts(model, tokenizer, ref_model, critic, optimizer, scheduler, state, step_cfg, latest)
