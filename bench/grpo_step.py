@@ -4,7 +4,8 @@ Shape (the quickstart's, single-turn): SmolLM2-135M-Instruct, 2 calc prompts (th
 suite, two worked examples in each prompt) x 8 completions of at most 48 tokens at T 0.7, one turn.
 Everything real: the built-in engine as its own process over HTTP (``--engine-threads``), the agent
 loop and the calc environment, ``train_step`` with the quickstart's step settings in this process
-(``--trainer-threads``), and the quickstart's weight sync (checkpoint + ``/update_weights_from_disk``).
+(``--trainer-threads``), and the quickstart's weight sync (checkpoint + ``/update_weights_from_disk``,
+through /dev/shm as an embedded job does when it has room; ``--weights-dir`` to put them elsewhere).
 Rewards are set to 0/1 alternately within each group, so every group is trained (the time of a step
 does not depend on which episodes earned what).
 
@@ -13,7 +14,8 @@ does not depend on which episodes earned what).
            staleness, the quickstart's ``max_staleness``); the mean time per step.
 
 The variants named by ``--variants`` run in the same run, one after the other, the first being the
-baseline:
+baseline (its engine served from ``--baseline-engine-commit``'s checkout when given, so one variant
+twice compares two engines):
 
     no_sharing    the engine's prefix sharing off (``--prefix-cache-tokens 0``: every prompt prefilled
                   in full), the trainer in float32
@@ -26,13 +28,15 @@ Prints one JSON line per variant, then the last line: the last variant's ``sync_
 of the baseline to it.
 
     python bench/grpo_step.py [--steps 3] [--engine-threads 1] [--trainer-threads 1]
-                              [--variants no_sharing,sharing]
+                              [--variants no_sharing,sharing] [--weights-dir DIR]
+                              [--baseline-engine-commit C]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import json
 import os
@@ -41,6 +45,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +53,7 @@ import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # before bench/, whose engine.py would shadow the engine package
+from bench.learning import short_commit  # noqa: E402
 
 GROUPS, G = 2, 8
 # name: (engine prefix-cache tokens, step settings replaced)
@@ -59,15 +65,22 @@ VARIANTS: dict[str, tuple[int, dict[str, Any]]] = {
 }
 
 
-def _engine(port: int, threads: int, cache_tokens: int) -> subprocess.Popen[bytes]:
+def _engine(port: int, threads: int, cache_tokens: int, root: Path) -> subprocess.Popen[bytes]:
     env = os.environ | {
         "OMP_NUM_THREADS": str(threads),
         "MKL_NUM_THREADS": str(threads),
-        "PYTHONPATH": str(ROOT),
+        "PYTHONPATH": str(root),
     }
     cmd = [sys.executable, "-m", "launcher.cli", "engine", "serve", "--backend", "builtin",
            "--port", str(port), "--seed", "0", "--prefix-cache-tokens", str(cache_tokens)]  # fmt: skip
-    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _default_weights_parent() -> str | None:
+    """/dev/shm when it holds three copies of the model (the quickstart's choice), else the temp dir."""
+    from launcher.ram_weights import ram_weights_dir
+
+    return "/dev/shm" if ram_weights_dir(ROOT, 540_000_000, keep=2) is not None else None
 
 
 class Step:
@@ -130,7 +143,7 @@ class Step:
         return time.perf_counter() - t0
 
 
-async def _variant(args: argparse.Namespace, name: str) -> dict[str, Any]:
+async def _variant(args: argparse.Namespace, name: str, engine_root: Path) -> dict[str, Any]:
     import torch
 
     from engine.client import EngineClient
@@ -143,13 +156,13 @@ async def _variant(args: argparse.Namespace, name: str) -> dict[str, Any]:
     torch.set_num_threads(args.trainer_threads)
     torch.manual_seed(0)
     port = free_port()
-    proc = _engine(port, args.engine_threads, cache_tokens)
+    proc = _engine(port, args.engine_threads, cache_tokens, engine_root)
     url = f"http://127.0.0.1:{port}"
     try:
         async with EngineClient(url) as engine:
             await engine.wait_until_healthy(timeout_s=300)
             model = load_model(cfg.model.name, dtype=torch.float32)
-            with tempfile.TemporaryDirectory() as weights:
+            with tempfile.TemporaryDirectory(dir=args.weights_dir) as weights:
                 step = Step(cfg, engine, model, load_tokenizer(cfg.model.name), weights, step_settings)
                 await step.train((await step.generate())[0])  # warm-up: allocator, threads, optimizer state
                 await step.push()
@@ -188,26 +201,51 @@ async def _variant(args: argparse.Namespace, name: str) -> dict[str, Any]:
     }
 
 
+@contextlib.contextmanager
+def _checkout(commit: str | None) -> Iterator[Path]:
+    """A worktree of ``commit`` (removed afterwards), or this tree when None."""
+    if commit is None:
+        yield ROOT
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        repo = Path(tmp) / "baseline"
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(repo), commit],
+                       check=True, capture_output=True)  # fmt: skip
+        try:
+            yield repo
+        finally:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(repo)], check=False)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--engine-threads", type=int, default=1)
     ap.add_argument("--trainer-threads", type=int, default=1)
+    ap.add_argument(
+        "--weights-dir",
+        default=_default_weights_parent(),
+        help="where each push's checkpoint is written (default: RAM, as the quickstart)",
+    )
+    ap.add_argument("--baseline-engine-commit", help="serve the first variant's engine from this commit")
     ap.add_argument("--variants", default="no_sharing,sharing", help=f"comma-separated: {sorted(VARIANTS)}")
     args = ap.parse_args()
     names = args.variants.split(",")
     if len(names) < 2 or not set(names) <= set(VARIANTS):
         ap.error(f"--variants needs two or more of {sorted(VARIANTS)}, got {args.variants!r}")
     results = []
-    for name in names:
-        results.append(asyncio.run(_variant(args, name)))
-        print(json.dumps(results[-1]), flush=True)
+    with _checkout(args.baseline_engine_commit) as old_root:
+        for k, name in enumerate(names):
+            root = old_root if k == 0 else ROOT
+            results.append(asyncio.run(_variant(args, name, root)) | {"engine_commit": short_commit(root)})
+            print(json.dumps(results[-1]), flush=True)
     old, new = results[0], results[-1]
     keys = ("sync_step_s", "async_step_s", "generate_s", "train_s", "weight_sync_s", "generate_tok_s")
     ratios = {f"{k}_ratio_{old['variant']}": round(old[k] / new[k], 2) for k in keys}
     print(json.dumps({"variant": new["variant"]} | {k: new[k] for k in keys} | ratios
                      | {"steps": args.steps, "engine_threads": args.engine_threads,
-                        "trainer_threads": args.trainer_threads}))  # fmt: skip
+                        "trainer_threads": args.trainer_threads,
+                        "weights_dir": args.weights_dir}))  # fmt: skip
 
 
 if __name__ == "__main__":

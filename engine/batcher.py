@@ -48,6 +48,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from engine.kv_cache import cache_from, kv_layers, new_cache
 from engine.prefix_cache import KV, PrefixCache, common_prefix_len
 from engine.sampling import SamplingParams
 from pqrl.collective import broadcast_from_rank0
@@ -376,7 +377,7 @@ class BatchEngine:
         )
         self.stats.prefill_steps += 1
         if self.prefix_cache.enabled:
-            layers = _kv_layers(cache)
+            layers = kv_layers(cache)
             for r, x in enumerate(ids):
                 self.prefix_cache.insert(x, _row_kv(layers, r, mask[r]))
         return cache, mask, out.logits[:, -1, :]
@@ -413,7 +414,7 @@ class BatchEngine:
         P = max(lengths)
         mask = torch.tensor([[0] * (P - n) + [1] * n for n in lengths], device=self.device, dtype=torch.long)
         if P == 0:
-            return _new_cache(), mask
+            return new_cache(), mask
         template = next(kv for _, kv in hits if kv is not None)  # any row's, to shape the empty ones
         layers = []
         for layer, (k0, v0) in enumerate(template):
@@ -421,7 +422,7 @@ class BatchEngine:
             keys = torch.stack([_pad_left(k[:, :n], P) for (k, _), n in zip(rows, lengths, strict=True)])
             values = torch.stack([_pad_left(v[:, :n], P) for (_, v), n in zip(rows, lengths, strict=True)])
             layers.append((keys, values))
-        return _cache_from(layers), mask
+        return cache_from(layers), mask
 
     def _decode(self) -> list[Sequence]:
         B = len(self.rows)
@@ -447,7 +448,7 @@ class BatchEngine:
         never fed back): the next turn of an episode starts with exactly these tokens."""
         if not self.prefix_cache.enabled:
             return
-        layers = _kv_layers(self._cache)
+        layers = kv_layers(self._cache)
         finished = {id(s) for s in done if s.kv_epoch == self._kv_epoch}  # KV of the current weights
         for r, seq in enumerate(self.rows):
             if id(seq) in finished:
@@ -515,9 +516,9 @@ class BatchEngine:
                     torch.cat([_pad_left(ka, L), _pad_left(kb, L)]),
                     torch.cat([_pad_left(va, L), _pad_left(vb, L)]),
                 )
-                for (ka, va), (kb, vb) in zip(_kv_layers(self._cache), _kv_layers(cache), strict=True)
+                for (ka, va), (kb, vb) in zip(kv_layers(self._cache), kv_layers(cache), strict=True)
             ]
-            self._cache = _cache_from(kv)
+            self._cache = cache_from(kv)
             self._mask = torch.cat([F.pad(self._mask, (L - La, 0)), F.pad(mask, (L - Lb, 0))])
             self._pos = torch.cat([self._pos, pos])
             self.rows += seqs
@@ -537,8 +538,8 @@ class BatchEngine:
         # Columns that are padding in every remaining row (their longest prompts left) only cost time.
         lead = int(self._mask.any(dim=0).int().argmax())
         if lead >= _TRIM_MIN_COLUMNS:
-            self._cache = _cache_from(
-                [(k[..., lead:, :], v[..., lead:, :]) for k, v in _kv_layers(self._cache)]
+            self._cache = cache_from(
+                [(k[..., lead:, :], v[..., lead:, :]) for k, v in kv_layers(self._cache)]
             )
             self._mask = self._mask[:, lead:]
 
@@ -568,22 +569,3 @@ def _row_kv(layers: list[tuple[torch.Tensor, torch.Tensor]], row: int, mask: tor
 def _pad_left(t: torch.Tensor, length: int) -> torch.Tensor:
     """Zero-pads a ``[B, H, L, D]`` KV tensor on the left of its sequence axis (masked out anyway)."""
     return F.pad(t, (0, 0, length - t.shape[-2], 0))
-
-
-def _new_cache() -> Any:
-    from transformers import DynamicCache
-
-    return DynamicCache()
-
-
-def _kv_layers(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    if hasattr(cache, "layers"):  # transformers >= 4.56
-        return [(layer.keys, layer.values) for layer in cache.layers]
-    return list(zip(cache.key_cache, cache.value_cache, strict=True))
-
-
-def _cache_from(kv: list[tuple[torch.Tensor, torch.Tensor]]) -> Any:
-    from transformers import DynamicCache
-
-    legacy = getattr(DynamicCache, "from_legacy_cache", None)
-    return legacy(tuple(kv)) if legacy is not None else DynamicCache(kv)
