@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import dataclasses
 import json
 import os
@@ -45,7 +44,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +51,7 @@ import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # before bench/, whose engine.py would shadow the engine package
+from bench.checkout import worktree  # noqa: E402
 from bench.learning import short_commit  # noqa: E402
 
 GROUPS, G = 2, 8
@@ -198,23 +197,17 @@ async def _variant(args: argparse.Namespace, name: str, engine_root: Path) -> di
         "generate_tok_s": round(tok / sum(gen), 1),
         "engine_prompt_tokens": stats.get("prompt_tokens"),
         "engine_prefill_tokens": stats.get("prefill_tokens"),
+        # engine-side wall time over the whole run (warm-up, sync and async steps); absent before it existed
+        **{f"engine_{k}": round(stats[k], 2) for k in ("prefill_s", "decode_s") if k in stats},
+        **(
+            {
+                "decode_step_s": round(stats["decode_s"] / stats["decode_steps"], 4),
+                "decode_mean_rows": round(stats["decode_rows"] / stats["decode_steps"], 1),
+            }
+            if stats.get("decode_steps") and "decode_s" in stats
+            else {}
+        ),  # fmt: skip
     }
-
-
-@contextlib.contextmanager
-def _checkout(commit: str | None) -> Iterator[Path]:
-    """A worktree of ``commit`` (removed afterwards), or this tree when None."""
-    if commit is None:
-        yield ROOT
-        return
-    with tempfile.TemporaryDirectory() as tmp:
-        repo = Path(tmp) / "baseline"
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(repo), commit],
-                       check=True, capture_output=True)  # fmt: skip
-        try:
-            yield repo
-        finally:
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(repo)], check=False)
 
 
 def main() -> None:
@@ -234,7 +227,7 @@ def main() -> None:
     if len(names) < 2 or not set(names) <= set(VARIANTS):
         ap.error(f"--variants needs two or more of {sorted(VARIANTS)}, got {args.variants!r}")
     results = []
-    with _checkout(args.baseline_engine_commit) as old_root:
+    with worktree(args.baseline_engine_commit) as old_root:
         for k, name in enumerate(names):
             root = old_root if k == 0 else ROOT
             results.append(asyncio.run(_variant(args, name, root)) | {"engine_commit": short_commit(root)})

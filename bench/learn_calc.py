@@ -31,13 +31,13 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.checkout import worktree  # noqa: E402
 from bench.learning import greedy_pass, held_out, report, short_commit, train  # noqa: E402
 
 
@@ -85,20 +85,11 @@ def target_main(args: argparse.Namespace) -> None:
     result: dict = {"target": args.target, "eval_every": args.eval_every}
     sides = [("baseline", args.baseline_commit)] if args.baseline_commit else []
     for side, commit in [*sides, ("new", args.commit)]:
-        with tempfile.TemporaryDirectory() as tmp:
-            # each side runs from a checkout of its commit, so editing this tree meanwhile changes nothing
-            repo = Path(tmp) / side
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(repo), commit],
-                           check=True, capture_output=True)  # fmt: skip
-            try:
-                config = str(repo / Path(args.config).resolve().relative_to(ROOT))
-                result[side] = {"commit": short_commit(repo)} | time_to_target(
-                    repo, config, out / f"target_{side}", args
-                )
-            finally:
-                subprocess.run(
-                    ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(repo)], check=False
-                )
+        with worktree(commit) as repo:  # each side runs from a checkout of its commit
+            config = str(repo / Path(args.config).resolve().relative_to(ROOT))
+            result[side] = {"commit": short_commit(repo)} | time_to_target(
+                repo, config, out / f"target_{side}", args
+            )
     new = result.pop("new")
     result |= new
     base_min = result.get("baseline", {}).get("minutes")

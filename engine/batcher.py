@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import inspect
 import random
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -99,6 +100,9 @@ class EngineStats:
     prefill_tokens: int = 0  # of those, the ones the model computed (the rest were shared or cached)
     generated_tokens: int = 0
     max_batch_rows: int = 0
+    prefill_s: float = 0.0  # wall time in prefills (shared stems included)
+    decode_s: float = 0.0  # wall time in decode steps (sampling and stop checks included)
+    decode_rows: int = 0  # rows summed over decode steps (over decode_steps: the mean batch)
 
 
 def load_state_dict(model_path: str | Path, device: torch.device) -> dict[str, torch.Tensor]:
@@ -254,10 +258,15 @@ class BatchEngine:
     def step(self, admit: list[Sequence]) -> list[Sequence]:
         """Prefills ``admit`` into the batch, decodes one token for every row; returns finished rows."""
         finished: list[Sequence] = []
+        t0 = time.perf_counter()
         if admit:
             finished += self._prefill(admit)
+        t1 = time.perf_counter()
+        self.stats.prefill_s += t1 - t0
         if self.rows:
+            self.stats.decode_rows += len(self.rows)
             finished += self._decode()
+            self.stats.decode_s += time.perf_counter() - t1
         return finished
 
     def abort(self, rids: set[str] | None, message: str) -> list[Sequence]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 from collections import deque
@@ -200,13 +201,8 @@ class EngineScheduler:
             "running": len(self.engine.rows),
             "waiting": len(self._waiting),
             "paused": self.paused,
-            "prefill_steps": s.prefill_steps,
-            "decode_steps": s.decode_steps,
-            "generated_tokens": s.generated_tokens,
-            "prompt_tokens": s.prompt_tokens,
-            "prefill_tokens": s.prefill_tokens,
+            **dataclasses.asdict(s),
             "prefix_cache_tokens": self.engine.prefix_cache.tokens,
-            "max_batch_rows": s.max_batch_rows,
         }
 
     # -- the loop ---------------------------------------------------------------------------------

@@ -1,35 +1,44 @@
 """Binary codec for Trajectory records: a msgpack header followed by raw numpy buffers.
 
-Layout (version 2), little-endian; one blob holds one or several records (a finished group)::
+Layout (version 3), little-endian; one blob holds one or several records (a finished group)::
 
     b"PQT" | version:u8 | header_len:u32 | header (msgpack) | zero pad to 8 bytes
     | tokens:i4[N] | behavior_logprobs:f4[N] | versions:i4[N] | generated:u1[N] | loss_mask:u1[N]
 
-where the header holds ``lens`` (tokens per record, summing to N) and one map of scalar fields per
-record, and each array is the concatenation of the records' arrays. Decoding makes zero-copy
-read-only views and checks the token invariants once over the concatenation, so a group of 8
-costs little more than one record (bench/store.py); JSON lists cost ~20x more.
+Each array is the concatenation of the records' arrays. The header is a map of columns: ``lens``
+(tokens per record, summing to N) and, for every other field of Trajectory, the list of its values,
+one per record. Columns keep the per-record Python small on both sides: the decoder checks a field's
+types for all records at once and builds each record without a map of its own, and the token
+invariants are checked once over the concatenation (Trajectory._from_columns). Decoded arrays are
+zero-copy read-only views of the blob, so a group of 8 costs little more than one record
+(bench/store.py); JSON lists cost ~20x more.
 
-The version byte selects the decoder, so blobs written by older releases stay readable: version 1
-held exactly one record with ``T`` in its header. Add ``_decode_v3`` beside these when the layout
-changes again.
+Values as stored: a turn is ``[start, end, finish_reason, [[name, arguments, status], ...]]``, a
+truncation ``[kind, at_token, detail]`` or nil, and enums their string values.
+
+The version byte selects the decoder, so blobs written by older releases stay readable: version 2
+had the same arrays after a header of ``lens`` and ``records``, one map of the fields per record;
+version 1 held exactly one record, its header that map plus ``T``, the token count. Add a decoder
+beside these when the layout changes again.
 """
 
 from __future__ import annotations
 
 import struct
+import sys
 from collections.abc import Callable, Sequence
+from operator import attrgetter
 from typing import Any
 
 import msgpack
 import numpy as np
 
-from pqrl.trajectory import ToolCall, Trajectory, TrajectoryError, Truncation, Turn, check_token_arrays
+from pqrl.trajectory import ToolCall, Trajectory, TrajectoryError, Truncation, Turn
 
 __all__ = ["CURRENT_VERSION", "CodecError", "decode", "decode_many", "encode", "encode_many"]
 
 MAGIC = b"PQT"
-CURRENT_VERSION = 2
+CURRENT_VERSION = 3
 _PREFIX = struct.Struct("<3sBI")  # magic, version, header length
 # The arrays in blob order; 4-byte ones first so they stay aligned after the padded header.
 _ARRAYS = (
@@ -40,6 +49,26 @@ _ARRAYS = (
     ("loss_mask", np.dtype("u1")),
 )
 _BYTES_PER_TOKEN = sum(dt.itemsize for _, dt in _ARRAYS)
+# Records hold native arrays: on a little-endian machine they are already in blob order.
+_NATIVE_IS_BLOB_ORDER = sys.byteorder == "little"
+
+# The header's fields besides the arrays, and the msgpack types each may decode to.
+_KINDS: dict[str, set[type]] = {
+    "id": {str},
+    "run_id": {str},
+    "task_id": {str},
+    "group_id": {str},
+    "env": {str},
+    "prompt_len": {int},
+    "turns": {list},
+    "reward": {int, float},
+    "reward_info": {dict},
+    "status": {str},
+    "truncation": {list, type(None)},
+    "timings": {dict},
+}
+# Fields stored as the record holds them (msgpack writes a StrEnum as its string value).
+_AS_HELD = tuple((k, attrgetter(k)) for k in _KINDS if k not in ("prompt_len", "turns", "truncation"))
 
 
 class CodecError(ValueError):
@@ -61,14 +90,17 @@ def decode(blob: bytes | bytearray | memoryview) -> Trajectory:
 
 def encode_many(ts: Sequence[Trajectory]) -> bytes:
     """Encodes several (validated) Trajectories, e.g. one group, into one blob."""
-    header = msgpack.packb(
-        {"lens": [t.num_tokens for t in ts], "records": [_record_header(t) for t in ts]}, use_bin_type=True
-    )
+    header = msgpack.packb(_columns(ts), use_bin_type=True)
     pad = -(_PREFIX.size + len(header)) % 8
-    parts: list[Any] = [_PREFIX.pack(MAGIC, CURRENT_VERSION, len(header)), header, b"\0" * pad]
-    for name, dtype in _ARRAYS:  # join reads the arrays' buffers directly: one copy, no wrappers
-        parts += [np.ascontiguousarray(getattr(t, name), dtype=dtype) for t in ts]
-    return b"".join(parts)
+    head = [_PREFIX.pack(MAGIC, CURRENT_VERSION, len(header)), header, b"\0" * pad]
+    arrays = [getattr(t, name) for name, _ in _ARRAYS for t in ts]
+    if _NATIVE_IS_BLOB_ORDER:
+        try:
+            return b"".join(head + arrays)  # join reads the arrays' buffers: one copy, no wrappers
+        except TypeError:  # a record may hold a strided view, which has no contiguous buffer
+            pass
+    dtypes = [dtype for _, dtype in _ARRAYS for _ in ts]
+    return b"".join(head + [np.ascontiguousarray(a, dtype) for a, dtype in zip(arrays, dtypes, strict=True)])
 
 
 def decode_many(blob: bytes | bytearray | memoryview) -> list[Trajectory]:
@@ -96,116 +128,134 @@ def decode_many(blob: bytes | bytearray | memoryview) -> list[Trajectory]:
         raise CodecError(f"corrupt msgpack header: {e}") from None
     if not isinstance(header, dict):
         raise CodecError(f"header is a {type(header).__name__}, not a map")
+    lens, columns = decoder(header)
     body = start + header_len + (-(start + header_len) % 8)
     try:
-        return decoder(buf, header, body)
+        return Trajectory._from_columns(_arrays(buf, lens, body), lens, _parse_columns(columns))
     except TrajectoryError as e:
         raise CodecError(f"blob decodes to an invalid record: {e}") from e
 
 
-def _decode_v1(buf: memoryview, h: dict[str, Any], body: int) -> list[Trajectory]:
-    n = _field(h, "T", int)
-    return _records(buf, [n], [h], body)
+# ---------------------------------------------------------------- header layouts, newest first
 
 
-def _decode_v2(buf: memoryview, h: dict[str, Any], body: int) -> list[Trajectory]:
-    lens, headers = _field(h, "lens", list), _field(h, "records", list)
-    if len(lens) != len(headers) or not all(isinstance(n, int) and n >= 0 for n in lens):
-        raise CodecError(f"header lens {lens!r} do not match its {len(headers)} records")
-    return _records(buf, lens, headers, body)
+def _columns(ts: Sequence[Trajectory]) -> dict[str, list[Any]]:
+    columns = {"lens": [len(t.tokens) for t in ts]}
+    columns.update((name, list(map(get, ts))) for name, get in _AS_HELD)
+    columns["prompt_len"] = [int(t.prompt_len) for t in ts]  # may be a numpy integer
+    columns["turns"] = [
+        [
+            [u.start, u.end, u.finish_reason, [[c.name, c.arguments, c.status] for c in u.tool_calls]]
+            for u in t.turns
+        ]
+        for t in ts
+    ]
+    columns["truncation"] = [
+        None if (c := t.truncation) is None else [c.kind, c.at_token, c.detail] for t in ts
+    ]
+    return columns
 
 
-def _records(buf: memoryview, lens: list[int], headers: list[Any], off: int) -> list[Trajectory]:
+def _decode_v3(h: dict[str, Any]) -> tuple[list[int], dict[str, list[Any]]]:
+    lens = _lens(_field(h, "lens", list))
+    columns = {key: _field(h, key, list) for key in _KINDS}
+    for key, values in columns.items():
+        if len(values) != len(lens):
+            raise CodecError(
+                f"header field {key!r} has {len(values)} values for the {len(lens)} records in lens"
+            )
+    return lens, columns
+
+
+def _decode_v2(h: dict[str, Any]) -> tuple[list[int], dict[str, list[Any]]]:
+    lens, records = _field(h, "lens", list), _field(h, "records", list)
+    if len(lens) != len(records):
+        raise CodecError(f"header lens {lens!r} do not match its {len(records)} records")
+    return _lens(lens), _transpose(records)
+
+
+def _decode_v1(h: dict[str, Any]) -> tuple[list[int], dict[str, list[Any]]]:
+    return _lens([_field(h, "T", int)]), _transpose([h])
+
+
+def _transpose(records: list[Any]) -> dict[str, list[Any]]:
+    """Per-record maps as columns."""
+    for r in records:
+        if not isinstance(r, dict):
+            raise CodecError(f"record header is a {type(r).__name__}, not a map")
+    try:
+        return {key: [r[key] for r in records] for key in _KINDS}
+    except KeyError as e:
+        raise CodecError(f"header lacks field {e.args[0]!r}") from None
+
+
+_DECODERS: dict[int, Callable[[dict[str, Any]], tuple[list[int], dict[str, list[Any]]]]] = {
+    1: _decode_v1,
+    2: _decode_v2,
+    3: _decode_v3,
+}
+
+# ---------------------------------------------------------------- shared by every version
+
+
+def _lens(lens: list[Any]) -> list[int]:
+    if not (set(map(type, lens)) <= {int} and min(lens, default=0) >= 0):
+        raise CodecError(f"header lens {lens!r} are not token counts")
+    return lens
+
+
+def _arrays(buf: memoryview, lens: list[int], off: int) -> dict[str, np.ndarray]:
     total = sum(lens)
-    if total < 0 or off + total * _BYTES_PER_TOKEN != buf.nbytes:
+    if off + total * _BYTES_PER_TOKEN != buf.nbytes:
         raise CodecError(
-            f"blob is {buf.nbytes} bytes but {total} tokens need {off + max(total, 0) * _BYTES_PER_TOKEN}"
+            f"blob is {buf.nbytes} bytes but {total} tokens need {off + total * _BYTES_PER_TOKEN}"
         )
     arrays = {}
     for name, dtype in _ARRAYS:
         arrays[name] = np.frombuffer(buf, dtype=dtype, count=total, offset=off)
         off += total * dtype.itemsize
-    check_token_arrays(**arrays)  # once over the concatenation
-    out, at = [], 0
-    for n, h in zip(lens, headers, strict=True):
-        if not isinstance(h, dict):
-            raise CodecError(f"record header is a {type(h).__name__}, not a map")
-        out.append(_record_from_header(h, {k: v[at : at + n] for k, v in arrays.items()}))
-        at += n
-    return out
+    return arrays
 
 
-def _record_header(t: Trajectory) -> dict[str, Any]:
-    return {
-        "id": t.id,
-        "run_id": t.run_id,
-        "task_id": t.task_id,
-        "group_id": t.group_id,
-        "env": t.env,
-        "prompt_len": int(t.prompt_len),
-        "turns": [
-            [u.start, u.end, u.finish_reason, [[c.name, c.arguments, c.status.value] for c in u.tool_calls]]
-            for u in t.turns
-        ],
-        "reward": t.reward,
-        "reward_info": t.reward_info,
-        "status": t.status.value,
-        "truncation": None
-        if t.truncation is None
-        else [t.truncation.kind.value, t.truncation.at_token, t.truncation.detail],
-        "timings": t.timings,
-    }
+def _parse_columns(columns: dict[str, list[Any]]) -> dict[str, list[Any]]:
+    """Checks each column's types and builds the turns and truncations they describe."""
+    for key, values in columns.items():
+        if not set(map(type, values)) <= _KINDS[key]:
+            bad = next(v for v in values if type(v) not in _KINDS[key])
+            raise CodecError(f"header field {key!r} has type {type(bad).__name__}")
+    return {**columns, "turns": _turns(columns["turns"]), "truncation": _truncations(columns["truncation"])}
 
 
-def _record_from_header(h: dict[str, Any], arrays: dict[str, np.ndarray]) -> Trajectory:
-    return Trajectory._from_checked_arrays(
-        id=_field(h, "id", str),
-        run_id=_field(h, "run_id", str),
-        task_id=_field(h, "task_id", str),
-        group_id=_field(h, "group_id", str),
-        env=_field(h, "env", str),
-        prompt_len=_field(h, "prompt_len", int),
-        turns=_turns(_field(h, "turns", list)),
-        reward=_field(h, "reward", (int, float)),
-        reward_info=_field(h, "reward_info", dict),
-        status=_field(h, "status", str),
-        truncation=_truncation(_field(h, "truncation", (list, type(None)))),
-        timings=_field(h, "timings", dict),
-        **arrays,
-    )
-
-
-def _turns(raw: list[Any]) -> tuple[Turn, ...]:
-    try:
-        return tuple(Turn(s, e, fr, _tool_calls(calls)) for s, e, fr, calls in raw)
+def _turns(column: list[list[Any]]) -> list[tuple[Turn, ...]]:
+    try:  # most turns call no tool: comparing with [] skips building their calls
+        return [
+            tuple([Turn(s, e, fr, () if calls == [] else _tool_calls(calls)) for s, e, fr, calls in turns])
+            for turns in column
+        ]
     except (TypeError, ValueError) as e:
         raise CodecError(f"malformed turns in header: {e}") from None
 
 
 def _tool_calls(calls: list[Any]) -> tuple[ToolCall, ...]:
-    if calls == []:  # most turns: skips building a generator for nothing
-        return ()
     return tuple(ToolCall(*c) for c in calls)
 
 
-def _truncation(raw: list[Any] | None) -> Truncation | None:
+def _truncations(column: list[list[Any] | None]) -> list[Truncation | None]:
     try:
-        return None if raw is None else Truncation(*raw)
+        out = [None if raw is None else Truncation(*raw) for raw in column]
     except (TypeError, ValueError) as e:
         raise CodecError(f"malformed truncation in header: {e}") from None
+    for t in out:  # compared with the token count later, where anything else would raise TypeError
+        if t is not None and not isinstance(t.at_token, (int, float)):
+            raise CodecError(f"malformed truncation in header: at_token {t.at_token!r} is not a number")
+    return out
 
 
-def _field(h: dict[str, Any], key: str, kind: type | tuple[type, ...]) -> Any:
+def _field(h: dict[str, Any], key: str, kind: type) -> Any:
     try:
         value = h[key]
     except KeyError:
         raise CodecError(f"header lacks field {key!r}") from None
-    if not isinstance(value, kind) or (kind is int and type(value) is bool):
+    if type(value) is not kind:
         raise CodecError(f"header field {key!r} has type {type(value).__name__}")
     return value
-
-
-_DECODERS: dict[int, Callable[[memoryview, dict[str, Any], int], list[Trajectory]]] = {
-    1: _decode_v1,
-    2: _decode_v2,
-}
