@@ -33,7 +33,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from pqrl.trajectory import ToolCall, Trajectory, TrajectoryError, Truncation, Turn
+from pqrl.trajectory import ToolCall, Trajectory, TrajectoryError, Truncation, Turn, _new_turn
 
 __all__ = ["CURRENT_VERSION", "CodecError", "decode", "decode_many", "encode", "encode_many"]
 
@@ -52,23 +52,32 @@ _BYTES_PER_TOKEN = sum(dt.itemsize for _, dt in _ARRAYS)
 # Records hold native arrays: on a little-endian machine they are already in blob order.
 _NATIVE_IS_BLOB_ORDER = sys.byteorder == "little"
 
-# The header's fields besides the arrays, and the msgpack types each may decode to.
+# The header's fields besides the arrays, in Trajectory's order.
+_FIELDS = (
+    "id",
+    "run_id",
+    "task_id",
+    "group_id",
+    "env",
+    "prompt_len",
+    "turns",
+    "reward",
+    "reward_info",
+    "status",
+    "truncation",
+    "timings",
+)
+# The msgpack types a field may decode to, where Trajectory does not check them itself: it does for
+# the strings, prompt_len and status, and would take a reward of "1.5".
 _KINDS: dict[str, set[type]] = {
-    "id": {str},
-    "run_id": {str},
-    "task_id": {str},
-    "group_id": {str},
-    "env": {str},
-    "prompt_len": {int},
     "turns": {list},
     "reward": {int, float},
     "reward_info": {dict},
-    "status": {str},
     "truncation": {list, type(None)},
     "timings": {dict},
 }
 # Fields stored as the record holds them (msgpack writes a StrEnum as its string value).
-_AS_HELD = tuple((k, attrgetter(k)) for k in _KINDS if k not in ("prompt_len", "turns", "truncation"))
+_AS_HELD = tuple((k, attrgetter(k)) for k in _FIELDS if k not in ("prompt_len", "turns", "truncation"))
 
 
 class CodecError(ValueError):
@@ -158,7 +167,7 @@ def _columns(ts: Sequence[Trajectory]) -> dict[str, list[Any]]:
 
 def _decode_v3(h: dict[str, Any]) -> tuple[list[int], dict[str, list[Any]]]:
     lens = _lens(_field(h, "lens", list))
-    columns = {key: _field(h, key, list) for key in _KINDS}
+    columns = {key: _field(h, key, list) for key in _FIELDS}
     for key, values in columns.items():
         if len(values) != len(lens):
             raise CodecError(
@@ -184,7 +193,7 @@ def _transpose(records: list[Any]) -> dict[str, list[Any]]:
         if not isinstance(r, dict):
             raise CodecError(f"record header is a {type(r).__name__}, not a map")
     try:
-        return {key: [r[key] for r in records] for key in _KINDS}
+        return {key: [r[key] for r in records] for key in _FIELDS}
     except KeyError as e:
         raise CodecError(f"header lacks field {e.args[0]!r}") from None
 
@@ -218,10 +227,10 @@ def _arrays(buf: memoryview, lens: list[int], off: int) -> dict[str, np.ndarray]
 
 
 def _parse_columns(columns: dict[str, list[Any]]) -> dict[str, list[Any]]:
-    """Checks each column's types and builds the turns and truncations they describe."""
-    for key, values in columns.items():
-        if not set(map(type, values)) <= _KINDS[key]:
-            bad = next(v for v in values if type(v) not in _KINDS[key])
+    """Checks the types Trajectory leaves to the codec and builds the turns and truncations."""
+    for key, kinds in _KINDS.items():
+        if not set(map(type, columns[key])) <= kinds:
+            bad = next(v for v in columns[key] if type(v) not in kinds)
             raise CodecError(f"header field {key!r} has type {type(bad).__name__}")
     return {**columns, "turns": _turns(columns["turns"]), "truncation": _truncations(columns["truncation"])}
 
@@ -229,7 +238,9 @@ def _parse_columns(columns: dict[str, list[Any]]) -> dict[str, list[Any]]:
 def _turns(column: list[list[Any]]) -> list[tuple[Turn, ...]]:
     try:  # most turns call no tool: comparing with [] skips building their calls
         return [
-            tuple([Turn(s, e, fr, () if calls == [] else _tool_calls(calls)) for s, e, fr, calls in turns])
+            tuple(
+                [_new_turn(s, e, fr, () if calls == [] else _tool_calls(calls)) for s, e, fr, calls in turns]
+            )
             for turns in column
         ]
     except (TypeError, ValueError) as e:
