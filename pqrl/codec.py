@@ -76,8 +76,7 @@ _KINDS: dict[str, set[type]] = {
     "truncation": {list, type(None)},
     "timings": {dict},
 }
-# Fields stored as the record holds them (msgpack writes a StrEnum as its string value).
-_AS_HELD = tuple((k, attrgetter(k)) for k in _FIELDS if k not in ("prompt_len", "turns", "truncation"))
+_ROW = attrgetter(*_FIELDS)  # one record's values; enums are written as their string values
 
 
 class CodecError(ValueError):
@@ -149,20 +148,21 @@ def decode_many(blob: bytes | bytearray | memoryview) -> list[Trajectory]:
 
 
 def _columns(ts: Sequence[Trajectory]) -> dict[str, list[Any]]:
-    columns = {"lens": [len(t.tokens) for t in ts]}
-    columns.update((name, list(map(get, ts))) for name, get in _AS_HELD)
-    columns["prompt_len"] = [int(t.prompt_len) for t in ts]  # may be a numpy integer
-    columns["turns"] = [
-        [
-            [u.start, u.end, u.finish_reason, [[c.name, c.arguments, c.status] for c in u.tool_calls]]
-            for u in t.turns
+    values = zip(*map(_ROW, ts), strict=True) if ts else [()] * len(_FIELDS)  # one tuple per field
+    columns = dict(zip(_FIELDS, map(list, values), strict=True))
+    columns["lens"] = [len(t.tokens) for t in ts]
+    columns["prompt_len"] = [int(p) for p in columns["prompt_len"]]  # may be a numpy integer
+    columns["turns"] = [[_turn_as_stored(u) for u in turns] for turns in columns["turns"]]
+    if columns["truncation"].count(None) != len(ts):
+        columns["truncation"] = [
+            None if c is None else [c.kind, c.at_token, c.detail] for c in columns["truncation"]
         ]
-        for t in ts
-    ]
-    columns["truncation"] = [
-        None if (c := t.truncation) is None else [c.kind, c.at_token, c.detail] for t in ts
-    ]
     return columns
+
+
+def _turn_as_stored(u: Turn) -> list[Any]:
+    calls = [[c.name, c.arguments, c.status] for c in u.tool_calls] if u.tool_calls else []
+    return [u.start, u.end, u.finish_reason, calls]
 
 
 def _decode_v3(h: dict[str, Any]) -> tuple[list[int], dict[str, list[Any]]]:
@@ -252,6 +252,8 @@ def _tool_calls(calls: list[Any]) -> tuple[ToolCall, ...]:
 
 
 def _truncations(column: list[list[Any] | None]) -> list[Truncation | None]:
+    if column.count(None) == len(column):  # nothing truncated, as in most groups
+        return column
     try:
         out = [None if raw is None else Truncation(*raw) for raw in column]
     except (TypeError, ValueError) as e:

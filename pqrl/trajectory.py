@@ -187,12 +187,11 @@ class Trajectory:
             raise TypeError(f"_from_columns needs a column for exactly the fields {sorted(_COLUMN_FIELDS)}")
         if any(len(values) != len(lens) for values in columns.values()):
             raise ValueError(f"every column needs one value for each of the {len(lens)} records")
-        arrays = {name: _read_only(arrays[name]) for name in _ARRAY_DTYPES}
-        check_token_arrays(**arrays)
+        arrays = {name: _read_only(arrays[name]) for name in _ARRAY_DTYPES}  # slices inherit it
+        flags = _check_token_arrays(**arrays)  # only 0 and 1: find() below looks for a 1 in a prompt
         for name in _STRING_FIELDS:
             _check_strings(name, columns[name])
         whole = [arrays[name] for name in _ARRAY_DTYPES]
-        flags = arrays["generated"].tobytes()  # only 0 and 1 by now: find() looks for a 1 in a prompt
         heads = zip(*(columns[name] for name in _STRING_FIELDS), strict=True)
         tails = zip(*(_checked_column(name, columns[name]) for name in _TAIL_FIELDS), strict=True)
         out, at = [], 0
@@ -202,7 +201,9 @@ class Trajectory:
             if flags.find(1, at, at + prompt_len) >= 0:
                 raise TrajectoryError("generated", _GENERATED_PROMPT)
             _check_turns(n, prompt_len, turns, truncation)
-            out.append(_assemble(*head, *[a[at : at + n] for a in whole], *tail))
+            record = _PlainTrajectory(*head, *[a[at : at + n] for a in whole], *tail)
+            record.__class__ = Trajectory
+            out.append(record)
             at += n
         return out
 
@@ -246,8 +247,8 @@ _STATUSES = {s.value: s for s in Status}
 
 class _PlainTrajectory(Trajectory):
     """Trajectory's slots behind a plain __init__: a record whose values are already checked is
-    built here and becomes a Trajectory by ``__class__`` assignment (same layout). That costs a
-    fifth of storing each field through object.__setattr__, as the frozen class must."""
+    built here and becomes a Trajectory by ``__class__`` assignment (same layout), at a fifth of
+    the cost of storing each field through object.__setattr__, as the frozen class must."""
 
     __slots__ = ()
     __setattr__ = object.__setattr__
@@ -296,13 +297,6 @@ assert tuple(Trajectory.__dataclass_fields__) == _STRING_FIELDS + tuple(_ARRAY_D
 assert list(Trajectory.__dataclass_fields__) == list(_PlainTrajectory.__init__.__annotations__)[:-1]
 
 
-def _assemble(*values: Any) -> Trajectory:
-    """A record from its field values in declaration order, unchecked: the caller checked them."""
-    obj = _PlainTrajectory(*values)
-    obj.__class__ = Trajectory
-    return obj
-
-
 class _PlainTurn(Turn):
     """Turn's slots behind a plain __init__, as _PlainTrajectory."""
 
@@ -329,7 +323,13 @@ def _checked_column(name: str, values: Sequence[Any]) -> Sequence[Any]:
     if name == "status":
         return [_as_status(v) for v in values]
     if name == "reward":
-        return [_as_float(name, v) for v in values]
+        try:
+            floats = [float(v) for v in values]
+            if all(map(math.isfinite, floats)):
+                return floats
+        except (TypeError, ValueError):
+            pass
+        return [_as_float(name, v) for v in values]  # raises, naming the value
     if name == "turns":
         return [tuple(v) for v in values]
     return values
@@ -406,9 +406,20 @@ def check_token_arrays(
     """The elementwise invariants of the token arrays (of the Trajectory dtypes), for one record or
     several concatenated.
 
-    Every decoded blob passes through here: one reduction, or one comparison of bool arrays, per
-    invariant.
+    Every decoded blob passes through here: one reduction per bound, and each relation to
+    ``generated`` as one comparison of the 0/1 bytes it implies (memcmp, not a numpy pass).
     """
+    _check_token_arrays(tokens, generated, loss_mask, behavior_logprobs, versions)
+
+
+def _check_token_arrays(
+    tokens: np.ndarray,
+    generated: np.ndarray,
+    loss_mask: np.ndarray,
+    behavior_logprobs: np.ndarray,
+    versions: np.ndarray,
+) -> bytes:
+    """check_token_arrays, returning ``generated`` as bytes (0 and 1) for later span checks."""
     n = tokens.shape[0]
     for name, arr in (
         ("generated", generated),
@@ -418,47 +429,59 @@ def check_token_arrays(
     ):
         if arr.shape[0] != n:
             raise TrajectoryError(name, f"length {arr.shape[0]} != len(tokens) {n}")
+    _check_uint8("loss_mask", loss_mask)
+    flags = _flags("generated", generated)
     if n == 0:
-        return
+        return flags
     if tokens.min() < 0:
         raise TrajectoryError("tokens", "token ids must be >= 0")
-    gen = _flags("generated", generated)
-    if (outside := _flags("loss_mask", loss_mask) > gen).any():
-        i = int(np.argmax(outside))
-        raise TrajectoryError("loss_mask", f"is 1 at token {i} where generated is 0 (must be a subset)")
-    _check_versions(versions, gen)
-    _check_logprobs(behavior_logprobs, gen)
+    # Within 0/1 generated flags, OR-ing in the mask leaves them unchanged iff the mask is a 0/1 subset.
+    if np.bitwise_or(loss_mask, generated).tobytes() != flags:
+        _explain_loss_mask(loss_mask, generated)
+    if versions.min() < -1 or (versions >= 0).tobytes() != flags:
+        _explain_versions(versions, generated.view(np.bool_))
+    _check_logprobs(behavior_logprobs, generated.view(np.bool_), flags)
+    return flags
 
 
-def _flags(name: str, arr: np.ndarray) -> np.ndarray:
-    """A 0/1 uint8 array as a bool view: comparisons of bools are the cheapest numpy passes."""
-    if arr.dtype != np.uint8:
+def _check_uint8(name: str, arr: np.ndarray) -> None:
+    if arr.dtype != np.uint8:  # read as bytes and bools below, which only holds for one-byte arrays
         raise TypeError(f"{name} must be uint8, got {arr.dtype}")
-    if arr.max() > 1:
+
+
+def _flags(name: str, arr: np.ndarray) -> bytes:
+    _check_uint8(name, arr)
+    if arr.shape[0] and arr.max() > 1:
         raise TrajectoryError(name, "must hold only 0 and 1")
-    return arr.view(np.bool_)
+    return arr.tobytes()
 
 
-def _check_versions(ver: np.ndarray, gen: np.ndarray) -> None:
+def _explain_loss_mask(mask: np.ndarray, gen: np.ndarray) -> None:
+    if mask.max() > 1:
+        raise TrajectoryError("loss_mask", "must hold only 0 and 1")
+    i = int(np.argmax(mask > gen))
+    raise TrajectoryError("loss_mask", f"is 1 at token {i} where generated is 0 (must be a subset)")
+
+
+def _explain_versions(ver: np.ndarray, gen: np.ndarray) -> None:
     # Valid iff generated tokens carry a version >= 0 and all others exactly -1: past the minimum,
     # "negative" must be exactly "not generated".
-    wrong = (ver < 0) == gen
-    if ver.min() < -1 or wrong.any():
-        i = int(np.argmax((ver < -1) | wrong))
-        raise TrajectoryError(
-            "versions",
-            f"must be -1 exactly where generated is 0 and >= 0 elsewhere (token {i}: "
-            f"generated={int(gen[i])}, version={int(ver[i])})",
-        )
+    i = int(np.argmax((ver < -1) | ((ver < 0) == gen)))
+    raise TrajectoryError(
+        "versions",
+        f"must be -1 exactly where generated is 0 and >= 0 elsewhere (token {i}: "
+        f"generated={int(gen[i])}, version={int(ver[i])})",
+    )
 
 
-def _check_logprobs(lp: np.ndarray, gen: np.ndarray) -> None:
+def _check_logprobs(lp: np.ndarray, gen: np.ndarray, flags: bytes) -> None:
     # max() is NaN when any entry is NaN, so the comparison fails for NaN too.
     # A small positive slack: engines round log_softmax in low precision.
     if not (lp.max() <= _LOGPROB_SLACK and lp.min() > -np.inf):
         raise TrajectoryError("behavior_logprobs", "must be finite log-probabilities (<= 0)")
-    if (outside := (lp != 0) > gen).any():  # -0.0 counts as 0
-        i = int(np.argmax(outside))
+    nonzero = lp != 0  # -0.0 counts as 0
+    if np.bitwise_or(nonzero, gen, out=nonzero).tobytes() != flags:
+        i = int(np.argmax((lp != 0) > gen))
         raise TrajectoryError("behavior_logprobs", f"must be 0 where generated is 0 (token {i}: {lp[i]})")
 
 
@@ -478,7 +501,9 @@ def _check_turns(n: int, prompt_len: int, turns: tuple[Any, ...], truncation: Tr
     for i, turn in enumerate(turns):
         if not isinstance(turn, Turn):
             raise TrajectoryError("turns", f"turn {i} is {type(turn).__name__}, not Turn")
-        if not (_is_int(turn.start) and _is_int(turn.end)):
+        if (type(turn.start) is not int or type(turn.end) is not int) and not (
+            _is_int(turn.start) and _is_int(turn.end)
+        ):
             raise TrajectoryError("turns", f"turn {i} span bounds must be ints")
         if not prev_end <= turn.start <= turn.end <= n:
             raise TrajectoryError(

@@ -164,6 +164,7 @@ def _corrupt_cases():
         ),
         ("turn past the end", with_one("turns", [[5, T + 1, "stop", []]]), "Trajectory.turns: turn 0 span"),
         ("bad truncation", with_one("truncation", ["sliced", 3, ""]), "malformed truncation"),
+        ("empty truncation", with_one("truncation", []), "malformed truncation"),
         ("truncation at a string", with_one("truncation", ["stop_episode", "3", ""]), "not a number"),
         (
             "truncation past the end",
