@@ -14,6 +14,7 @@ import enum
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Any
 
 import numpy as np
@@ -191,21 +192,24 @@ class Trajectory:
         flags = _check_token_arrays(**arrays)  # only 0 and 1: find() below looks for a 1 in a prompt
         for name in _STRING_FIELDS:
             _check_strings(name, columns[name])
-        whole = [arrays[name] for name in _ARRAY_DTYPES]
-        heads = zip(*(columns[name] for name in _STRING_FIELDS), strict=True)
-        tails = zip(*(_checked_column(name, columns[name]) for name in _TAIL_FIELDS), strict=True)
-        out, at = [], 0
-        for n, head, tail in zip(lens, heads, tails, strict=True):
-            prompt_len, turns, _, _, _, truncation, _ = tail
+        tails = [_checked_column(name, columns[name]) for name in _TAIL_FIELDS]
+        prompt_lens, turns_column, _, _, _, truncations, _ = tails
+        starts = list(accumulate(lens, initial=0))
+        for n, at, prompt_len, turns, truncation in zip(
+            lens, starts, prompt_lens, turns_column, truncations, strict=False
+        ):
             _check_prompt_len(n, prompt_len)
             if flags.find(1, at, at + prompt_len) >= 0:
                 raise TrajectoryError("generated", _GENERATED_PROMPT)
             _check_turns(n, prompt_len, turns, truncation)
-            record = _PlainTrajectory(*head, *[a[at : at + n] for a in whole], *tail)
+        # Built column-wise as well: one slice list per array, then map() passes the columns
+        # straight to the constructor, with no argument tuple per record.
+        spans = list(zip(starts, starts[1:], strict=False))
+        parts = [[a[start:end] for start, end in spans] for a in (arrays[name] for name in _ARRAY_DTYPES)]
+        records = list(map(_PlainTrajectory, *(columns[name] for name in _STRING_FIELDS), *parts, *tails))
+        for record in records:
             record.__class__ = Trajectory
-            out.append(record)
-            at += n
-        return out
+        return records
 
     def _check_rest(self) -> None:
         for name in _STRING_FIELDS:
