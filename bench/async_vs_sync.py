@@ -30,10 +30,12 @@ that keeps the staleness promise reaches it, since the batch in training holds i
 
 Still optimistic: groups that finished wait to be read until a batch is complete, and stragglers
 finish late. The gate bounds staleness at admission; a group admitted within budget that finishes
-versions later arrives staler than s. The trainer here does what the real one does: such a group
-is dropped, its place given back (gate.reject) and another read instead, so the staleness of what
-is trained never exceeds s. Reported: staleness at arrival and as trained, and the fraction
-dropped.
+versions later arrives staler than s. The trainer here screens as the real one does
+(trainer.step.screen_group): an episode whose oldest token is more than s versions old is left out,
+and a group left with fewer than two episodes is dropped, its place given back (gate.reject) and
+another read instead, so the staleness of what is trained never exceeds s. Reported: staleness at
+arrival (a group's oldest member) and as trained (its oldest member trained), the fraction of groups
+dropped, and the fraction of the trained groups' episodes used (members_trained_frac).
 
 The manager also culls: a group that can no longer be trained (fewer than two of its episodes
 within max_staleness of the policy) is cancelled while it generates, frees its place at once and
@@ -42,7 +44,8 @@ stragglers hold their places until they finish, only to be dropped) and on.
 
 Prints one JSON line: sync_groups_per_s, async_groups_per_s (trained groups, culling on), speedup,
 bound, fraction_of_bound, staleness_at_arrival, staleness_trained, dropped_stale_frac,
-max_staleness_trained, culled; and the same figures of the run without culling under ``no_cull``.
+members_trained_frac, max_staleness_trained, culled; and the same figures of the run without
+culling under ``no_cull``.
 Usage: python bench/async_vs_sync.py [--steps 6]
 """
 
@@ -65,6 +68,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agent_loop.agent import EpisodeConfig, run_episode
+from agent_loop.culling import TRAINABLE_MEMBERS
 from agent_loop.manager import ManagerConfig, RolloutManager
 from engine.protocol import Engine
 from engine.types import FinishReason, Generation, SamplingParams
@@ -180,8 +184,9 @@ async def async_run(
         cull_stale=cull,
     )
     manager = RolloutManager(store, engine, env, renderer, cfg)  # type: ignore[arg-type]
-    arrival: collections.Counter[int] = collections.Counter()
-    trained: collections.Counter[int] = collections.Counter()
+    arrival: collections.Counter[int] = collections.Counter()  # groups by their oldest member's staleness
+    trained: collections.Counter[int] = collections.Counter()  # the same, over the members trained
+    members = 0
     t0 = time.perf_counter()
     producing = asyncio.create_task(manager.run())
     for _ in range(steps):
@@ -191,15 +196,16 @@ async def async_run(
         batch: list[Any] = []
         while len(batch) < B:
             for e in await store.groups.read("trainer", "t", count=B - len(batch), block_ms=100):
-                v = np.concatenate([t.versions[t.generated.astype(bool)] for t in e.trajectories])
-                age = version - int(v.min())
-                arrival[age] += 1
-                if age > STALENESS:
+                ages = [version - int(t.versions[t.generated.astype(bool)].min()) for t in e.trajectories]
+                arrival[max(ages)] += 1
+                fresh = [a for a in ages if a <= STALENESS]
+                if len(fresh) < TRAINABLE_MEMBERS:
                     await store.gate.reject(1)
                     await store.groups.ack("trainer", [e.entry_id])
                 else:
                     batch.append(e)
-                    trained[age] += 1
+                    trained[max(fresh)] += 1
+                    members += len(fresh)
         await asyncio.sleep(T_TRAIN)  # train on them
         await store.groups.ack("trainer", [e.entry_id for e in batch])
         engine.version = await store.policy.publish(f"/sim/{version + 1}")
@@ -212,6 +218,7 @@ async def async_run(
         "staleness_at_arrival": dict(sorted(arrival.items())),
         "staleness_trained": dict(sorted(trained.items())),
         "dropped_stale_frac": round(1 - sum(trained.values()) / read, 3),
+        "members_trained_frac": round(members / (steps * B * G), 3),
         "max_staleness_trained": max(trained),
         "culled": manager.stats.groups_culled,
     }
