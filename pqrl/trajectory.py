@@ -433,12 +433,12 @@ def _check_token_arrays(
     ):
         if arr.shape[0] != n:
             raise TrajectoryError(name, f"length {arr.shape[0]} != len(tokens) {n}")
-    _check_uint8("loss_mask", loss_mask)
-    flags = _flags("generated", generated)
     if n == 0:
-        return flags
+        return b""
     if tokens.min() < 0:
         raise TrajectoryError("tokens", "token ids must be >= 0")
+    flags = _flags("generated", generated)
+    _check_uint8("loss_mask", loss_mask)
     # Within 0/1 generated flags, OR-ing in the mask leaves them unchanged iff the mask is a 0/1 subset.
     if np.bitwise_or(loss_mask, generated).tobytes() != flags:
         _explain_loss_mask(loss_mask, generated)
@@ -455,7 +455,7 @@ def _check_uint8(name: str, arr: np.ndarray) -> None:
 
 def _flags(name: str, arr: np.ndarray) -> bytes:
     _check_uint8(name, arr)
-    if arr.shape[0] and arr.max() > 1:
+    if arr.max() > 1:
         raise TrajectoryError(name, "must hold only 0 and 1")
     return arr.tobytes()
 
