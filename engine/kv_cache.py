@@ -17,6 +17,7 @@ transformers before 4.56 has no per-layer cache objects: there the plain ``Dynam
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -31,8 +32,9 @@ def new_cache() -> Any:
     from transformers import DynamicCache
 
     cache = DynamicCache()
-    if _LAYERED:
-        cache.layer_class_to_replicate = GrowingLayer
+    layer = _growing_layer()
+    if layer is not None:
+        cache.layer_class_to_replicate = layer
     return cache
 
 
@@ -40,11 +42,12 @@ def cache_from(kv: list[tuple[torch.Tensor, torch.Tensor]]) -> Any:
     """A cache holding these per-layer ``[B, H, L, D]`` keys and values (not copied until it grows)."""
     from transformers import DynamicCache
 
-    if not _LAYERED:
+    layer = _growing_layer()
+    if layer is None:
         legacy = getattr(DynamicCache, "from_legacy_cache", None)
         return legacy(tuple(kv)) if legacy is not None else DynamicCache(kv)
     cache = new_cache()
-    cache.layers = [GrowingLayer.holding(k, v) for k, v in kv]
+    cache.layers = [layer.holding(k, v) for k, v in kv]
     return cache
 
 
@@ -59,74 +62,77 @@ def _room(length: int) -> int:
     return length + max(_MIN_ROOM, length // 4)
 
 
-try:
-    from transformers.cache_utils import DynamicLayer
+@functools.cache
+def _growing_layer() -> Any:
+    """The layer class, built on first use: importing transformers at module import would pull in
+    its hub client's dependencies, which the engine's compute path does without."""
+    try:
+        from transformers.cache_utils import DynamicLayer
+    except ImportError:  # transformers < 4.56
+        return None
 
-    _LAYERED = True
-except ImportError:  # transformers < 4.56
-    DynamicLayer = object  # type: ignore[assignment,misc]
-    _LAYERED = False
+    class GrowingLayer(DynamicLayer):
+        """One layer's keys and values: views of buffers with spare room along the sequence axis."""
 
+        _kbuf: torch.Tensor | None = None
+        _vbuf: torch.Tensor | None = None
 
-class GrowingLayer(DynamicLayer):  # type: ignore[misc,valid-type]
-    """One layer's keys and values: views of buffers with spare room along the sequence axis."""
+        @classmethod
+        def holding(cls, keys: torch.Tensor, values: torch.Tensor) -> GrowingLayer:
+            layer = cls()
+            layer.lazy_initialization(keys, values)
+            layer.keys, layer.values = keys, values
+            return layer
 
-    _kbuf: torch.Tensor | None = None
-    _vbuf: torch.Tensor | None = None
+        def update(
+            self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+        ) -> tuple[torch.Tensor, torch.Tensor]:
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+            L, n = self.get_seq_length(), key_states.shape[-2]
+            if not self._fits(L + n, key_states):
+                self._grow(L, _room(L + n), key_states)
+            assert self._kbuf is not None and self._vbuf is not None
+            self._kbuf[..., L : L + n, :] = key_states
+            self._vbuf[..., L : L + n, :] = value_states
+            self.keys, self.values = self._kbuf[..., : L + n, :], self._vbuf[..., : L + n, :]
+            return self.keys, self.values
 
-    @classmethod
-    def holding(cls, keys: torch.Tensor, values: torch.Tensor) -> GrowingLayer:
-        layer = cls()
-        layer.lazy_initialization(keys, values)
-        layer.keys, layer.values = keys, values
-        return layer
+        def batch_select_indices(self, indices: torch.Tensor) -> None:
+            # One copy of the rows kept, room included (the base class's copy would drop the room).
+            if self.get_seq_length() > 0 and self._owns_views():
+                assert self._kbuf is not None and self._vbuf is not None
+                L = self.keys.shape[-2]
+                self._kbuf, self._vbuf = self._kbuf[indices], self._vbuf[indices]
+                self.keys, self.values = self._kbuf[..., :L, :], self._vbuf[..., :L, :]
+            else:
+                super().batch_select_indices(indices)
 
-    def update(
-        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-        L, n = self.get_seq_length(), key_states.shape[-2]
-        if not self._fits(L + n, key_states):
-            self._grow(L, _room(L + n), key_states)
-        assert self._kbuf is not None and self._vbuf is not None
-        self._kbuf[..., L : L + n, :] = key_states
-        self._vbuf[..., L : L + n, :] = value_states
-        self.keys, self.values = self._kbuf[..., : L + n, :], self._vbuf[..., : L + n, :]
-        return self.keys, self.values
+        def _owns_views(self) -> bool:
+            """Whether ``keys``/``values`` are still this layer's buffers (nothing replaced them)."""
+            return (
+                self._kbuf is not None
+                and self._vbuf is not None
+                and self.keys.data_ptr() == self._kbuf.data_ptr()
+                and self.values.data_ptr() == self._vbuf.data_ptr()
+                and self.keys.shape[0] == self._kbuf.shape[0]
+            )
 
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
-        # One copy of the rows kept, room included (the base class's copy would drop the room).
-        if self.get_seq_length() > 0 and self._kbuf is not None and self._owns_views():
-            L = self.keys.shape[-2]
-            self._kbuf, self._vbuf = self._kbuf[indices], self._vbuf[indices]
-            self.keys, self.values = self._kbuf[..., :L, :], self._vbuf[..., :L, :]
-        else:
-            super().batch_select_indices(indices)
+        def _fits(self, length: int, new: torch.Tensor) -> bool:
+            return (
+                self._owns_views()
+                and self._kbuf is not None
+                and length <= self._kbuf.shape[-2]
+                and self._kbuf.shape[1] == new.shape[1]
+            )
 
-    def _owns_views(self) -> bool:
-        """Whether ``keys``/``values`` are still this layer's buffers (nothing replaced them)."""
-        return (
-            self._kbuf is not None
-            and self._vbuf is not None
-            and self.keys.data_ptr() == self._kbuf.data_ptr()
-            and self.values.data_ptr() == self._vbuf.data_ptr()
-            and self.keys.shape[0] == self._kbuf.shape[0]
-        )
+        def _grow(self, length: int, capacity: int, like: torch.Tensor) -> None:
+            B, H, _, D = like.shape
+            kbuf = like.new_empty(B, H, capacity, D)
+            vbuf = like.new_empty(B, H, capacity, D)
+            if length:
+                kbuf[..., :length, :] = self.keys
+                vbuf[..., :length, :] = self.values
+            self._kbuf, self._vbuf = kbuf, vbuf
 
-    def _fits(self, length: int, new: torch.Tensor) -> bool:
-        return (
-            self._owns_views()
-            and self._kbuf is not None
-            and length <= self._kbuf.shape[-2]
-            and self._kbuf.shape[1] == new.shape[1]
-        )
-
-    def _grow(self, length: int, capacity: int, like: torch.Tensor) -> None:
-        B, H, _, D = like.shape
-        kbuf = like.new_empty(B, H, capacity, D)
-        vbuf = like.new_empty(B, H, capacity, D)
-        if length:
-            kbuf[..., :length, :] = self.keys
-            vbuf[..., :length, :] = self.values
-        self._kbuf, self._vbuf = kbuf, vbuf
+    return GrowingLayer
