@@ -23,7 +23,9 @@ twice compares two engines):
     sharing_bf16  prefix sharing on, the trainer under bfloat16 autocast (``model.dtype: bfloat16``)
     bf16_no_ckpt  as sharing_bf16, without gradient checkpointing
 
-Prints one JSON line per variant, then the last line: the last variant's ``sync_step_s``,
+Prints one JSON line per variant (with the engine's own time in prefills and decode steps over the
+whole run, ``engine_prefill_s`` and ``engine_decode_s``, and ``decode_step_s`` at ``decode_mean_rows``
+rows, when its engine reports them), then the last line: the last variant's ``sync_step_s``,
 ``async_step_s``, ``generate_s``, ``train_s``, ``weight_sync_s``, ``generate_tok_s``, with the ratios
 of the baseline to it.
 

@@ -18,6 +18,7 @@ logprob_chunk_tokens``):
     after_trim: glibc default plus malloc_trim after each step, 2048, on, on, 512
     bf16_trim: as after_trim, under bfloat16 autocast (``model.dtype: bfloat16``)
     bf16_no_ckpt: as bf16_trim, without gradient checkpointing
+    bf16_compact: as after (``train.compact_memory: true``), under bfloat16 autocast
 
     python bench/trainer_memory.py [--rounds 1] [--steps 2] [--configs before,after]
 
@@ -53,6 +54,7 @@ CONFIGS = {
     "after_trim": {"heap": "trim", **_AFTER},
     "bf16_trim": {"heap": "trim", **_AFTER, "bf16": True},
     "bf16_no_ckpt": {"heap": "trim", **_AFTER, "gc": False, "bf16": True},
+    "bf16_compact": {"heap": True, **_AFTER, "bf16": True},
 }
 PROMPT, TURNS, GROUPS, G = 400, ((30, 15), (20, 0)), 2, 8
 
