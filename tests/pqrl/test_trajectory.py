@@ -168,14 +168,27 @@ def test_records_built_from_columns_equal_the_constructed_ones():
     assert all(not t.tokens.flags.writeable for t in built)
 
 
-@pytest.mark.parametrize("label,changes,field", _bad_cases(), ids=[c[0] for c in _bad_cases()])
+def _column_cases():
+    """The bad cases whose arrays keep their dtype and shape: converting those is the caller's job
+    (the codec reads arrays as stored), so the column builder is not asked to."""
+    t = make_trajectory()
+    return [
+        c
+        for c in _bad_cases()
+        if all(
+            np.ndim(v) == 1 and np.asarray(v).dtype == getattr(t, k).dtype
+            for k, v in c[1].items()
+            if k in _ARRAYS
+        )  # fmt: skip
+    ]
+
+
+@pytest.mark.parametrize("label,changes,field", _column_cases(), ids=[c[0] for c in _column_cases()])
 def test_records_built_from_columns_are_checked_as_one_record_is(label, changes, field):
     # The same rules, checked column by column and over the concatenated arrays: a bad second
     # record is rejected naming the same field as its constructor does.
     t = make_trajectory()
     bad = {**_fields(t), **changes}
-    if any(np.ndim(bad[k]) != 1 or np.asarray(bad[k]).dtype != getattr(t, k).dtype for k in _ARRAYS):
-        pytest.skip("dtypes and shapes are the caller's to convert (the codec reads them as stored)")
     _, _, columns = _columns([t, t])
     arrays = {k: np.concatenate([getattr(t, k), bad[k]]) for k in _ARRAYS}
     lens = [t.num_tokens, len(bad["tokens"])]
