@@ -90,7 +90,7 @@ def _growing_layer() -> Any:
             if not self.is_initialized:
                 self.lazy_initialization(key_states, value_states)
             L, n = self.get_seq_length(), key_states.shape[-2]
-            if not self._fits(L + n, key_states):
+            if not self._fits(L + n):
                 self._grow(L, _room(L + n), key_states)
             assert self._kbuf is not None and self._vbuf is not None
             self._kbuf[..., L : L + n, :] = key_states
@@ -118,13 +118,8 @@ def _growing_layer() -> Any:
                 and self.keys.shape[0] == self._kbuf.shape[0]
             )
 
-        def _fits(self, length: int, new: torch.Tensor) -> bool:
-            return (
-                self._owns_views()
-                and self._kbuf is not None
-                and length <= self._kbuf.shape[-2]
-                and self._kbuf.shape[1] == new.shape[1]
-            )
+        def _fits(self, length: int) -> bool:
+            return self._owns_views() and length <= self._kbuf.shape[-2]  # type: ignore[union-attr]
 
         def _grow(self, length: int, capacity: int, like: torch.Tensor) -> None:
             B, H, _, D = like.shape
