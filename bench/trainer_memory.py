@@ -19,16 +19,20 @@ logprob_chunk_tokens``):
     bf16_trim: as after_trim, under bfloat16 autocast (``model.dtype: bfloat16``)
     bf16_no_ckpt: as bf16_trim, without gradient checkpointing
     bf16_compact: as after (``train.compact_memory: true``), under bfloat16 autocast
+    bf16_fused: as bf16_trim, with the fused AdamW (``trainer.optim.adamw``)
+    bf16_trimming: as bf16_fused, also trimming while the step runs, whenever the resident set has
+        grown by TRIM_GROWTH_BYTES (the quickstart now); ``bf16_trimming@128`` at 128 MiB of growth
 
     python bench/trainer_memory.py [--rounds 1] [--steps 2] [--configs before,after]
 
 Prints one JSON line per run, then a last line: per configuration the medians and the ratios to
-``before`` (peak_rss_ratio, step_s_ratio).
+the first configuration named (peak_rss_ratio, step_s_ratio).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -55,6 +59,8 @@ CONFIGS = {
     "bf16_trim": {"heap": "trim", **_AFTER, "bf16": True},
     "bf16_no_ckpt": {"heap": "trim", **_AFTER, "gc": False, "bf16": True},
     "bf16_compact": {"heap": True, **_AFTER, "bf16": True},
+    "bf16_fused": {"heap": "trim", **_AFTER, "bf16": True, "fused": True},
+    "bf16_trimming": {"heap": "trimming", **_AFTER, "bf16": True, "fused": True},
 }
 PROMPT, TURNS, GROUPS, G = 400, ((30, 15), (20, 0)), 2, 8
 
@@ -86,23 +92,38 @@ def _groups(step: int) -> list:
     return out
 
 
+def _config(name: str) -> dict:
+    """``name``'s settings; ``name@M`` is a trimming configuration trimming at M MiB of growth."""
+    base, _, growth = name.partition("@")
+    conf = dict(CONFIGS[base])
+    if growth:
+        if conf["heap"] != "trimming":
+            raise ValueError(f"{name}: only a trimming configuration takes @MiB")
+        conf["trim_growth_mb"] = int(growth)
+    return conf
+
+
 def child(name: str, steps: int) -> dict:
     """One configuration in this (fresh) process."""
-    conf = CONFIGS[name]
+    conf = _config(name)
     if conf["heap"] is True:
         from pqrl.heap import fix_mmap_threshold
 
         assert fix_mmap_threshold(int(os.environ.get("BENCH_MMAP_THRESHOLD", 1 << 20)))
     import torch
 
+    from pqrl.heap import TRIM_GROWTH_BYTES, trim, trimming
     from pqrl.model_cache import load_model
     from trainer.config import StepConfig
+    from trainer.optim import adamw
     from trainer.step import train_step
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
     model = load_model(dtype=torch.float32)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=2e-5)
+    make = adamw if conf.get("fused") else torch.optim.AdamW  # torch's own AdamW: the earlier configs
+    optimizer = make(model.parameters(), lr=2e-5)
+    growth_mb = conf.get("trim_growth_mb", TRIM_GROWTH_BYTES >> 20)
     cfg = StepConfig(temperature=0.7, max_staleness=1, micro_batch_tokens=conf["micro_batch_tokens"],
                      share_prefix=conf["share_prefix"], gradient_checkpointing=conf["gc"],
                      logprob_chunk_tokens=conf["chunk"], cpu_autocast=conf.get("bf16", False))  # fmt: skip
@@ -110,14 +131,14 @@ def child(name: str, steps: int) -> dict:
     pool = ThreadPoolExecutor(1)  # the job trains in a worker thread (its own malloc arena) too
     for s in range(steps):
         t0 = time.perf_counter()
-        m = pool.submit(train_step, model, optimizer, _groups(s), version=0, cfg=cfg).result()
+        with trimming(growth_mb << 20) if conf["heap"] == "trimming" else contextlib.nullcontext():
+            m = pool.submit(train_step, model, optimizer, _groups(s), version=0, cfg=cfg).result()
         if conf["heap"] == "trim":
-            from pqrl.heap import trim
-
             trim()
         step_s.append(time.perf_counter() - t0)
         forward_tokens = m["perf/forward_tokens"]
-    return {"config": name, **conf, "step_s": step_s, "forward_tokens": forward_tokens,
+    trimmed = {"trim_growth_mb": growth_mb} if conf["heap"] == "trimming" else {}
+    return {"config": name, **conf, **trimmed, "step_s": step_s, "forward_tokens": forward_tokens,
             "peak_rss_mb": _vm("VmHWM"), "rss_mb": _vm("VmRSS")}  # fmt: skip
 
 
@@ -132,8 +153,10 @@ def main() -> None:
         print(json.dumps(child(a.child, a.steps)), flush=True)
         return
     names = a.configs.split(",")
-    if "before" not in names or any(n not in CONFIGS for n in names):
-        ap.error(f"--configs: a comma-separated subset of {list(CONFIGS)} that includes before")
+    try:
+        [_config(n) for n in names]
+    except (KeyError, ValueError):
+        ap.error(f"--configs: a comma-separated subset of {list(CONFIGS)}; ratios are to the first")
     commit = short_commit(ROOT)
     print(f"# {' '.join(sys.argv)}; commit {commit}; load {os.getloadavg()[0]:.2f}; {os.cpu_count()} cores",
           flush=True)  # fmt: skip
@@ -157,8 +180,8 @@ def main() -> None:
             "forward_tokens": rs[-1]["forward_tokens"],
         }
     for n in names:
-        summary[n]["peak_rss_ratio"] = summary[n]["peak_rss_mb"] / summary["before"]["peak_rss_mb"]
-        summary[n]["step_s_ratio"] = summary[n]["step_s"] / summary["before"]["step_s"]
+        summary[n]["peak_rss_ratio"] = summary[n]["peak_rss_mb"] / summary[names[0]]["peak_rss_mb"]
+        summary[n]["step_s_ratio"] = summary[n]["step_s"] / summary[names[0]]["step_s"]
     print(json.dumps({"load_end": round(os.getloadavg()[0], 2), **summary}))
 
 

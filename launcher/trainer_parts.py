@@ -53,6 +53,7 @@ def trainer_parts(cfg: TrainConfig, ctx: Any) -> TrainerParts:
     from pqrl.heap import fix_mmap_threshold
     from trainer.checkpoint import latest_checkpoint, load_checkpoint
     from trainer.distributed import shard
+    from trainer.optim import adamw
 
     t = cfg.train
     if t.compact_memory:  # before the first step's activations grow a heap they then fragment
@@ -85,7 +86,7 @@ def trainer_parts(cfg: TrainConfig, ctx: Any) -> TrainerParts:
         if latest is not None and not load_critic(critic, latest):
             log.warning("%s has no critic (it was not a ppo run): the critic starts at zero", latest)
     params = [*model.parameters(), *([] if critic is None else critic.parameters())]
-    optimizer = torch.optim.AdamW(params, lr=t.lr, betas=t.betas, weight_decay=t.weight_decay)
+    optimizer = adamw(params, lr=t.lr, betas=t.betas, weight_decay=t.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: min(1.0, (s + 1) / (t.warmup_steps + 1))
     )

@@ -7,9 +7,12 @@ step they come from the heaps and leave them fragmented: on the CPU quickstart's
 held 6.1 GB after a step whose tensors need 2.5 GB. Two remedies, measured by
 ``bench/trainer_memory.py`` (``bench/results/trainer_memory_cpu.log``):
 
-- ``trim`` after each step hands the free pages back (the trainer loop always does): the resident
-  set falls back to what the tensors hold, at no measurable cost; within a step the heap still
-  fragments (peak 3.8 GB there);
+- ``trim`` after each step hands the free pages back: the resident set falls back to what the
+  tensors hold, at no measurable cost; within a step the heap still fragments (peak 3.8 GB there,
+  3.4 GB with bfloat16 matmuls, of which about 0.6 GB free heap pages);
+- ``trimming`` (what the trainer loop does around each step) also trims while the step runs, from
+  a background thread, whenever the resident set has grown by ``TRIM_GROWTH_BYTES`` since the last
+  trim;
 - ``fix_mmap_threshold`` (``train.compact_memory``) sends every block of 1 MiB or more to ``mmap``
   for good (setting it turns the dynamic rise off): peak 2.76 GB, but each such block is then
   faulted in afresh, and the step took 1.46x as long.
@@ -17,18 +20,28 @@ held 6.1 GB after a step whose tensors need 2.5 GB. Two remedies, measured by
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import functools
 import logging
+import os
 import sys
+import threading
+from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["MMAP_THRESHOLD", "fix_mmap_threshold", "trim"]
+__all__ = ["MMAP_THRESHOLD", "TRIM_GROWTH_BYTES", "fix_mmap_threshold", "resident_bytes", "trim", "trimming"]
 
 log = logging.getLogger(__name__)
 
 MMAP_THRESHOLD = 1 << 20  # bytes: small objects stay on the heap, tensors of 1 MiB and more do not
+# Trimming hands back every free page, also those the next allocation would have reused: they then
+# fault in again. Trimming only once the resident set has grown this much since the last trim
+# bounds the free pages held to about this, in few trims (bench/results/trainer_memory_cpu.log).
+TRIM_GROWTH_BYTES = 128 << 20
+_POLL_S = 0.05  # reading /proc/self/statm costs microseconds
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _M_MMAP_THRESHOLD = -3  # mallopt's parameter number, from glibc's malloc.h
 
 
@@ -63,3 +76,42 @@ def trim() -> bool:
     fn.argtypes, fn.restype = [ctypes.c_size_t], ctypes.c_int
     fn(0)
     return True
+
+
+def resident_bytes() -> int | None:
+    """This process's resident set (``/proc/self/statm``); None where there is no procfs."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * _PAGE
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+@contextlib.contextmanager
+def trimming(growth_bytes: int = TRIM_GROWTH_BYTES, poll_s: float = _POLL_S) -> Iterator[None]:
+    """While the body runs, trims whenever the resident set has grown by ``growth_bytes`` since the
+    last trim (checked every ``poll_s`` seconds from a background thread), then once more at its
+    end. ``malloc_trim`` takes each arena's lock in turn, so it is safe beside threads that
+    allocate; they wait at most the length of one arena's trim."""
+    if getattr(_libc(), "malloc_trim", None) is None or resident_bytes() is None:
+        yield
+        return
+    stop = threading.Event()
+    trim()
+    floor = resident_bytes() or 0
+
+    def run() -> None:
+        nonlocal floor
+        while not stop.wait(poll_s):
+            if (resident_bytes() or 0) - floor >= growth_bytes:
+                trim()
+                floor = resident_bytes() or 0
+
+    thread = threading.Thread(target=run, name="heap-trim", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+        trim()

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.client import EngineClient
-from pqrl.heap import trim
+from pqrl.heap import trimming
 from pqrl.store import GroupEntry, TrajectoryStore
 from trainer.checkpoint import CheckpointState, save_checkpoint
 from trainer.config import LoopConfig
@@ -177,7 +177,8 @@ class TrainerLoop:
     async def _train(self, groups: list[list[Any]], version: int) -> dict[str, float]:
         kwargs = {"scheduler": self.scheduler, "ref_model": self.ref_model, "critic": self.critic}
         self._abort.clear()
-        try:
+        # the step's freed activations fragment the heap: its free pages go back while it runs
+        with trimming():
             if self.leader is None:
                 return await asyncio.to_thread(
                     train_step, self.model, self.optimizer, groups, version, self.cfg.step, **kwargs,
@@ -187,8 +188,6 @@ class TrainerLoop:
             return await asyncio.to_thread(
                 self.leader.train, self.model, self.optimizer, groups, version, self.cfg.step, **kwargs
             )
-        finally:
-            trim()  # the step's freed activations fragment the heap: hand the free pages back
 
     async def checkpoint(self, *, sampler_position: int | None = None) -> Path:
         """Writes a checkpoint of the current step, then acknowledges the groups it covers."""

@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from pqrl.model_cache import DEFAULT_MODEL
 from pqrl.trajectory import Trajectory
+from trainer.optim import adamw
 
 __all__ = [
     "SFTConfig",
@@ -179,7 +180,7 @@ def train_sft(
     rng = random.Random(cfg.seed)
     per_epoch = math.ceil(len(demos) / cfg.batch_size)
     total = per_epoch * cfg.epochs if cfg.max_steps is None else min(cfg.max_steps, per_epoch * cfg.epochs)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    optimizer = adamw(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     model.train()
     history: list[dict[str, Any]] = []
     bar = tqdm(total=total, desc="sft", unit="step", disable=not progress)
