@@ -9,11 +9,14 @@ Each measurement runs ``BatchEngine`` in a fresh process (SmolLM2-135M-Instruct,
 ``--baseline-commit``. It admits 16 rows (2 prompts of ``context`` tokens x 8, the way a GRPO step
 sends groups), then decodes ``--new-tokens`` tokens for every row (``ignore_eos``, T 0.7) and reports
 the mean decode step. Baseline and new alternate, ``--rounds`` times per context, and the medians are
-compared. Prints one JSON line per context and a last line with every context's ``ratio``
-(baseline decode step / new decode step: above 1 means faster now).
+compared. ``--matmul-dtype bfloat16`` runs this tree's engine with its linear layers multiplying in
+bfloat16 (``engine.matmul``; the baseline stays float32): with ``--baseline-commit HEAD`` that
+compares the two on the same code. Prints one JSON line per context and a last line with every
+context's ``ratio`` (baseline decode step / new decode step: above 1 means faster now) and
+``prefill_ratio``.
 
     python bench/engine_context.py --baseline-commit C [--contexts 128,512,2048] [--rounds 3]
-                                   [--new-tokens 32] [--threads 1]
+                                   [--new-tokens 32] [--threads 1] [--matmul-dtype bfloat16]
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ sys.path.insert(0, os.environ.get("PQRL_BENCH_CHECKOUT", str(ROOT)))
 ROWS_PER_PROMPT, PROMPTS = 8, 2
 
 
-def measure(context: int, new_tokens: int) -> dict[str, float]:
+def measure(context: int, new_tokens: int, matmul_dtype: str) -> dict[str, float]:
     """Runs in the checkout under test (its ``engine`` package is first on the path)."""
     import time
 
@@ -44,7 +47,12 @@ def measure(context: int, new_tokens: int) -> dict[str, float]:
     from engine.sampling import SamplingParams
     from pqrl.model_cache import load_model, load_tokenizer
 
-    engine = BatchEngine(load_model(dtype=torch.float32), load_tokenizer(), seed=0)
+    model = load_model(dtype=torch.float32)
+    if matmul_dtype == "bfloat16":
+        from engine.matmul import matmul_in_bfloat16
+
+        matmul_in_bfloat16(model)
+    engine = BatchEngine(model, load_tokenizer(), seed=0)
     params = SamplingParams(temperature=0.7, max_new_tokens=new_tokens, ignore_eos=True)
 
     def one() -> tuple[float, float]:
@@ -67,10 +75,10 @@ def measure(context: int, new_tokens: int) -> dict[str, float]:
     return {"prefill_s": prefill_s, "decode_step_s": step_s}
 
 
-def _run(root: Path, args: argparse.Namespace, context: int) -> dict[str, float]:
+def _run(root: Path, args: argparse.Namespace, context: int, matmul_dtype: str) -> dict[str, float]:
     env = os.environ | {"PQRL_BENCH_CHECKOUT": str(root), "OMP_NUM_THREADS": str(args.threads)}
     cmd = [sys.executable, __file__, "--measure", str(context), "--new-tokens", str(args.new_tokens),
-           "--threads", str(args.threads)]  # fmt: skip
+           "--threads", str(args.threads), "--matmul-dtype", matmul_dtype]  # fmt: skip
     out = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True)
     if out.returncode != 0:
         raise SystemExit(f"measurement in {root} failed:\n{out.stderr[-3000:]}")
@@ -85,12 +93,13 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--matmul-dtype", choices=("weights", "bfloat16"), default="weights")
     args = ap.parse_args()
     if args.measure is not None:
         import torch
 
         torch.set_num_threads(args.threads)
-        print(json.dumps(measure(args.measure, args.new_tokens)))
+        print(json.dumps(measure(args.measure, args.new_tokens, args.matmul_dtype)))
         return
     if not args.baseline_commit:
         ap.error("--baseline-commit is required")
@@ -98,21 +107,23 @@ def main() -> None:
     from bench.learning import short_commit
 
     contexts = [int(c) for c in args.contexts.split(",")]
-    ratios = {}
+    ratios, prefill_ratios = {}, {}
     with worktree(args.baseline_commit) as base:
         for context in contexts:
             runs: dict[str, list[dict[str, float]]] = {"baseline": [], "new": []}
             for r in range(args.rounds):  # alternate which goes first
-                order = [("baseline", base), ("new", ROOT)]
-                for side, root in order if r % 2 == 0 else order[::-1]:
-                    runs[side].append(_run(root, args, context))
+                order = [("baseline", base, "weights"), ("new", ROOT, args.matmul_dtype)]
+                for side, root, matmul in order if r % 2 == 0 else order[::-1]:
+                    runs[side].append(_run(root, args, context, matmul))
             med = {side: {k: round(statistics.median(x[k] for x in rs), 4) for k in rs[0]}
                    for side, rs in runs.items()}  # fmt: skip
             ratios[context] = round(med["baseline"]["decode_step_s"] / med["new"]["decode_step_s"], 2)
+            prefill_ratios[context] = round(med["baseline"]["prefill_s"] / med["new"]["prefill_s"], 2)
             per_round = {s: [x["decode_step_s"] for x in rs] for s, rs in runs.items()}
             print(json.dumps({"context": context, **med, "ratio": ratios[context],
                               "decode_step_s_per_round": per_round}), flush=True)  # fmt: skip
-    print(json.dumps({"ratio": ratios, "baseline_commit": args.baseline_commit, "commit": short_commit(ROOT),
+    print(json.dumps({"ratio": ratios, "prefill_ratio": prefill_ratios, "matmul_dtype": args.matmul_dtype,
+                      "baseline_commit": args.baseline_commit, "commit": short_commit(ROOT),
                       "rows": PROMPTS * ROWS_PER_PROMPT, "new_tokens": args.new_tokens,
                       "threads": args.threads}))  # fmt: skip
 

@@ -22,12 +22,15 @@ twice compares two engines):
     sharing       prefix sharing on (the engine's default), the trainer in float32 (the default on CPU)
     sharing_bf16  prefix sharing on, the trainer under bfloat16 autocast (``model.dtype: bfloat16``)
     bf16_no_ckpt  as sharing_bf16, without gradient checkpointing
+    bf16_matmul   as sharing_bf16, the engine multiplying in bfloat16 too (``--matmul-dtype
+                  bfloat16``, what an embedded job with ``model.dtype: bfloat16`` runs)
 
 Prints one JSON line per variant (with the engine's own time in prefills and decode steps over the
 whole run, ``engine_prefill_s`` and ``engine_decode_s``, and ``decode_step_s`` at ``decode_mean_rows``
-rows, when its engine reports them), then the last line: the last variant's ``sync_step_s``,
-``async_step_s``, ``generate_s``, ``train_s``, ``weight_sync_s``, ``generate_tok_s``, with the ratios
-of the baseline to it.
+rows, when its engine reports them, and the trainer's mean ``mismatch_kl``: how far the engine's
+sampling probabilities are from the trainer's on the same weights), then the last line: the last
+variant's ``sync_step_s``, ``async_step_s``, ``generate_s``, ``train_s``, ``weight_sync_s``,
+``generate_tok_s``, with the ratios of the baseline to it.
 
     python bench/grpo_step.py [--steps 3] [--engine-threads 1] [--trainer-threads 1]
                               [--variants no_sharing,sharing] [--weights-dir DIR]
@@ -57,16 +60,19 @@ from bench.checkout import worktree  # noqa: E402
 from bench.learning import short_commit  # noqa: E402
 
 GROUPS, G = 2, 8
-# name: (engine prefix-cache tokens, step settings replaced)
-VARIANTS: dict[str, tuple[int, dict[str, Any]]] = {
-    "no_sharing": (0, {"cpu_autocast": False}),
-    "sharing": (16384, {"cpu_autocast": False}),
-    "sharing_bf16": (16384, {"cpu_autocast": True}),
-    "bf16_no_ckpt": (16384, {"cpu_autocast": True, "gradient_checkpointing": False}),
+# name: (engine prefix-cache tokens, more engine flags, step settings replaced)
+VARIANTS: dict[str, tuple[int, tuple[str, ...], dict[str, Any]]] = {
+    "no_sharing": (0, (), {"cpu_autocast": False}),
+    "sharing": (16384, (), {"cpu_autocast": False}),
+    "sharing_bf16": (16384, (), {"cpu_autocast": True}),
+    "bf16_no_ckpt": (16384, (), {"cpu_autocast": True, "gradient_checkpointing": False}),
+    "bf16_matmul": (16384, ("--matmul-dtype", "bfloat16"), {"cpu_autocast": True}),
 }
 
 
-def _engine(port: int, threads: int, cache_tokens: int, root: Path) -> subprocess.Popen[bytes]:
+def _engine(
+    port: int, threads: int, cache_tokens: int, flags: tuple[str, ...], root: Path
+) -> subprocess.Popen[bytes]:
     env = os.environ | {
         "OMP_NUM_THREADS": str(threads),
         "MKL_NUM_THREADS": str(threads),
@@ -74,6 +80,7 @@ def _engine(port: int, threads: int, cache_tokens: int, root: Path) -> subproces
     }
     cmd = [sys.executable, "-m", "launcher.cli", "engine", "serve", "--backend", "builtin",
            "--port", str(port), "--seed", "0", "--prefix-cache-tokens", str(cache_tokens)]  # fmt: skip
+    cmd += flags
     return subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
@@ -90,12 +97,11 @@ class Step:
     def __init__(
         self, cfg: Any, engine: Any, model: Any, tokenizer: Any, weights_dir: str, step: dict[str, Any]
     ) -> None:
-        import torch
-
         from agent_loop.agent import EpisodeConfig
         from env_server.client import LocalEnvClient
         from launcher.jobconfig import episode_config, step_config
         from loss_masking import ChatRenderer
+        from trainer.optim import adamw
         from trainer.weight_sync import DiskWeightSync
 
         self.suite = cfg.tasks.suites[0].build()
@@ -104,10 +110,11 @@ class Step:
         self.renderer = ChatRenderer(tokenizer)
         self.episode: EpisodeConfig = dataclasses.replace(episode_config(cfg), max_turns=1)
         self.step_cfg = dataclasses.replace(step_config(cfg), **step)
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr)
+        self.optimizer = adamw(model.parameters(), lr=cfg.train.lr)
         self.sync = DiskWeightSync(engine, weights_dir)
         self.version = 0
         self.next_task = 0
+        self.mismatch_kl: list[float] = []  # the trainer's offpolicy/mismatch_kl, a step each
 
     async def generate(self) -> tuple[list[list[Any]], float, int]:
         """``GROUPS`` groups of ``G`` episodes; their seconds and generated tokens."""
@@ -135,6 +142,7 @@ class Step:
         )
         if metrics.get("rollout/trajectories_used", 0) != GROUPS * G:
             raise SystemExit(f"the step did not train every episode: {metrics}")
+        self.mismatch_kl.append(metrics["offpolicy/mismatch_kl"])
         return time.perf_counter() - t0
 
     async def push(self) -> float:
@@ -152,12 +160,12 @@ async def _variant(args: argparse.Namespace, name: str, engine_root: Path) -> di
     from pqrl.model_cache import load_model, load_tokenizer
     from pqrl.redis_server import free_port
 
-    cache_tokens, step_settings = VARIANTS[name]
+    cache_tokens, engine_flags, step_settings = VARIANTS[name]
     cfg = load_config(ROOT / "examples" / "quickstart.yaml")
     torch.set_num_threads(args.trainer_threads)
     torch.manual_seed(0)
     port = free_port()
-    proc = _engine(port, args.engine_threads, cache_tokens, engine_root)
+    proc = _engine(port, args.engine_threads, cache_tokens, engine_flags, engine_root)
     url = f"http://127.0.0.1:{port}"
     try:
         async with EngineClient(url) as engine:
@@ -197,6 +205,8 @@ async def _variant(args: argparse.Namespace, name: str, engine_root: Path) -> di
         "train_s": round(statistics.median(train), 2),
         "weight_sync_s": round(statistics.median(push), 2),
         "generate_tok_s": round(tok / sum(gen), 1),
+        # engine vs trainer on the same weights, over every step trained (warm-up included)
+        "mismatch_kl": round(statistics.mean(step.mismatch_kl), 5),
         "engine_prompt_tokens": stats.get("prompt_tokens"),
         "engine_prefill_tokens": stats.get("prefill_tokens"),
         # engine-side wall time over the whole run (warm-up, sync and async steps); absent before it existed

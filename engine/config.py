@@ -30,6 +30,11 @@ class EngineConfig(Settings):
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = setting(
         "auto", "builtin: weights' dtype (auto: float32 on CPU, bfloat16 on GPU)"
     )
+    matmul_dtype: Literal["weights", "bfloat16"] = setting(
+        "weights",
+        "builtin: weights: multiply in the weights' dtype; bfloat16: float32 weights multiplied in bfloat16, "
+        "as the trainer's CPU autocast (about 2x faster decode on CPUs with AVX512-BF16 or AMX)",
+    )
     weight_version: str = setting("0", "initial weight version (an integer string)")
     seed: int = setting(0, "seeds the sampling of requests that bring no sampling_seed")
     max_running_requests: int = setting(64, "builtin: most requests decoded together", ge=1)

@@ -33,6 +33,10 @@ def build_engine(config: EngineConfig) -> BatchEngine:
     if dtype == "auto":
         dtype = "bfloat16" if device.startswith("cuda") else "float32"
     model = load_model(config.model, dtype=getattr(torch, dtype)).to(device)
+    if config.matmul_dtype == "bfloat16":
+        from engine.matmul import matmul_in_bfloat16
+
+        matmul_in_bfloat16(model)
     return BatchEngine(
         model,
         load_tokenizer(config.model),

@@ -49,7 +49,8 @@ class ModelSection(_Section):
     dtype: Literal["auto", "float32", "bfloat16"] = Field(
         "auto",
         description="trainer precision: auto = float32 on CPU, bfloat16 autocast on GPU; bfloat16 autocasts "
-        "on CPU too (about 1.7x faster steps where the CPU has AVX512-BF16 or AMX)",
+        "on CPU too (about 1.7x faster steps where the CPU has AVX512-BF16 or AMX), and an embedded job's "
+        "engine then multiplies in bfloat16 as well (--matmul-dtype bfloat16)",
     )
 
 

@@ -110,6 +110,8 @@ def _engine_process(cfg: TrainConfig, port: int) -> Iterator[subprocess.Popen[by
     env = os.environ | {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
     cmd = [sys.executable, "-m", "launcher.cli", "engine", "serve", "--backend", "builtin",
            "--model", cfg.model.name, "--port", str(port), "--seed", str(cfg.seed)]  # fmt: skip
+    if cfg.model.dtype == "bfloat16":  # sample from the products the trainer's autocast scores with
+        cmd += ["--matmul-dtype", "bfloat16"]
     proc = _service_process(cfg.run_dir / "engine.log", cmd, env)
     try:
         yield proc

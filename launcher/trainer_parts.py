@@ -66,8 +66,9 @@ def trainer_parts(cfg: TrainConfig, ctx: Any) -> TrainerParts:
     model, tokenizer = _load_policy(str(latest / "model") if latest else cfg.model.name, device)
     step_cfg = step_config(cfg)
     if device == "cpu" and step_cfg.cpu_autocast and _cpu_has_bf16_matmul() is False:
-        log.warning("model.dtype bfloat16 on a CPU without AVX512-BF16 or AMX: bfloat16 matmuls are "
-                    "emulated and slower than float32 here; set model.dtype: auto")  # fmt: skip
+        log.warning("model.dtype bfloat16 on a CPU without AVX512-BF16 or AMX: bfloat16 matmuls (the "
+                    "trainer's, and an embedded engine's) are emulated and slower than float32 here; "
+                    "set model.dtype: auto")  # fmt: skip
     model = shard(model, ctx)
     ref_model = (
         _load_policy(cfg.model.name, device)[0].eval().requires_grad_(False)
