@@ -4,7 +4,7 @@ glibc's malloc serves requests above a threshold with ``mmap`` (returned to the 
 the rest from its heaps; by default the threshold rises to the size of every large block freed, up
 to 32 MiB. A training step allocates and frees activations of a few MiB each, so after the first
 step they come from the heaps and leave them fragmented: on the CPU quickstart's shape the trainer
-held 6.1 GB after a step whose tensors need 2.5 GB. Two remedies, measured by
+held 6.1 GB after a step whose tensors need 2.5 GB. Three remedies, measured by
 ``bench/trainer_memory.py`` (``bench/results/trainer_memory_cpu.log``):
 
 - ``trim`` after each step hands the free pages back: the resident set falls back to what the
