@@ -93,8 +93,10 @@ def resident_bytes() -> int | None:
 def trimming(growth_bytes: int = TRIM_GROWTH_BYTES, poll_s: float = _POLL_S) -> Iterator[None]:
     """While the body runs, trims whenever the resident set has grown by ``growth_bytes`` since the
     last trim (checked every ``poll_s`` seconds from a background thread), then once more at its
-    end. ``malloc_trim`` takes each arena's lock in turn, so it is safe beside threads that
-    allocate; they wait at most the length of one arena's trim."""
+    end. What this bounds is the peak: at most ``growth_bytes`` above what was resident after some
+    trim. Pages freed without growing the set stay until the next growth sets off a trim.
+    ``malloc_trim`` takes each arena's lock in turn, so it is safe beside threads that allocate;
+    they wait at most the length of one arena's trim."""
     if getattr(_libc(), "malloc_trim", None) is None or resident_bytes() is None:
         yield
         return
