@@ -40,7 +40,8 @@ log = logging.getLogger(__name__)
 MMAP_THRESHOLD = 1 << 20  # bytes: small objects stay on the heap, tensors of 1 MiB and more do not
 # Trimming hands back every free page, also those the next allocation would have reused: they then
 # fault in again. Trimming only once the resident set has grown this much since the last trim
-# bounds the free pages held to about this, in few trims (bench/results/trainer_memory_cpu.log).
+# bounds the peak to about this above a post-trim resident set, in few trims
+# (bench/results/trainer_memory_cpu.log).
 TRIM_GROWTH_BYTES = 128 << 20
 _POLL_S = 0.05  # reading /proc/self/statm costs microseconds
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -97,11 +98,10 @@ def trimming(growth_bytes: int = TRIM_GROWTH_BYTES, poll_s: float = _POLL_S) -> 
     trim. Pages freed without growing the set stay until the next growth sets off a trim.
     ``malloc_trim`` takes each arena's lock in turn, so it is safe beside threads that allocate;
     they wait at most the length of one arena's trim."""
-    if getattr(_libc(), "malloc_trim", None) is None or resident_bytes() is None:
+    if not trim() or resident_bytes() is None:  # no glibc or no procfs: nothing to trim or watch
         yield
         return
     stop = threading.Event()
-    trim()
     floor = resident_bytes() or 0
 
     def run() -> None:
