@@ -21,12 +21,19 @@ logprob_chunk_tokens``):
     bf16_compact: as after (``train.compact_memory: true``), under bfloat16 autocast
     bf16_fused: as bf16_trim, with the fused AdamW (``trainer.optim.adamw``)
     bf16_trimming: as bf16_fused, also trimming while the step runs, whenever the resident set has
-        grown by TRIM_GROWTH_BYTES (the quickstart now); ``bf16_trimming@128`` at 128 MiB of growth
+        grown by TRIM_GROWTH_BYTES; ``bf16_trimming@128`` at 128 MiB of growth
+    bf16_two_passes: as bf16_trimming with micro_batch_tokens 1024, so the step's two groups (920
+        forward tokens each) take two micro-batches, the second backpropagated beside the first's
+        gradients: what a quickstart step of over 2,048 forward tokens did with micro_batch_tokens 2048
+    bf16_one_pass: as bf16_trimming with micro_batch_tokens 4096 (the quickstart now: its steps of
+        1,800-2,200 forward tokens take one micro-batch)
 
-    python bench/trainer_memory.py [--rounds 1] [--steps 2] [--configs before,after]
+    python bench/trainer_memory.py [--rounds 1] [--steps 2] [--configs before,after] [--baseline-commit C]
 
 Prints one JSON line per run, then a last line: per configuration the medians and the ratios to
-the first configuration named (peak_rss_ratio, step_s_ratio).
+the first configuration named (peak_rss_ratio, step_s_ratio). With ``--baseline-commit C`` every
+configuration also runs on commit C's code (a git worktree; ``C:name`` in the output), alternated
+with this tree's in each round, and the ratios are this tree's to C's for the same configuration.
 """
 
 from __future__ import annotations
@@ -46,9 +53,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # before bench/, whose engine.py would shadow the engine package
 
+from bench.checkout import worktree  # noqa: E402
 from bench.learning import short_commit  # noqa: E402
 
 _AFTER = {"micro_batch_tokens": 2048, "share_prefix": True, "gc": True, "chunk": 512}
+_TRIMMING = {"heap": "trimming", **_AFTER, "bf16": True, "fused": True}
 CONFIGS = {
     "before": {"heap": False, "micro_batch_tokens": 2048, "share_prefix": False, "gc": False, "chunk": 2048},
     "heap": {"heap": True, "micro_batch_tokens": 2048, "share_prefix": False, "gc": False, "chunk": 2048},
@@ -60,7 +69,9 @@ CONFIGS = {
     "bf16_no_ckpt": {"heap": "trim", **_AFTER, "gc": False, "bf16": True},
     "bf16_compact": {"heap": True, **_AFTER, "bf16": True},
     "bf16_fused": {"heap": "trim", **_AFTER, "bf16": True, "fused": True},
-    "bf16_trimming": {"heap": "trimming", **_AFTER, "bf16": True, "fused": True},
+    "bf16_trimming": _TRIMMING,
+    "bf16_two_passes": {**_TRIMMING, "micro_batch_tokens": 1024},
+    "bf16_one_pass": {**_TRIMMING, "micro_batch_tokens": 4096},
 }
 PROMPT, TURNS, GROUPS, G = 400, ((30, 15), (20, 0)), 2, 8
 
@@ -118,6 +129,8 @@ def child(name: str, steps: int) -> dict:
     from trainer.optim import adamw
     from trainer.step import train_step
 
+    code = Path(sys.path[0]).resolve()
+    assert Path(sys.modules[train_step.__module__].__file__).resolve().is_relative_to(code), "wrong tree"
     torch.set_num_threads(1)
     torch.manual_seed(0)
     model = load_model(dtype=torch.float32)
@@ -147,9 +160,12 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--configs", default="before,heap,shared,after")
+    ap.add_argument("--baseline-commit", help="also run every configuration on this commit's code")
     ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--code", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
+        sys.path.insert(0, a.code or str(ROOT))  # the trainer's code is imported in child()
         print(json.dumps(child(a.child, a.steps)), flush=True)
         return
     names = a.configs.split(",")
@@ -160,29 +176,38 @@ def main() -> None:
     commit = short_commit(ROOT)
     print(f"# {' '.join(sys.argv)}; commit {commit}; load {os.getloadavg()[0]:.2f}; {os.cpu_count()} cores",
           flush=True)  # fmt: skip
-    runs: dict[str, list[dict]] = {n: [] for n in names}
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    for r in range(a.rounds):
-        for n in names:
-            print(f"# round {r + 1}/{a.rounds}: {n}", file=sys.stderr, flush=True)
-            proc = subprocess.run([sys.executable, __file__, "--child", n, "--steps", str(a.steps)], env=env,
-                                  capture_output=True, text=True, cwd=ROOT)  # fmt: skip
-            if proc.returncode:
-                sys.exit(f"{n} failed:\n{proc.stderr[-3000:]}")
-            out = proc.stdout
-            runs[n].append(json.loads(out.strip().splitlines()[-1]))
-            print(json.dumps(runs[n][-1]), flush=True)
+    with worktree(a.baseline_commit) as base:
+        trees = [(ROOT, "")] + ([(base, f"{a.baseline_commit}:")] if a.baseline_commit else [])
+        runs: dict[str, list[dict]] = {t + n: [] for n in names for _, t in trees}
+        for r in range(a.rounds):
+            for n in names:
+                for tree, tag in trees if r % 2 == 0 else trees[::-1]:
+                    print(f"# round {r + 1}/{a.rounds}: {tag}{n}", file=sys.stderr, flush=True)
+                    runs[tag + n].append(_run_child(tree, n, a.steps))
+                    print(json.dumps({"tree": tag or commit, **runs[tag + n][-1]}), flush=True)
     summary = {}
-    for n, rs in runs.items():
-        summary[n] = {
+    for key, rs in runs.items():
+        summary[key] = {
             "peak_rss_mb": statistics.median(x["peak_rss_mb"] for x in rs),
             "step_s": statistics.median(statistics.mean(x["step_s"]) for x in rs),
             "forward_tokens": rs[-1]["forward_tokens"],
         }
-    for n in names:
-        summary[n]["peak_rss_ratio"] = summary[n]["peak_rss_mb"] / summary[names[0]]["peak_rss_mb"]
-        summary[n]["step_s_ratio"] = summary[n]["step_s"] / summary[names[0]]["step_s"]
+    for key in runs:
+        ref = f"{a.baseline_commit}:{key}" if a.baseline_commit else names[0]
+        if ref in summary:
+            summary[key]["peak_rss_ratio"] = summary[key]["peak_rss_mb"] / summary[ref]["peak_rss_mb"]
+            summary[key]["step_s_ratio"] = summary[key]["step_s"] / summary[ref]["step_s"]
     print(json.dumps({"load_end": round(os.getloadavg()[0], 2), **summary}))
+
+
+def _run_child(tree: Path, name: str, steps: int) -> dict:
+    """One configuration in a fresh process: this bench, the trainer's code from ``tree``."""
+    cmd = [sys.executable, __file__, "--child", name, "--steps", str(steps), "--code", str(tree)]
+    proc = subprocess.run(cmd, env={**os.environ, "PYTHONPATH": str(tree)}, capture_output=True, text=True,
+                          cwd=tree)  # fmt: skip
+    if proc.returncode:
+        sys.exit(f"{name} failed in {tree}:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 if __name__ == "__main__":

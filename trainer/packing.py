@@ -244,18 +244,20 @@ def segment_attention(
     if key.shape[1] != query.shape[1]:
         groups = query.shape[1] // key.shape[1]
         key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
-    starts = _starts(seq_lens)
+    # split, not sliced per segment: a slice's backward writes its gradient into zeros the size of
+    # the whole row, so slicing costs segments x row length in the backward; split's backward is one cat
+    qs, ks, vs = (x.split(list(seq_lens), dim=2) for x in (query, key, value))
     out = []
-    for j, (start, n) in enumerate(zip(starts, seq_lens, strict=True)):
-        q, k, v = (x[:, :, start : start + n] for x in (query, key, value))
+    for j, n in enumerate(seq_lens):
+        q, k, v = qs[j], ks[j], vs[j]
         p = parents[j] if parents else -1
         if p < 0:
             o = torch.nn.functional.scaled_dot_product_attention(
                 q, k, v, dropout_p=dropout, is_causal=True, scale=scaling
             )
         else:  # the whole parent, then causal within the segment
-            ps, pn = starts[p], seq_lens[p]
-            k, v = (torch.cat([x[:, :, ps : ps + pn], y], dim=2) for x, y in ((key, k), (value, v)))
+            pn = seq_lens[p]
+            k, v = torch.cat([ks[p], k], dim=2), torch.cat([vs[p], v], dim=2)
             allowed = torch.ones(n, pn + n, dtype=torch.bool, device=q.device).tril(diagonal=pn)
             o = torch.nn.functional.scaled_dot_product_attention(
                 q, k, v, attn_mask=allowed, dropout_p=dropout, scale=scaling

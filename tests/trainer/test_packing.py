@@ -18,6 +18,7 @@ from trainer.packing import (
     first_fit_decreasing,
     pack_row,
     packed_model_kwargs,
+    segment_attention,
 )
 
 VOCAB = 101
@@ -125,3 +126,28 @@ def test_the_varlen_mode_builds_no_dense_mask():
     with torch.no_grad():
         model(**packed_model_kwargs(model, pack_row(_seqs()), mode))
     assert seen == [None]
+
+
+def _graph_nodes(t: torch.Tensor) -> list[str]:
+    seen, stack, names = set(), [t.grad_fn], []
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        names.append(type(node).__name__)
+        stack += [n for n, _ in node.next_functions]
+    return names
+
+
+def test_segment_attention_backward_writes_no_row_sized_zeros_per_segment():
+    # A slice's backward scatters its gradient into zeros the size of the whole row: with one slice
+    # per segment the backward cost segments x row length. Splitting once has a single cat instead.
+    q, k, v = (torch.randn(1, 4, 40, 8, requires_grad=True) for _ in range(3))
+    lens, parents = [10, 6, 6, 6, 12], [-1, 0, 0, 0, -1]
+    out = segment_attention(q, k, v, lens, scaling=None, dropout=0.0, parents=parents)
+    nodes = _graph_nodes(out)
+    assert nodes.count("SplitWithSizesBackward0") == 3 and "SliceBackward0" not in nodes
+    out.square().sum().backward()
+    for x in (q, k, v):  # every segment, the last root's too, gets its gradient back through the cat
+        assert all(g.abs().sum() > 0 for g in x.grad.split(lens, dim=2))
