@@ -567,6 +567,7 @@ def _minibatch_update(
     params = list(model.parameters()) + ([] if batch.critic is None else list(batch.critic.parameters()))
     grad_norm = _full(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm))
     optimizer.step()
+    optimizer.zero_grad(set_to_none=True)  # applied: freed now, not held while the trainer waits
     if scheduler is not None:
         scheduler.step()
     return grad_norm, normalizer

@@ -266,3 +266,14 @@ def test_cpu_autocast_computes_in_bfloat16_and_updates_close_to_float32(tiny):
     cos = torch.nn.functional.cosine_similarity(updates[True], updates[False], dim=0)
     assert cos > 0.99, f"bfloat16 matmuls give nearly the same update: {cos}"
     assert (updates[True] - updates[False]).abs().max() > 1e-5, "but not exactly the same"
+
+
+def test_gradients_are_freed_once_applied(tiny):
+    # a trainer waiting for its next groups holds no model's worth of spent gradients
+    model = copy.deepcopy(tiny)
+    before = [p.detach().clone() for p in model.parameters()]
+    train_step(
+        model, torch.optim.SGD(model.parameters(), lr=0.5), [_tiny_group(tiny, [9, 17, 12, 20])], 1, _cfg()
+    )
+    assert any(not torch.equal(a, p) for a, p in zip(before, model.parameters(), strict=True))
+    assert all(p.grad is None for p in model.parameters())
