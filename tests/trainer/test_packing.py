@@ -12,6 +12,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from tests.trainer.one_thread import one_torch_thread  # noqa: F401 (autouse: torch on one thread)
+from trainer import packing
 from trainer.packing import (
     block_causal_mask,
     enable_packed_attention,
@@ -151,3 +152,19 @@ def test_segment_attention_backward_writes_no_row_sized_zeros_per_segment():
     out.square().sum().backward()
     for x in (q, k, v):  # every segment, the last root's too, gets its gradient back through the cat
         assert all(g.abs().sum() > 0 for g in x.grad.split(lens, dim=2))
+
+
+def test_grouped_query_heads_read_in_place_equal_repeated_ones(monkeypatch):
+    # the CPU reads grouped key/value heads in place; other devices repeat them: the same attention
+    lens, parents = [10, 6, 6, 12], [-1, 0, 0, -1]
+    q0, k0, v0 = torch.randn(1, 4, 34, 8), torch.randn(1, 2, 34, 8), torch.randn(1, 2, 34, 8)
+    results = []
+    for native in (True, False):
+        monkeypatch.setattr(packing, "_native_gqa", lambda _q, native=native: native)
+        q, k, v = (x.clone().requires_grad_() for x in (q0, k0, v0))
+        out = segment_attention(q, k, v, lens, scaling=None, dropout=0.0, parents=parents)
+        out.square().sum().backward()
+        results.append((out.detach(), q.grad, k.grad, v.grad))
+    assert packing._sdpa_takes_gqa()  # torch >= 2.5: the in-place path above really ran
+    for a, b in zip(*results, strict=True):
+        assert torch.allclose(a, b, atol=1e-5)
