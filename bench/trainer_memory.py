@@ -114,8 +114,9 @@ def _config(name: str) -> dict:
     return conf
 
 
-def child(name: str, steps: int) -> dict:
-    """One configuration in this (fresh) process."""
+def child(name: str, steps: int, code: Path) -> dict:
+    """One configuration in this (fresh) process, the trainer's code imported from ``code``."""
+    sys.path.insert(0, str(code))
     conf = _config(name)
     if conf["heap"] is True:
         from pqrl.heap import fix_mmap_threshold
@@ -129,8 +130,7 @@ def child(name: str, steps: int) -> dict:
     from trainer.optim import adamw
     from trainer.step import train_step
 
-    code = Path(sys.path[0]).resolve()
-    assert Path(sys.modules[train_step.__module__].__file__).resolve().is_relative_to(code), "wrong tree"
+    assert Path(sys.modules[train_step.__module__].__file__).resolve().is_relative_to(code.resolve()), code
     torch.set_num_threads(1)
     torch.manual_seed(0)
     model = load_model(dtype=torch.float32)
@@ -165,8 +165,7 @@ def main() -> None:
     ap.add_argument("--code", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
-        sys.path.insert(0, a.code or str(ROOT))  # the trainer's code is imported in child()
-        print(json.dumps(child(a.child, a.steps)), flush=True)
+        print(json.dumps(child(a.child, a.steps, Path(a.code or ROOT))), flush=True)
         return
     names = a.configs.split(",")
     try:

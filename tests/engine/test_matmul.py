@@ -94,7 +94,7 @@ def _diffs(model: torch.nn.Module, prompt: list[int], rows: list[Sequence]) -> t
 def test_the_engine_reports_its_own_models_logprobs_across_a_weight_update(halves):
     """Within bfloat16's rounding: a product's rounding depends on the batch's shape, so a decode
     step and a fresh forward differ where float32 agrees to 1e-5: by 0.02-0.1 on average here, and
-    by 0.08-0.5 on the worst of 32 sampled tokens (a rare token's, whose logit is the farthest from
+    by up to about 0.5 on the worst of 32 sampled tokens (a rare token's, whose logit is the farthest from
     the top ones). A weight update through the engine reaches the bfloat16 copies: against the old
     weights the same tokens score several nats apart on average."""
     model, half, tok, _ = halves
@@ -113,4 +113,4 @@ def test_the_engine_reports_its_own_models_logprobs_across_a_weight_update(halve
     assert mean < 0.15 and worst < 1.0, (mean, worst)
     stale_mean, _ = _diffs(half, prompt, rows)
     print(f"engine vs fresh forward: mean {mean:.3f}, worst {worst:.3f}; old weights: {stale_mean:.2f}")
-    assert stale_mean > 1.0, f"the engine still multiplied by the old weights: {stale_mean}"
+    assert stale_mean > 2.0, f"the engine still multiplied by the old weights: {stale_mean}"
