@@ -10,6 +10,11 @@ the Trajectory codec, Redis, the trajectory store, the staleness gate and the ro
 (a) sync: per step, start 8 groups (64 episodes) at once, wait for the slowest, train 1 s.
 (b) async: the manager admits groups while the gate allows; a trainer loop reads 8 groups, trains
     1 s and publishes a new policy version, which frees 8 more places in the gate.
+(c) async with the streaming trainer (``train.stream``, the default; ``trainer.streaming``): each
+    group is trained as soon as it is read, (1 - OPT_FRAC) T / B seconds, and the optimizer step
+    takes the remaining OPT_FRAC T after the B-th; then it publishes. Training time is taken as
+    proportional to the groups trained: one pass or several over the same tokens cost the same
+    on the CPU quickstart (bench/trainer_memory.py, bf16_one_pass against bf16_two_passes).
 
 The bound. Let D be an episode's duration (3 log-normal latencies + 4 turns of 10 ms) and M_n the
 maximum of n independent copies. A sync step costs E[M_64] + T (T = 1 s training). The async trainer
@@ -47,12 +52,18 @@ draws of the heavy-tailed latencies (its measured rate has ranged over 0.97-1.10
 1.11 analytic). fraction_of_rate_bound compares the async rate with its analytic best, B / tau,
 tau = max(T, (E[M_8] + T) / (s + 1)), and does not.
 
-Prints one JSON line: sync_groups_per_s, async_groups_per_s (trained groups, culling on), speedup,
-bound, fraction_of_bound, sync_groups_per_s_analytic, async_groups_per_s_bound,
+Streaming changes the bound's T in the places term: a batch holds its B places only for its last
+group's share and the optimizer step, T_s = T (OPT_FRAC + (1 - OPT_FRAC) / B), so
+tau >= max(T, (E[M_8] + T_s) / (s + 1)) (async_groups_per_s_bound_streaming). fraction_of_bound
+and fraction_of_rate_bound stay relative to the batch trainer's bound, as before.
+
+Prints one JSON line: sync_groups_per_s, async_groups_per_s (trained groups, culling and streaming
+on), speedup, bound, fraction_of_bound, sync_groups_per_s_analytic, async_groups_per_s_bound,
 fraction_of_rate_bound, staleness_at_arrival, staleness_trained, dropped_stale_frac,
-members_trained_frac, max_staleness_trained, culled; and the same figures of the run without
+members_trained_frac, max_staleness_trained, culled, fraction_of_streaming_rate_bound; and the
+same figures of the batch trainer (culling on) under ``no_stream`` and of the batch trainer without
 culling under ``no_cull``.
-Usage: python bench/async_vs_sync.py [--steps 6]
+Usage: python bench/async_vs_sync.py [--steps 6] [--opt-frac 0.05]
 """
 
 from __future__ import annotations
@@ -87,6 +98,9 @@ from tasks.calc import calc_suite
 from tasks.storage import SuiteStore, queued_task
 
 CALLS, MEDIAN, SIGMA, G, B, T_TRAIN, STALENESS, GEN_S = 3, 0.3, 1.0, 8, 8, 1.0, 2, 0.01
+# The streaming trainer's fixed part of T: clipping and the optimizer step. Measured on the CPU
+# quickstart's model: 0.23 s of an 11-14 s step (2%); 5% leaves room for faster passes (GPUs).
+OPT_FRAC = 0.05
 
 
 class SimEngine(Engine):
@@ -171,10 +185,10 @@ async def sync_run(steps: int, renderer: ChatRenderer, engine: SimEngine, env: S
 
 
 async def async_run(
-    steps: int, url: str, renderer: ChatRenderer, engine: SimEngine, env: SimEnv, *, cull: bool
+    steps: int, url: str, renderer: ChatRenderer, engine: SimEngine, env: SimEnv, *, cull: bool, stream: bool
 ) -> tuple[float, dict[str, Any]]:
     """Trained groups per second, and the staleness of the groups at arrival and as trained."""
-    run = f"async-cull{int(cull)}"
+    run = f"async-cull{int(cull)}-stream{int(stream)}"
     suites = SuiteStore(url)
     await suites.submit(calc_suite(steps * B * 2, seed=2), run)
     await suites.aclose()
@@ -201,6 +215,7 @@ async def async_run(
         version = (await store.policy.get()).version
         batch: list[Any] = []
         while len(batch) < B:
+            arrived = 0
             for e in await store.groups.read("trainer", "t", count=B - len(batch), block_ms=100):
                 ages = [version - int(t.versions[t.generated.astype(bool)].min()) for t in e.trajectories]
                 arrival[max(ages)] += 1
@@ -212,7 +227,10 @@ async def async_run(
                     batch.append(e)
                     trained[max(fresh)] += 1
                     members += len(fresh)
-        await asyncio.sleep(T_TRAIN)  # train on them
+                    arrived += 1
+            if stream and arrived:  # as trainer.loop does with train.stream: backpropagate what came
+                await asyncio.sleep(arrived * T_TRAIN * (1 - OPT_FRAC) / B)
+        await asyncio.sleep(T_TRAIN * OPT_FRAC if stream else T_TRAIN)  # the optimizer step / the whole step
         await store.groups.ack("trainer", [e.entry_id for e in batch])
         engine.version = await store.policy.publish(f"/sim/{version + 1}")
     rate = steps * B / (time.perf_counter() - t0)
@@ -242,10 +260,12 @@ def rate_bound(rng: np.random.Generator, samples: int = 20000) -> tuple[float, f
     return B / sync_step_s, B / async_step_s
 
 
-def _bound_steps(rng: np.random.Generator, samples: int) -> tuple[float, float]:
+def _bound_steps(rng: np.random.Generator, samples: int, *, stream: bool = False) -> tuple[float, float]:
     d = rng.lognormal(math.log(MEDIAN), SIGMA, size=(samples, 64, CALLS)).sum(-1) + (CALLS + 1) * GEN_S
     m64, m8 = d.max(1).mean(), d[:, :8].max(1).mean()
-    return m64 + T_TRAIN, max(T_TRAIN, (m8 + T_TRAIN) / (STALENESS + 1))
+    # streaming: the batch holds its places only for its last group's share and the optimizer step
+    held = T_TRAIN * (OPT_FRAC + (1 - OPT_FRAC) / B) if stream else T_TRAIN
+    return m64 + T_TRAIN, max(T_TRAIN, (m8 + held) / (STALENESS + 1))
 
 
 async def main(steps: int) -> dict[str, float]:
@@ -254,14 +274,21 @@ async def main(steps: int) -> dict[str, float]:
         sync_rate = await sync_run(steps, renderer, SimEngine(renderer.tokenizer), SimEnv(1))
         print(f"sync: {sync_rate:.2f} groups/s", file=sys.stderr)
         runs = {}
-        for cull in (False, True):
+        for cull, stream in ((False, False), (True, False), (True, True)):
             rate, staleness = await async_run(
-                steps, server.url, renderer, SimEngine(renderer.tokenizer), SimEnv(2), cull=cull
+                steps,
+                server.url,
+                renderer,
+                SimEngine(renderer.tokenizer),
+                SimEnv(2),
+                cull=cull,
+                stream=stream,
             )
-            print(f"async (cull {cull}): {rate:.2f} groups/s, {staleness}", file=sys.stderr)
-            runs[cull] = rate, staleness
+            print(f"async (cull {cull}, stream {stream}): {rate:.2f} groups/s, {staleness}", file=sys.stderr)
+            runs[cull, stream] = rate, staleness
     b = bound(np.random.default_rng(0))
     sync_analytic, async_best = rate_bound(np.random.default_rng(0))
+    _, stream_step_s = _bound_steps(np.random.default_rng(0), 20000, stream=True)
 
     def figures(rate: float, staleness: dict[str, Any]) -> dict[str, Any]:
         return {
@@ -277,13 +304,19 @@ async def main(steps: int) -> dict[str, float]:
             "bound": round(b, 2),
             "sync_groups_per_s_analytic": round(sync_analytic, 3),
             "async_groups_per_s_bound": round(async_best, 3),
+            "async_groups_per_s_bound_streaming": round(B / stream_step_s, 3),
+            "opt_frac": OPT_FRAC,
         }
-        | figures(*runs[True])
-        | {"no_cull": figures(*runs[False])}
+        | figures(*runs[True, True])
+        | {"fraction_of_streaming_rate_bound": round(runs[True, True][0] * stream_step_s / B, 3)}
+        | {"no_stream": figures(*runs[True, False]), "no_cull": figures(*runs[False, False])}
     )
 
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=6, help="training steps of B groups each")
-    print(json.dumps(asyncio.run(main(ap.parse_args().steps))))
+    ap.add_argument("--opt-frac", type=float, default=OPT_FRAC, help="the optimizer step's share of T")
+    a = ap.parse_args()
+    OPT_FRAC = a.opt_frac
+    print(json.dumps(asyncio.run(main(a.steps))))

@@ -149,6 +149,11 @@ class LoopConfig(Settings):
     max_extra_reads: int = setting(
         3, "dynamic sampling: extra reads while fewer than groups_per_step groups carry signal", ge=0
     )
+    stream: bool = setting(
+        True,
+        "backpropagate each group as it arrives, the optimizer step once groups_per_step are in (the"
+        " same update; one epoch and minibatch, group-relative advantages, no critic or reference model)",
+    )
     keep_weights: int = setting(2, "published weight directories kept on disk", ge=1)
     read_block_ms: int = setting(1000, "how long one read of the stream blocks", ge=1)
     weights_dir: str = setting("runs/weights", "where published weights are saved")

@@ -7,7 +7,10 @@ One ``TrainerLoop.step()``:
    ``max_extra_reads`` keeps reading while fewer than that many carry signal (DAPO);
 2. runs ``trainer.step.train_step`` on them at the current policy version (in a thread, so the
    event loop keeps serving Redis and the rollout manager); groups it drops (stale, no signal)
-   are reported to the staleness gate with ``gate.reject``, so they free their places;
+   are reported to the staleness gate with ``gate.reject``, so they free their places. With
+   ``stream`` (the default, where the step allows it: ``trainer.streaming``) steps 1 and 2
+   interleave: each group is backpropagated as soon as it is read and the optimizer steps once
+   the last is in, the same update, published that much sooner after the last group arrives;
 3. pushes the weights to every engine under the next version (``trainer.weight_sync``: saved in
    Hugging Face format and loaded with ``/update_weights_from_disk`` by default, or broadcast over a
    process group), aborting in-flight requests so per-token versions stay exact, and only then
@@ -28,6 +31,7 @@ to every rank, and whole weights are gathered from the shards for each publicati
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import threading
 import time
@@ -41,10 +45,13 @@ from trainer.checkpoint import CheckpointState, save_checkpoint
 from trainer.config import LoopConfig
 from trainer.metrics import rollout_metrics
 from trainer.ranks import Leader
-from trainer.step import screen_group, train_step
+from trainer.step import StepAborted, screen_group, train_step
+from trainer.streaming import StreamingStep, streamable
 from trainer.weight_sync import DiskWeightSync, WeightSync
 
 __all__ = ["STREAM_CONSUMER_GROUP", "LoopConfig", "TrainerLoop", "WholeModel"]
+
+log = logging.getLogger(__name__)
 
 STREAM_CONSUMER_GROUP = "trainer"  # the Redis consumer group through which trainers read groups
 
@@ -102,6 +109,10 @@ class TrainerLoop:
         self._duplicates: list[str] = []  # entries of groups consumed before, acknowledged with the step
         self._abort = threading.Event()  # asks a one-process step's thread to stop (see abort)
         self._waiting = False  # the step has not trained yet: cancelling it changes nothing
+        why = streamable(cfg.step, ref_model=ref_model, critic=critic, sharded=leader is not None)
+        self.streams = cfg.stream and why is None  # see _stream
+        if cfg.stream and why is not None:
+            log.info("train.stream is off for this run: %s", why)
 
     async def resume(self, *, live_managers: bool = False) -> int:
         """After loading a checkpoint: acknowledge what it covers, serve its weights under a fresh
@@ -120,27 +131,19 @@ class TrainerLoop:
         """One step; returns its metrics (with ``policy/version`` after publication)."""
         self._waiting = True
         await self.store.groups.create_consumer_group(STREAM_CONSUMER_GROUP)
-        gps = self.cfg.groups_per_step
-        entries = await self._read(gps, timeout_s)
-        version = (await self.store.policy.get()).version
-        rejected = 0  # groups already returned to the staleness gate
-        for _ in range(self.cfg.max_extra_reads):
-            flat = sum(not self._has_signal(e, version) for e in entries)
-            missing = gps - (len(entries) - flat)
-            if missing <= 0:
-                break
-            if flat > rejected:  # they will be dropped: free their places now, or the gate stays full
-                await self.store.gate.reject(flat - rejected)  # and no group with signal can come
-                rejected = flat
-            entries += await self._read(missing, timeout_s)
-        _failpoint("read", self.state.step + 1)
-        self._gathered = None  # the step changes the weights
+        version = (await self.store.policy.get()).version  # only this loop publishes
+        if self.streams:
+            entries, rejected, metrics = await self._stream(version, timeout_s)
+        else:
+            entries, rejected = await self._read_step(version, timeout_s)
+            _failpoint("read", self.state.step + 1)
+            self._gathered = None  # the step changes the weights
+            t0 = time.perf_counter()
+            self._waiting = False
+            metrics = await self._train([e.trajectories for e in entries], version)
+            metrics["perf/train_s"] = time.perf_counter() - t0
         groups = [e.trajectories for e in entries]
-        t0 = time.perf_counter()
-        self._waiting = False
-        metrics = await self._train(groups, version)
         _failpoint("trained", self.state.step + 1)
-        metrics["perf/train_s"] = time.perf_counter() - t0
         metrics |= rollout_metrics(groups)
         dropped = int(
             metrics.get("dropped/groups_too_few_valid", 0) + metrics.get("dropped/no_signal_groups", 0)
@@ -164,6 +167,57 @@ class TrainerLoop:
         else:
             self.state.unacked_entries += ids
         return metrics
+
+    async def _read_step(self, version: int, timeout_s: float | None) -> tuple[list[GroupEntry], int]:
+        """The step's groups, read before it trains; and how many were already given back to the gate."""
+        gps = self.cfg.groups_per_step
+        entries = await self._read(gps, timeout_s)
+        rejected = 0
+        for _ in range(self.cfg.max_extra_reads):
+            flat = sum(not self._has_signal(e, version) for e in entries)
+            missing = gps - (len(entries) - flat)
+            if missing <= 0:
+                break
+            if flat > rejected:  # they will be dropped: free their places now, or the gate stays full
+                await self.store.gate.reject(flat - rejected)  # and no group with signal can come
+                rejected = flat
+            entries += await self._read(missing, timeout_s)
+        return entries, rejected
+
+    async def _stream(self, version: int, timeout_s: float | None) -> tuple[list[GroupEntry], int, dict]:
+        """Reads the step's groups as ``_read_step`` does (the same rounds, the same bound on extra
+        reads) but backpropagates each batch of arrivals at once (``trainer.streaming``); a group
+        without signal gives its gate place back as soon as it is read. Then the optimizer step."""
+        gps, entries, rejected = self.cfg.groups_per_step, [], 0
+        acc = StreamingStep(self.model, self.optimizer, version, self.cfg.step, scheduler=self.scheduler,
+                            abort=self._abort)  # fmt: skip
+        self._abort.clear()
+        want, extra = gps, 0
+        while True:
+            got = 0
+            while got < want:
+                self._waiting = True
+                new = await self._read(want - got, timeout_s, at_least=1)
+                self._waiting = False
+                got += len(new)
+                entries += new
+                if flat := sum(not self._has_signal(e, version) for e in new):
+                    await self.store.gate.reject(flat)
+                    rejected += flat
+                with trimming():
+                    await asyncio.to_thread(acc.add, [e.trajectories for e in new])
+                if self._abort.is_set():  # asked while that ran: nothing is updated yet
+                    raise StepAborted("stopped before the optimizer step")
+            missing = gps - sum(self._has_signal(e, version) for e in entries)
+            if missing <= 0 or extra == self.cfg.max_extra_reads:
+                break
+            extra, want = extra + 1, missing
+        _failpoint("read", self.state.step + 1)
+        self._gathered = None  # the step changes the weights
+        with trimming():
+            metrics = await asyncio.to_thread(acc.finish)
+        metrics["perf/train_s"] = acc.busy_s
+        return entries, rejected, metrics
 
     def abort(self) -> bool:
         """Asks the step in progress to stop now. False: it is still waiting for groups, so
@@ -211,7 +265,10 @@ class TrainerLoop:
     def _has_signal(self, entry: GroupEntry, version: int) -> bool:
         return screen_group(entry.trajectories, version, self.cfg.step).dropped is None
 
-    async def _read(self, n: int, timeout_s: float | None) -> list[GroupEntry]:
+    async def _read(
+        self, n: int, timeout_s: float | None, *, at_least: int | None = None
+    ) -> list[GroupEntry]:
+        """Up to ``n`` fresh groups, waiting until ``at_least`` (default ``n``) have come."""
         if self._redelivered is None:
             self._redelivered = await self.store.groups.read_own_pending(
                 STREAM_CONSUMER_GROUP, self.cfg.consumer, count=10_000
@@ -222,7 +279,7 @@ class TrainerLoop:
         self._redelivered = self._redelivered[n:]
         loop = asyncio.get_running_loop()
         deadline = None if timeout_s is None else loop.time() + timeout_s
-        while len(entries) < n:
+        while len(entries) < (n if at_least is None else at_least):
             if deadline is not None and loop.time() > deadline:
                 raise TimeoutError(f"only {len(entries)} of {n} groups arrived")
             missing = n - len(entries)
