@@ -99,7 +99,7 @@ from tasks.storage import SuiteStore, queued_task
 
 CALLS, MEDIAN, SIGMA, G, B, T_TRAIN, STALENESS, GEN_S = 3, 0.3, 1.0, 8, 8, 1.0, 2, 0.01
 # The streaming trainer's fixed part of T: clipping and the optimizer step. Measured on the CPU
-# quickstart's model: 0.23 s of an 11-14 s step (2%); 5% leaves room for faster passes (GPUs).
+# quickstart's model: 0.23 s of an 11.6-15.1 s step (bench/optimizer_step.py); 5% leaves room for GPUs.
 OPT_FRAC = 0.05
 
 
