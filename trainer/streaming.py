@@ -8,14 +8,18 @@ step) after its last group arrives, and the gate reopens that much sooner.
 
 It is the same update. The step's loss is ``sum_i w_i sum_t loss_it`` with
 ``w_i = f_i / D`` (``trainer.losses.sequence_weights``): ``f_i`` depends on sequence ``i`` alone
-(1, or ``1 / n_i`` for seq_mean_token_mean, ``1 / agg_tokens`` for seq_mean_token_sum_norm) and
-``D`` on the whole step (its trained tokens, or sequences), but ``D`` is a sum over groups. Each
-group is backpropagated with the factors ``f_i`` and the accumulated gradient is divided by ``D``
+(1, or ``1 / n_i`` for seq_mean_token_mean) and ``D`` on the whole step (its trained tokens, its
+sequences, or sequences x agg_tokens for seq_mean_token_sum_norm), but ``D`` is a sum over
+groups. Each group is backpropagated with the factors ``f_i`` and the accumulated gradient is divided by ``D``
 once every group is in, before clipping; pi_prox is the training forward's own detached policy as
 in a one-update ``train_step``. Group-relative advantages (grpo, dr_grpo, rloo) need only the
 group. Only such steps stream (``streamable`` says why one does not): several updates per step
 would need every group before the first, a batch-mean baseline or a critic's values likewise, and
 a reference model or sharded ranks are left to ``train_step``.
+
+The metrics are ``train_step``'s, except that ``perf/step_s``, ``perf/train_s`` and
+``perf/tokens_per_s`` count computing time only (not the waits between arrivals) and
+``perf/micro_batches`` and ``perf/forward_tokens`` count each arrival's own passes.
 """
 
 from __future__ import annotations
