@@ -188,7 +188,7 @@ class TrainerLoop:
         """Reads the step's groups as ``_read_step`` does (the same rounds, the same bound on extra
         reads) but backpropagates each batch of arrivals at once (``trainer.streaming``); a group
         without signal gives its gate place back as soon as it is read. Then the optimizer step."""
-        gps, entries, rejected = self.cfg.groups_per_step, [], 0
+        gps, entries, rejected, signal = self.cfg.groups_per_step, [], 0, 0
         acc = StreamingStep(self.model, self.optimizer, version, self.cfg.step, scheduler=self.scheduler,
                             abort=self._abort)  # fmt: skip
         self._abort.clear()
@@ -201,14 +201,16 @@ class TrainerLoop:
                 self._waiting = False
                 got += len(new)
                 entries += new
-                if flat := sum(not self._has_signal(e, version) for e in new):
+                flat = sum(not self._has_signal(e, version) for e in new)
+                signal += len(new) - flat
+                if flat:
                     await self.store.gate.reject(flat)
                     rejected += flat
                 with trimming():
                     await asyncio.to_thread(acc.add, [e.trajectories for e in new])
                 if self._abort.is_set():  # asked while that ran: nothing is updated yet
                     raise StepAborted("stopped before the optimizer step")
-            missing = gps - sum(self._has_signal(e, version) for e in entries)
+            missing = gps - signal
             if missing <= 0 or extra == self.cfg.max_extra_reads:
                 break
             extra, want = extra + 1, missing
