@@ -130,6 +130,7 @@ class TrainerLoop:
     async def step(self, *, timeout_s: float | None = None) -> dict[str, float]:
         """One step; returns its metrics (with ``policy/version`` after publication)."""
         self._waiting = True
+        self._abort.clear()
         await self.store.groups.create_consumer_group(STREAM_CONSUMER_GROUP)
         version = (await self.store.policy.get()).version  # only this loop publishes
         if self.streams:
@@ -191,7 +192,6 @@ class TrainerLoop:
         gps, entries, rejected, signal = self.cfg.groups_per_step, [], 0, 0
         acc = StreamingStep(self.model, self.optimizer, version, self.cfg.step, scheduler=self.scheduler,
                             abort=self._abort)  # fmt: skip
-        self._abort.clear()
         want, extra = gps, 0
         while True:
             got = 0
@@ -223,7 +223,8 @@ class TrainerLoop:
 
     def abort(self) -> bool:
         """Asks the step in progress to stop now. False: it is still waiting for groups, so
-        cancelling its task loses nothing (what it read comes back after a restart). True: leave it
+        cancelling its task loses nothing (what it read comes back after a restart); uncancelled, it
+        raises ``StepAborted`` within one ``read_block_ms`` as well. True: leave it
         to end by itself: training, it raises ``StepAborted`` before its first optimizer step
         (weights, state and acknowledgements as they were) or, past that point, finishes normally;
         publishing and checkpointing finish normally too."""
@@ -232,7 +233,6 @@ class TrainerLoop:
 
     async def _train(self, groups: list[list[Any]], version: int) -> dict[str, float]:
         kwargs = {"scheduler": self.scheduler, "ref_model": self.ref_model, "critic": self.critic}
-        self._abort.clear()
         # the step's freed activations fragment the heap: its free pages go back while it runs
         with trimming():
             if self.leader is None:
@@ -284,6 +284,8 @@ class TrainerLoop:
         while len(entries) < (n if at_least is None else at_least):
             if deadline is not None and loop.time() > deadline:
                 raise TimeoutError(f"only {len(entries)} of {n} groups arrived")
+            if self._abort.is_set():  # a cancel may be lost on its way (see read_new): stop anyway
+                raise StepAborted("stopped while waiting for groups")
             missing = n - len(entries)
             entries += self._fresh(
                 await self.store.groups.read(

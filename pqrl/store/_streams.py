@@ -7,6 +7,7 @@ Acking with trimming is one Lua script, atomic when several producers and consum
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable
 from typing import Any
 
@@ -15,7 +16,7 @@ import redis.exceptions
 
 from pqrl.store.connection import decode_str
 
-__all__ = ["AckAndTrim", "autoclaim", "create_consumer_group"]
+__all__ = ["AckAndTrim", "autoclaim", "create_consumer_group", "read_new"]
 
 # Entries are delivered to groups in id order, so everything at or below a group's last-delivered
 # id that is not pending has been acked by it. The trim bound is the minimum over groups of
@@ -77,6 +78,22 @@ class AckAndTrim:
     async def trim(self, key: str) -> int:
         """Trims the prefix of ``key`` every consumer group has acknowledged; returns entries removed."""
         return int(await self._trim(keys=[key]))
+
+
+async def read_new(
+    r: aioredis.Redis, key: str, consumer_group: str, consumer: str, count: int, block_ms: int | None
+) -> list[tuple[Any, Any]]:
+    """Up to ``count`` entries never delivered to ``consumer_group``, now delivered to ``consumer``;
+    waits up to ``block_ms`` for the first (None: no wait).
+
+    redis-py can swallow a cancel that lands as a blocking read ends (about 1 cancel in 50 near the
+    block's end, measured): the command returns normally while the task is still marked as
+    cancelling. The cancel is raised again here, or a caller polling in a loop would never stop."""
+    reply = await r.xreadgroup(consumer_group, consumer, {key: ">"}, count=count, block=block_ms)
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError("cancelled during a blocking read")  # its entries stay pending
+    return reply[0][1] if reply else []
 
 
 async def create_consumer_group(r: aioredis.Redis, key: str, consumer_group: str, from_start: bool) -> None:

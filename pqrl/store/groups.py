@@ -21,7 +21,7 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from pqrl.codec import CodecError, decode_many, encode_many
-from pqrl.store._streams import AckAndTrim, autoclaim, create_consumer_group
+from pqrl.store._streams import AckAndTrim, autoclaim, create_consumer_group, read_new
 from pqrl.store.connection import Backpressure, RunKeys, RunPart, decode_str, redis_errors
 from pqrl.store.dead_letters import DeadLetters
 from pqrl.trajectory import Trajectory
@@ -138,10 +138,7 @@ class GroupStream(RunPart):
         Entries that fail to decode are moved to the dead-letter stream with the reason (nothing
         is dropped), acknowledged, logged, and left out of the result.
         """
-        reply = await self.redis.xreadgroup(
-            consumer_group, consumer, {self.key: ">"}, count=count, block=block_ms
-        )
-        raw = reply[0][1] if reply else []
+        raw = await read_new(self.redis, self.key, consumer_group, consumer, count, block_ms)
         return await self._decode_entries(consumer_group, raw)
 
     @redis_errors

@@ -13,7 +13,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from pqrl.store._streams import AckAndTrim, autoclaim, create_consumer_group
+from pqrl.store._streams import AckAndTrim, autoclaim, create_consumer_group, read_new
 from pqrl.store.connection import RunKeys, RunPart, decode_str, redis_errors
 
 __all__ = ["TaskEntry", "TaskQueue"]
@@ -91,10 +91,8 @@ class TaskQueue(RunPart):
     ) -> list[TaskEntry]:
         """Delivers queued tasks to one rollout worker; ``ack`` them when done."""
         await create_consumer_group(self.redis, self.key, consumer_group, True)
-        reply = await self.redis.xreadgroup(
-            consumer_group, consumer, {self.key: ">"}, count=count, block=block_ms
-        )
-        return [_entry(i, f) for i, f in (reply[0][1] if reply else [])]
+        raw = await read_new(self.redis, self.key, consumer_group, consumer, count, block_ms)
+        return [_entry(i, f) for i, f in raw]
 
     @redis_errors
     async def ack(self, consumer_group: str, entry_ids: Iterable[str]) -> int:

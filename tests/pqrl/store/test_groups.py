@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import subprocess
 import sys
 import textwrap
@@ -162,3 +163,31 @@ async def test_peek_shows_recent_groups_without_consuming_them(store):
     assert peeked[0][1] == make_group("g1") and "shorter than the 8-byte prefix" in str(peeked[2][1])
     assert len(await groups.read("trainer", "t", count=10)) == 3, "nothing was consumed"
     assert await store.dead_letters.list() != []  # reading (not peeking) dead-letters the junk
+
+
+async def test_a_blocking_read_raises_a_cancel_the_client_swallowed(store):
+    """redis-py sometimes swallows a cancel that lands as a blocking read ends, leaving the task
+    marked as cancelling; reproduced here as it happens there. The next read must raise it, or a
+    loop polling the stream never stops."""
+    await store.groups.create_consumer_group("trainer")
+    await store.groups.put(make_group("g0", size=2))
+
+    async def reads_after_a_swallowed_cancel(read):
+        me = asyncio.current_task()
+        me.cancel()
+        with contextlib.suppress(asyncio.CancelledError):  # no uncancel(), as the client does
+            await asyncio.sleep(0)
+        return await read()
+
+    for read in (
+        lambda: store.groups.read("trainer", "t0", count=1, block_ms=20),
+        lambda: store.tasks.take("rollout", "w0", count=1, block_ms=20),
+    ):
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.create_task(reads_after_a_swallowed_cancel(read))
+    assert await store.groups.pending("trainer") == 1, "the group read stays pending: redelivered later"
+
+    async def reads_plainly():
+        return await store.groups.read("trainer", "t1", count=1, block_ms=20)
+
+    assert await asyncio.create_task(reads_plainly()) == [], "a task never cancelled reads as before"
