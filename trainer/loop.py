@@ -107,6 +107,7 @@ class TrainerLoop:
         self._gathered: WholeModel | None = None  # sharded: the weights last published, until they change
         self._consumed: set[str] | None = None  # group ids consumed so far (from the checkpoint on)
         self._duplicates: list[str] = []  # entries of groups consumed before, acknowledged with the step
+        self._taken: list[str] = []  # group ids the step in progress has read
         self._abort = threading.Event()  # asks a one-process step's thread to stop (see abort)
         self._waiting = False  # the step has not trained yet: cancelling it changes nothing
         why = streamable(cfg.step, ref_model=ref_model, critic=critic, sharded=leader is not None)
@@ -133,16 +134,25 @@ class TrainerLoop:
         self._abort.clear()
         await self.store.groups.create_consumer_group(STREAM_CONSUMER_GROUP)
         version = (await self.store.policy.get()).version  # only this loop publishes
-        if self.streams:
-            entries, rejected, metrics = await self._stream(version, timeout_s)
-        else:
-            entries, rejected = await self._read_step(version, timeout_s)
-            _failpoint("read", self.state.step + 1)
-            self._gathered = None  # the step changes the weights
-            t0 = time.perf_counter()
-            self._waiting = False
-            metrics = await self._train([e.trajectories for e in entries], version)
-            metrics["perf/train_s"] = time.perf_counter() - t0
+        self._taken = []
+        try:
+            if self.streams:
+                entries, rejected, metrics = await self._stream(version, timeout_s)
+            else:
+                entries, rejected = await self._read_step(version, timeout_s)
+                _failpoint("read", self.state.step + 1)
+                self._gathered = None  # the step changes the weights
+                t0 = time.perf_counter()
+                self._waiting = False
+                metrics = await self._train([e.trajectories for e in entries], version)
+                metrics["perf/train_s"] = time.perf_counter() - t0
+        except (StepAborted, TimeoutError):  # raised before any update
+            self._give_back_reads()
+            raise
+        except asyncio.CancelledError:
+            if self._waiting:  # cancelled while reading: nothing updated
+                self._give_back_reads()
+            raise
         groups = [e.trajectories for e in entries]
         _failpoint("trained", self.state.step + 1)
         metrics |= rollout_metrics(groups)
@@ -294,6 +304,14 @@ class TrainerLoop:
             )
         return entries
 
+    def _give_back_reads(self) -> None:
+        """The step ends untrained: its groups, pending on this consumer, are read again by the next
+        step (a cancelled blocking read may also have left one there that this process never saw)."""
+        if self._consumed is not None:
+            self._consumed.difference_update(self._taken)
+        self._taken = []
+        self._redelivered = None
+
     def _fresh(self, entries: list[GroupEntry]) -> list[GroupEntry]:
         """Leaves out groups consumed before: a producer that retried a write whose reply was lost (a
         Redis restart) may have stored a group twice. Their entries are acknowledged with the step's."""
@@ -306,6 +324,7 @@ class TrainerLoop:
                 self._duplicates.append(e.entry_id)
             else:
                 self._consumed.add(group_id)
+                self._taken.append(group_id)
                 fresh.append(e)
         return fresh
 

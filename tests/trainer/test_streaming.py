@@ -255,7 +255,7 @@ async def test_a_step_stopped_while_it_waits_leaves_weights_and_state_as_they_we
 ):
     """Streaming, the first group is already backpropagated when the step is stopped. A cancel can
     be lost on its way (the Redis client swallows one now and then), so ``abort()`` alone must end
-    a waiting step too."""
+    a waiting step too. The next step in the same process reads the stopped step's group again."""
     import asyncio
 
     from pqrl.store import TrajectoryStore
@@ -278,3 +278,7 @@ async def test_a_step_stopped_while_it_waits_leaves_weights_and_state_as_they_we
         assert (await store.policy.get()).version == VERSION, "nothing published"
         assert loop.state.step == 0 and loop.state.trained_groups == []
         assert await store.groups.pending("trainer") == 1, "the group read stays pending: redelivered later"
+        await store.groups.put(_in_run(GROUPS[2], "cx"))
+        m = await asyncio.wait_for(loop.step(timeout_s=30), timeout=60)
+        assert m["rollout/trajectories_used"] == 7, "the next step trains the stopped step's group too"
+        assert loop.state.trained_groups == [GROUPS[0][0].group_id, GROUPS[2][0].group_id]
