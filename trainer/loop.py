@@ -146,11 +146,11 @@ class TrainerLoop:
                 self._waiting = False
                 metrics = await self._train([e.trajectories for e in entries], version)
                 metrics["perf/train_s"] = time.perf_counter() - t0
-        except (StepAborted, TimeoutError):  # raised before any update
+        except StepAborted:  # raised before any update
             self._give_back_reads()
             raise
-        except asyncio.CancelledError:
-            if self._waiting:  # cancelled while reading: nothing updated
+        except (asyncio.CancelledError, TimeoutError):
+            if self._waiting:  # while reading: nothing updated
                 self._give_back_reads()
             raise
         groups = [e.trajectories for e in entries]
@@ -233,7 +233,7 @@ class TrainerLoop:
 
     def abort(self) -> bool:
         """Asks the step in progress to stop now. False: it is still waiting for groups, so
-        cancelling its task loses nothing (what it read comes back after a restart); uncancelled, it
+        cancelling its task loses nothing (the next step reads what it read again); uncancelled, it
         raises ``StepAborted`` within one ``read_block_ms`` as well. True: leave it
         to end by itself: training, it raises ``StepAborted`` before its first optimizer step
         (weights, state and acknowledgements as they were) or, past that point, finishes normally;
@@ -309,7 +309,6 @@ class TrainerLoop:
         step (a cancelled blocking read may also have left one there that this process never saw)."""
         if self._consumed is not None:
             self._consumed.difference_update(self._taken)
-        self._taken = []
         self._redelivered = None
 
     def _fresh(self, entries: list[GroupEntry]) -> list[GroupEntry]:
