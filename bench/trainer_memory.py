@@ -27,6 +27,10 @@ logprob_chunk_tokens``):
         gradients: what a quickstart step of over 2,048 forward tokens did with micro_batch_tokens 2048
     bf16_one_pass: as bf16_trimming with micro_batch_tokens 4096 (the quickstart now: its steps of
         1,800-2,200 forward tokens take one micro-batch)
+    varying@N: as bf16_one_pass, but each step's prompt 13 tokens longer than the last (a job's steps
+        differ in length) and oneDNN's primitive cache capped at N primitives (1024 is oneDNN's
+        default; the trainer loop sets 64, ``pqrl.heap.bound_kernel_cache``); ``rss_by_step`` shows
+        whether the resident set after each step keeps growing
 
     python bench/trainer_memory.py [--rounds 1] [--steps 2] [--configs before,after] [--baseline-commit C]
 
@@ -72,6 +76,7 @@ CONFIGS = {
     "bf16_trimming": _TRIMMING,
     "bf16_two_passes": {**_TRIMMING, "micro_batch_tokens": 1024},
     "bf16_one_pass": {**_TRIMMING, "micro_batch_tokens": 4096},
+    "varying": {**_TRIMMING, "micro_batch_tokens": 4096, "vary": True},
 }
 PROMPT, TURNS, GROUPS, G = 400, ((30, 15), (20, 0)), 2, 8
 
@@ -83,7 +88,7 @@ def _vm(key: str) -> int:
     return int(line.split()[1]) // 1024
 
 
-def _groups(step: int) -> list:
+def _groups(step: int, prompt: int = PROMPT) -> list:
     import numpy as np
 
     from tests.conftest import make_trajectory
@@ -92,11 +97,11 @@ def _groups(step: int) -> list:
     for g in range(GROUPS):
         group = []
         for i in range(G):
-            t = make_trajectory(group_id=f"s{step}g{g}", index=i, prompt_len=PROMPT, turn_lens=TURNS,
+            t = make_trajectory(group_id=f"s{step}g{g}", index=i, prompt_len=prompt, turn_lens=TURNS,
                                 seed=1000 * step + 10 * g + i, reward=float(i % 2))  # fmt: skip
             tokens = t.tokens.copy()
             if group:  # one prompt per group, as in a real group
-                tokens[:PROMPT] = group[0].tokens[:PROMPT]
+                tokens[:prompt] = group[0].tokens[:prompt]
             versions = np.where(t.generated == 1, 0, -1).astype(np.int32)
             group.append(dataclasses.replace(t, tokens=tokens, versions=versions, truncation=None))
         out.append(group)
@@ -104,10 +109,13 @@ def _groups(step: int) -> list:
 
 
 def _config(name: str) -> dict:
-    """``name``'s settings; ``name@M`` is a trimming configuration trimming at M MiB of growth."""
+    """``name``'s settings; ``name@M`` is a trimming configuration trimming at M MiB of growth, or
+    for ``varying`` one whose kernel cache holds M primitives."""
     base, _, growth = name.partition("@")
     conf = dict(CONFIGS[base])
-    if growth:
+    if conf.get("vary"):
+        conf["kernel_cache"] = int(growth or 1024)
+    elif growth:
         if conf["heap"] != "trimming":
             raise ValueError(f"{name}: only a trimming configuration takes @MiB")
         conf["trim_growth_mb"] = int(growth)
@@ -118,6 +126,8 @@ def child(name: str, steps: int, code: Path) -> dict:
     """One configuration in this (fresh) process, the trainer's code imported from ``code``."""
     sys.path.insert(0, str(code))
     conf = _config(name)
+    if "kernel_cache" in conf:  # read by oneDNN at its first primitive
+        os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = str(conf["kernel_cache"])
     if conf["heap"] is True:
         from pqrl.heap import fix_mmap_threshold
 
@@ -140,19 +150,20 @@ def child(name: str, steps: int, code: Path) -> dict:
     cfg = StepConfig(temperature=0.7, max_staleness=1, micro_batch_tokens=conf["micro_batch_tokens"],
                      share_prefix=conf["share_prefix"], gradient_checkpointing=conf["gc"],
                      logprob_chunk_tokens=conf["chunk"], cpu_autocast=conf.get("bf16", False))  # fmt: skip
-    step_s, forward_tokens = [], 0.0
+    step_s, forward_tokens, rss_by_step = [], 0.0, []
     pool = ThreadPoolExecutor(1)  # the job trains in a worker thread (its own malloc arena) too
     for s in range(steps):
         t0 = time.perf_counter()
         with trimming(growth_mb << 20) if conf["heap"] == "trimming" else contextlib.nullcontext():
-            m = pool.submit(train_step, model, optimizer, _groups(s), version=0, cfg=cfg).result()
+            groups = _groups(s, PROMPT + 13 * s if conf.get("vary") else PROMPT)
+            m = pool.submit(train_step, model, optimizer, groups, version=0, cfg=cfg).result()
         if conf["heap"] == "trim":
             trim()
         step_s.append(time.perf_counter() - t0)
-        forward_tokens = m["perf/forward_tokens"]
+        forward_tokens, rss_by_step = m["perf/forward_tokens"], [*rss_by_step, _vm("VmRSS")]
     trimmed = {"trim_growth_mb": growth_mb} if conf["heap"] == "trimming" else {}
     return {"config": name, **conf, **trimmed, "step_s": step_s, "forward_tokens": forward_tokens,
-            "peak_rss_mb": _vm("VmHWM"), "rss_mb": _vm("VmRSS")}  # fmt: skip
+            "peak_rss_mb": _vm("VmHWM"), "rss_mb": _vm("VmRSS"), "rss_by_step": rss_by_step}  # fmt: skip
 
 
 def main() -> None:

@@ -31,15 +31,20 @@ to every rank, and whole weights are gathered from the shards for each publicati
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import logging
 import os
 import threading
 import time
+import weakref
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from engine.client import EngineClient
-from pqrl.heap import trimming
+from pqrl.heap import bound_kernel_cache, trimming
 from pqrl.store import GroupEntry, TrajectoryStore
 from trainer.checkpoint import CheckpointState, save_checkpoint
 from trainer.config import LoopConfig
@@ -110,6 +115,13 @@ class TrainerLoop:
         self._taken: list[str] = []  # group ids the step in progress has read
         self._abort = threading.Event()  # asks a one-process step's thread to stop (see abort)
         self._waiting = False  # the step has not trained yet: cancelling it changes nothing
+        # Training and checkpointing run on this one thread, not on whichever of the event loop's
+        # pool threads is free: each thread allocates from its own glibc arena, and an arena keeps
+        # pages that malloc_trim does not hand back (its top), so a step landing on a new thread
+        # each time grew the quickstart's job process by about 40 MiB a step.
+        self._compute = ThreadPoolExecutor(1, thread_name_prefix="pqrl-train")
+        weakref.finalize(self, self._compute.shutdown, wait=False)
+        bound_kernel_cache()  # before the first step's matmuls: see pqrl.heap
         why = streamable(cfg.step, ref_model=ref_model, critic=critic, sharded=leader is not None)
         self.streams = cfg.stream and why is None  # see _stream
         if cfg.stream and why is not None:
@@ -217,7 +229,7 @@ class TrainerLoop:
                     await self.store.gate.reject(flat)
                     rejected += flat
                 with trimming():
-                    await asyncio.to_thread(acc.add, [e.trajectories for e in new])
+                    await self._on_compute(acc.add, [e.trajectories for e in new])
                 if self._abort.is_set():  # asked while that ran: nothing is updated yet
                     raise StepAborted("stopped before the optimizer step")
             missing = gps - signal
@@ -227,7 +239,7 @@ class TrainerLoop:
         _failpoint("read", self.state.step + 1)
         self._gathered = None  # the step changes the weights
         with trimming():
-            metrics = await asyncio.to_thread(acc.finish)
+            metrics = await self._on_compute(acc.finish)
         metrics["perf/train_s"] = acc.busy_s
         return entries, rejected, metrics
 
@@ -246,12 +258,12 @@ class TrainerLoop:
         # the step's freed activations fragment the heap: its free pages go back while it runs
         with trimming():
             if self.leader is None:
-                return await asyncio.to_thread(
+                return await self._on_compute(
                     train_step, self.model, self.optimizer, groups, version, self.cfg.step, **kwargs,
                     abort=self._abort,
                 )  # fmt: skip
             # the other ranks are in the step's collectives: it runs to its end
-            return await asyncio.to_thread(
+            return await self._on_compute(
                 self.leader.train, self.model, self.optimizer, groups, version, self.cfg.step, **kwargs
             )
 
@@ -264,7 +276,7 @@ class TrainerLoop:
         if self.leader is not None:
             model = await self._whole_model()
             optimizer_state = await asyncio.to_thread(self.leader.optimizer_state, self.model, self.optimizer)
-        path = await asyncio.to_thread(
+        path = await self._on_compute(
             save_checkpoint, self.cfg.ckpt_dir, self.state, model=model, optimizer=self.optimizer,
             scheduler=self.scheduler, tokenizer=self.tokenizer, keep=self.cfg.keep_checkpoints,
             optimizer_state=optimizer_state, critic=self.critic, manifest=self.cfg.manifest,
@@ -273,6 +285,11 @@ class TrainerLoop:
         await self.store.groups.ack(STREAM_CONSUMER_GROUP, self.state.unacked_entries)
         self.state.unacked_entries = []
         return path
+
+    async def _on_compute(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``asyncio.to_thread`` on the loop's own compute thread."""
+        call = functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)
+        return await asyncio.get_running_loop().run_in_executor(self._compute, call)
 
     def _has_signal(self, entry: GroupEntry, version: int) -> bool:
         return screen_group(entry.trajectories, version, self.cfg.step).dropped is None
