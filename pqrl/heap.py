@@ -22,8 +22,9 @@ held 6.1 GB after a step whose tensors need 2.5 GB. Three remedies, measured by
 Beside the heap, torch's CPU kernels (oneDNN) keep every matmul primitive they build, one per
 shape, up to 1,024 by default: a trainer whose steps each bring new token counts grew by about
 20 MiB a step that way, for hundreds of steps. ``bound_kernel_cache`` caps that cache at
-``KERNEL_CACHE_CAPACITY`` primitives: enough for the shapes a step reuses (a step took as long
-as uncapped; capacity 0, no cache, took 3.5x).
+``KERNEL_CACHE_CAPACITY`` primitives, which bounds that growth to about a quarter of what the
+default allows. A smaller cap costs time: at 64 the quickstart's steps took about 1.14x as long,
+and capacity 0 (no cache) took 3.5x on the bench.
 """
 
 from __future__ import annotations
@@ -61,10 +62,10 @@ TRIM_GROWTH_BYTES = 128 << 20
 _POLL_S = 0.05  # reading /proc/self/statm costs microseconds
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _M_MMAP_THRESHOLD = -3  # mallopt's parameter number, from glibc's malloc.h
-# oneDNN primitives kept per process: a training step uses a few tens (each layer's shapes, forward
-# and backward); 64 kept the trainer's resident set flat over steps of varying lengths at the step
-# time of the default 1,024 (bench/results/trainer_memory_cpu.log)
-KERNEL_CACHE_CAPACITY = 64
+# oneDNN primitives kept per process (oneDNN's default: 1,024). At 64 the trainer's resident set
+# held flat over steps of varying lengths, but the quickstart's steps took about 1.14x as long; at
+# 256 the bench's step time was unchanged (bench/results/trainer_memory_cpu.log, quickstart_cpu.log)
+KERNEL_CACHE_CAPACITY = 256
 _KERNEL_CACHE_ENV = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
 
 
