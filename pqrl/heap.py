@@ -21,10 +21,10 @@ held 6.1 GB after a step whose tensors need 2.5 GB. Three remedies, measured by
 
 Beside the heap, torch's CPU kernels (oneDNN) keep every matmul primitive they build, one per
 shape, up to 1,024 by default: a trainer whose steps each bring new token counts grew by about
-20 MiB a step that way, for hundreds of steps. ``bound_kernel_cache`` caps that cache at
-``KERNEL_CACHE_CAPACITY`` primitives, which bounds that growth to about a quarter of what the
-default allows. A smaller cap costs time: at 64 the quickstart's steps took about 1.14x as long,
-and capacity 0 (no cache) took 3.5x on the bench.
+20 MiB a step that way (10 steps measured), until that cache is full. ``bound_kernel_cache`` caps
+it at ``KERNEL_CACHE_CAPACITY`` primitives, a quarter of the default's bound. A smaller cap
+costs time: at 64 the quickstart's steps took about 1.14x as long, and capacity 0 (no cache)
+took 3.5x on the bench.
 """
 
 from __future__ import annotations
