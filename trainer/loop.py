@@ -116,9 +116,10 @@ class TrainerLoop:
         self._abort = threading.Event()  # asks a one-process step's thread to stop (see abort)
         self._waiting = False  # the step has not trained yet: cancelling it changes nothing
         # Training and checkpointing run on this one thread, not on whichever of the event loop's
-        # pool threads is free: each thread allocates from its own glibc arena, and an arena keeps
-        # pages that malloc_trim does not hand back (its top), so a step landing on a new thread
-        # each time grew the quickstart's job process by about 40 MiB a step.
+        # pool threads is free: each thread allocates from its own glibc arena, which keeps pages
+        # malloc_trim does not hand back (its top), so the step's allocations stay in one arena.
+        # (The quickstart's step-to-step growth came from oneDNN's kernel cache, bounded below;
+        # this alone did not change it measurably: bench/results/quickstart_cpu.log.)
         self._compute = ThreadPoolExecutor(1, thread_name_prefix="pqrl-train")
         weakref.finalize(self, self._compute.shutdown, wait=False)
         bound_kernel_cache()  # before the first step's matmuls: see pqrl.heap

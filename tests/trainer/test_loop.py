@@ -66,6 +66,7 @@ async def test_steps_and_checkpoints_run_on_one_compute_thread(
     work holds the event loop's pool threads (as publishing and the rollout side do in a job); and
     the loop caps oneDNN's primitive cache unless the user set it."""
     import asyncio
+    import os
     import threading
 
     from transformers import AutoModelForCausalLM
@@ -97,7 +98,7 @@ async def test_steps_and_checkpoints_run_on_one_compute_thread(
                     turn_lens=((5, 0),),
                     seed=10 * step + i,
                     reward=float(i % 2),
-                ),  # fmt: skip
+                ),
                 versions=np.where(t.generated == 1, 0, -1).astype(np.int32),
             )
             for i in range(4)
@@ -112,7 +113,7 @@ async def test_steps_and_checkpoints_run_on_one_compute_thread(
             stream=False, weights_dir=str(tmp_path / "w"), ckpt_dir=str(tmp_path / "ckpt"),
         )  # fmt: skip
         loop = TrainerLoop(model, optimizer, store, None, cfg)
-        assert int(loop_module.os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"]) == KERNEL_CACHE_CAPACITY
+        assert int(os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"]) == KERNEL_CACHE_CAPACITY
         release, holders = threading.Event(), []
         for step in range(3):
             # one more pool thread busy each step: a step sent to the pool would land on a new thread
@@ -128,4 +129,4 @@ async def test_steps_and_checkpoints_run_on_one_compute_thread(
     assert threading.get_ident() not in threads["train"]
     monkeypatch.setenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "8")
     TrainerLoop(model, optimizer, store, None, cfg)
-    assert loop_module.os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "8", "the user's setting stands"
+    assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "8", "the user's setting stands"
