@@ -77,6 +77,7 @@ from trainer.packing import (
     shared_rows,
 )
 from trainer.rewards import kl_penalized, overlong_penalty
+from trainer.tied_embedding import rows_into_grad
 
 __all__ = [
     "Screened",
@@ -362,48 +363,6 @@ def _autocast(
 
 
 @contextlib.contextmanager
-def _sparse_tied_embedding(model: Any) -> Iterator[None]:
-    """The input embedding's gradient as rows (a sparse tensor) while it shares its weight with the
-    output head, the weight's ``.grad`` left dense.
-
-    Dense, the embedding's backward allocates a ``[V, H]`` tensor of zeros (108 MiB for
-    SmolLM2-135M) at the very end of backward, beside every other gradient, only for autograd to
-    add it to the head's dense gradient of the same weight: the training step's peak. Sparse, it
-    holds one row per input token and is added into the head's gradient in place, giving the same
-    sum. Not under FSDP2 (sharded weights take dense gradients only)."""
-    emb = _tied_input_embedding(model)
-    if emb is None:
-        yield
-        return
-    emb.sparse = True
-    try:
-        yield
-    finally:
-        emb.sparse = False
-        grad = emb.weight.grad
-        if grad is not None and grad.is_sparse:  # no head gradient this pass: keep it dense for the optimizer
-            emb.weight.grad = grad.to_dense()
-
-
-def _tied_input_embedding(model: Any) -> torch.nn.Embedding | None:
-    """``model``'s input embedding when it is a plain dense ``nn.Embedding`` tied to the output head."""
-    try:
-        emb, head = model.get_input_embeddings(), model.get_output_embeddings()
-    except (AttributeError, NotImplementedError):
-        return None
-    weight = getattr(emb, "weight", None)
-    if (
-        type(emb) is not torch.nn.Embedding
-        or emb.sparse
-        or head is None
-        or getattr(head, "weight", None) is not weight
-        or type(weight) is not torch.nn.Parameter  # a DTensor shard under FSDP2
-    ):
-        return None
-    return emb
-
-
-@contextlib.contextmanager
 def _checkpointing(model: Any, on: bool) -> Iterator[None]:
     """Gradient checkpointing for the training forward, without dropout.
 
@@ -534,7 +493,7 @@ def _micro_batch_backward(
     its aggregation ``weight``) and adds its sums. ``prox`` None: on policy, pi_prox is the
     training forward's own (detached) policy; ``ref`` None: no KL loss term."""
     cfg, alg = batch.cfg, batch.cfg.algorithm
-    with _checkpointing(model, cfg.gradient_checkpointing), _sparse_tied_embedding(model):
+    with _checkpointing(model, cfg.gradient_checkpointing), rows_into_grad(model):
         with _autocast(batch.device, cfg, cache=False):
             logp, entropy, values = _logprobs(
                 model, batch, members, mode, with_entropy=prox is None or alg.entropy_coef > 0,

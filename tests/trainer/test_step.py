@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import types
 
 import numpy as np
 import pytest
@@ -19,7 +20,8 @@ from pqrl.trajectory import Status, Trajectory
 from tests.trainer.one_thread import one_torch_thread  # noqa: F401 (autouse: torch on one thread)
 from trainer.config import AlgorithmConfig
 from trainer.losses import entropy_from_logits
-from trainer.step import StepConfig, _sparse_tied_embedding, token_logprobs, train_step
+from trainer.step import StepConfig, token_logprobs, train_step
+from trainer.tied_embedding import rows_into_grad, tied_input_embedding
 
 
 @pytest.fixture(scope="module")
@@ -279,42 +281,47 @@ def test_gradients_are_freed_once_applied(tiny):
     assert all(p.grad is None for p in model.parameters())
 
 
-def test_a_tied_embedding_takes_its_gradient_as_rows_and_the_update_is_unchanged(monkeypatch):
-    # the embedding's dense [V, H] gradient was the step's peak; as rows it adds into the head's
+def test_a_tied_embedding_adds_its_gradient_rows_in_place_and_the_update_is_unchanged(monkeypatch):
+    # autograd's sum of a tied weight's two gradients made a [V, H] temporary at the end of backward
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)  # fmt: skip
     tied = LlamaForCausalLM(cfg).eval()
-    assert tied.get_input_embeddings().weight is tied.get_output_embeddings().weight
+    assert tied_input_embedding(tied) is tied.get_input_embeddings()
     group = _tiny_group(tied, [9, 17, 12, 20])
     group[1] = dataclasses.replace(group[1], loss_mask=np.zeros(17, dtype=np.uint8))  # no head gradient
-    updates, sparse_seen = [], []
+    updates, backward_ops = [], []
     for rows in (True, False):
         if not rows:
-            monkeypatch.setattr("trainer.step._tied_input_embedding", lambda model: None)
+            monkeypatch.setattr("trainer.tied_embedding.tied_input_embedding", lambda model: None)
         model = copy.deepcopy(tied)
-        emb = model.get_input_embeddings()
-        emb.register_forward_hook(lambda m, i, o: sparse_seen.append((torch.is_grad_enabled(), m.sparse)))
         snaps = _Snapshots(model)
-        # AdamW takes dense gradients only, and micro-batches of one trajectory give the pass
-        # whose loss mask is all 0 a gradient from the embedding alone
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        for micro_batch_tokens in (100, 10):
-            cfg = _cfg(micro_batch_tokens=micro_batch_tokens)
-            train_step(model, optimizer, [group], 1, cfg, scheduler=snaps)
-        assert not emb.sparse and all(p.grad is None for p in model.parameters())
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            for micro_batch_tokens in (100, 10):  # one micro-batch, then one per trajectory
+                cfg = _cfg(micro_batch_tokens=micro_batch_tokens)
+                train_step(model, optimizer, [group], 1, cfg, scheduler=snaps)
+        backward_ops.append(
+            {e.name for e in prof.events()} & {"aten::embedding_dense_backward", "aten::index_add_"}
+        )
+        assert "forward" not in vars(model.get_input_embeddings()), "the lookup is restored"
+        assert all(p.grad is None for p in model.parameters())
         updates.append(torch.stack(snaps.params))
-    assert {s for g, s in sparse_seen if g} == {True, False}  # rows in the first run's training forwards
-    assert all(not s for g, s in sparse_seen if not g)  # never in a no-grad pass
+    assert backward_ops == [{"aten::index_add_"}, {"aten::embedding_dense_backward"}]
     assert (updates[0][-1] - torch.cat([p.detach().flatten() for p in tied.parameters()])).abs().max() > 1e-4
     assert torch.allclose(updates[0], updates[1], atol=1e-6)
-    # a pass where only the embedding gets a gradient still leaves a dense one for the optimizer
-    monkeypatch.undo()
-    emb = tied.get_input_embeddings()
-    with _sparse_tied_embedding(tied):
-        emb(torch.tensor([[1, 2, 2]])).sum().backward()
-    assert not emb.sparse and not emb.weight.grad.is_sparse
-    assert emb.weight.grad[2].eq(2).all() and emb.weight.grad[0].eq(0).all()
+
+
+def test_embedding_rows_go_into_the_grad_without_a_head_gradient_and_skip_the_padding_row():
+    emb = torch.nn.Embedding(6, 3, padding_idx=0)
+    model = types.SimpleNamespace(get_input_embeddings=lambda: emb, get_output_embeddings=lambda: emb)
+    with rows_into_grad(model):
+        out = emb(torch.tensor([[1, 2, 2, 0]]))
+    (out * torch.arange(4.0)[:, None]).sum().backward()
+    assert torch.equal(emb.weight.grad[:, 0], torch.tensor([0.0, 0.0, 3.0, 0.0, 0.0, 0.0]))
+    emb.weight.grad = None
+    emb(torch.tensor([[1, 2, 2, 0]])).sum().backward()  # restored: the plain lookup
+    assert torch.equal(emb.weight.grad[:, 0], torch.tensor([0.0, 1.0, 2.0, 0.0, 0.0, 0.0]))
 
 
 def test_the_training_forward_keeps_no_cast_copy_of_the_weights(tiny):
