@@ -65,7 +65,7 @@ _M_MMAP_THRESHOLD = -3  # mallopt's parameter number, from glibc's malloc.h
 # oneDNN primitives kept per process (oneDNN's default: 1,024). At 64 the trainer's resident set
 # held flat over steps of varying lengths, but the quickstart's steps took about 1.14x as long; at
 # 256 the bench's step time was unchanged (bench/results/trainer_memory_cpu.log, quickstart_cpu.log)
-KERNEL_CACHE_CAPACITY = 256
+KERNEL_CACHE_CAPACITY = 128
 _KERNEL_CACHE_ENV = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
 
 
