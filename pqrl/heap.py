@@ -20,11 +20,13 @@ held 6.1 GB after a step whose tensors need 2.5 GB. Three remedies, measured by
   faulted in afresh, and the step took 1.46x as long.
 
 Beside the heap, torch's CPU kernels (oneDNN) keep every matmul primitive they build, one per
-shape, up to 1,024 by default: a trainer whose steps each bring new token counts grew by about
-20 MiB a step that way (10 steps measured), until that cache is full. ``bound_kernel_cache`` caps
-it at ``KERNEL_CACHE_CAPACITY`` primitives, a quarter of the default's bound. A smaller cap
-costs time: at 64 the quickstart's steps took about 1.14x as long, and capacity 0 (no cache)
-took 3.5x on the bench.
+shape, up to 1,024 by default, about 0.8 MiB each: a trainer whose steps each bring new token counts
+grew by about 20 MiB a step that way (10 steps measured), until that cache is full.
+``bound_kernel_cache`` caps it at ``KERNEL_CACHE_CAPACITY`` primitives. A cap below what one step
+uses costs time, since the step then rebuilds kernels it used moments before: at 64 the
+quickstart's steps took about 1.14x as long, and capacity 0 (no cache) took 3.5x on the bench.
+Kernels kept from earlier steps save little: a quickstart step builds 20-90 new ones in 65-100 ms
+of its 10-12 s.
 """
 
 from __future__ import annotations
@@ -62,9 +64,10 @@ TRIM_GROWTH_BYTES = 128 << 20
 _POLL_S = 0.05  # reading /proc/self/statm costs microseconds
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _M_MMAP_THRESHOLD = -3  # mallopt's parameter number, from glibc's malloc.h
-# oneDNN primitives kept per process (oneDNN's default: 1,024). At 64 the trainer's resident set
-# held flat over steps of varying lengths, but the quickstart's steps took about 1.14x as long; at
-# 256 the bench's step time was unchanged (bench/results/trainer_memory_cpu.log, quickstart_cpu.log)
+# oneDNN primitives kept per process (oneDNN's default: 1,024). A quickstart step uses about 90:
+# 128 holds one step's with room; against 256 the job peaked about 50 MiB lower at the same step
+# time, and at 64 its steps took 1.14x as long (bench/results/quickstart_cpu.log). A job whose
+# steps use more (more episodes or turns per step) can raise ONEDNN_PRIMITIVE_CACHE_CAPACITY.
 KERNEL_CACHE_CAPACITY = 128
 _KERNEL_CACHE_ENV = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
 
