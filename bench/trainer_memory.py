@@ -29,8 +29,8 @@ logprob_chunk_tokens``):
         1,800-2,200 forward tokens take one micro-batch)
     varying@N: as bf16_one_pass, but each step's prompt 13 tokens longer than the last (a job's steps
         differ in length) and oneDNN's primitive cache capped at N primitives (1024 is oneDNN's
-        default; the trainer loop sets 256, ``pqrl.heap.bound_kernel_cache``); ``rss_by_step`` shows
-        whether the resident set after each step keeps growing
+        default; the trainer loop sets ``pqrl.heap.KERNEL_CACHE_CAPACITY``, ``bound_kernel_cache``);
+        ``rss_by_step`` shows whether the resident set after each step keeps growing
 
     python bench/trainer_memory.py [--rounds 1] [--steps 2] [--configs before,after] [--baseline-commit C]
 

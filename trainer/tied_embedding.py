@@ -30,7 +30,7 @@ __all__ = ["rows_into_grad", "tied_input_embedding"]
 
 def tied_input_embedding(model: Any) -> torch.nn.Embedding | None:
     """``model``'s input embedding when it is a plain ``nn.Embedding`` sharing its (plain,
-    non-sharded) weight with the output head and adding gradient rows the default way (no
+    non-sharded, trained) weight with the output head and adding gradient rows the default way (no
     ``max_norm``, ``scale_grad_by_freq`` or ``sparse``); None otherwise."""
     try:
         emb, head = model.get_input_embeddings(), model.get_output_embeddings()
@@ -43,6 +43,8 @@ def tied_input_embedding(model: Any) -> torch.nn.Embedding | None:
     weight = emb.weight
     if getattr(head, "weight", None) is not weight or type(weight) is not torch.nn.Parameter:
         return None  # untied, or a DTensor shard under FSDP2
+    if not weight.requires_grad:  # frozen: the lookup's backward must not give it a gradient
+        return None
     return emb
 
 

@@ -312,7 +312,7 @@ def test_a_tied_embedding_adds_its_gradient_rows_in_place_and_the_update_is_unch
     assert torch.allclose(updates[0], updates[1], atol=1e-6)
 
 
-def test_embedding_rows_go_into_the_grad_without_a_head_gradient_and_skip_the_padding_row():
+def test_embedding_rows_go_into_the_grad_without_a_head_gradient_and_skip_padding_and_frozen_weights():
     emb = torch.nn.Embedding(6, 3, padding_idx=0)
     model = types.SimpleNamespace(get_input_embeddings=lambda: emb, get_output_embeddings=lambda: emb)
     with rows_into_grad(model):
@@ -322,6 +322,12 @@ def test_embedding_rows_go_into_the_grad_without_a_head_gradient_and_skip_the_pa
     emb.weight.grad = None
     emb(torch.tensor([[1, 2, 2, 0]])).sum().backward()  # restored: the plain lookup
     assert torch.equal(emb.weight.grad[:, 0], torch.tensor([0.0, 1.0, 2.0, 0.0, 0.0, 0.0]))
+    emb.weight.grad = None
+    emb.weight.requires_grad_(False)  # frozen, what follows it trained: no gradient appears for it
+    scale = torch.ones(3, requires_grad=True)
+    with rows_into_grad(model):
+        (emb(torch.tensor([[1, 2]])) * scale).sum().backward()
+    assert emb.weight.grad is None and scale.grad is not None
 
 
 def test_the_training_forward_keeps_no_cast_copy_of_the_weights(tiny):
