@@ -45,11 +45,14 @@ from typing import Any
 __all__ = [
     "KERNEL_CACHE_CAPACITY",
     "MMAP_THRESHOLD",
+    "NEAR_PEAK_BYTES",
     "TRIM_GROWTH_BYTES",
     "bound_kernel_cache",
     "fix_mmap_threshold",
+    "peak_resident_bytes",
     "resident_bytes",
     "trim",
+    "trim_near_peak",
     "trimming",
 ]
 
@@ -61,6 +64,11 @@ MMAP_THRESHOLD = 1 << 20  # bytes: small objects stay on the heap, tensors of 1 
 # bounds the peak to about this above a post-trim resident set, in few trims
 # (bench/results/trainer_memory_cpu.log).
 TRIM_GROWTH_BYTES = 128 << 20
+# A training step's peak comes at the end of its backward, when every gradient is held beside the
+# last layers' working set; free heap pages left there by the growth rule above (up to
+# TRIM_GROWTH_BYTES) add to it. Trimming at layer boundaries, and only within this much of the
+# process's peak, hands them back at the few points that matter (trim_near_peak).
+NEAR_PEAK_BYTES = 64 << 20
 _POLL_S = 0.05  # reading /proc/self/statm costs microseconds
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _M_MMAP_THRESHOLD = -3  # mallopt's parameter number, from glibc's malloc.h
@@ -120,6 +128,26 @@ def resident_bytes() -> int | None:
             return int(f.read().split()[1]) * _PAGE
     except (OSError, IndexError, ValueError):
         return None
+
+
+def peak_resident_bytes() -> int | None:
+    """The most this process has held resident so far (``VmHWM``); None where there is no procfs."""
+    try:
+        with open("/proc/self/status", "rb") as f:
+            line = next((x for x in f if x.startswith(b"VmHWM:")), None)
+        return None if line is None else int(line.split()[1]) << 10
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def trim_near_peak(margin_bytes: int = NEAR_PEAK_BYTES) -> bool:
+    """Trims when the resident set is within ``margin_bytes`` of the most this process has ever held
+    (only then can free heap pages raise that peak); returns whether it trimmed. Two reads of
+    procfs when it does not: cheap enough at every decoder layer's backward."""
+    rss, peak = resident_bytes(), peak_resident_bytes()
+    if rss is None or peak is None or rss < peak - margin_bytes:
+        return False
+    return trim()
 
 
 @contextlib.contextmanager

@@ -46,11 +46,7 @@ import torch.distributed as dist
 from torch import nn
 
 from pqrl.trajectory import Trajectory
-
-try:  # torch >= 2.6
-    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
-except ImportError:  # torch 2.4 / 2.5
-    from torch.distributed._composable.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from trainer.layers import decoder_layers
 
 __all__ = [
     "DistContext",
@@ -175,6 +171,12 @@ def shard(model: nn.Module, ctx: DistContext, *, mixed_precision: bool | None = 
     """
     if not ctx.distributed:
         return model
+    # Imported here: FSDP pulls in DTensor and sympy, about 45 MiB and 0.5 s that a
+    # single-process trainer never uses.
+    try:  # torch >= 2.6
+        from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+    except ImportError:  # torch 2.4 / 2.5
+        from torch.distributed._composable.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
     from torch.distributed.device_mesh import init_device_mesh
 
     mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
@@ -185,8 +187,7 @@ def shard(model: nn.Module, ctx: DistContext, *, mixed_precision: bool | None = 
         if mixed_precision
         else MixedPrecisionPolicy()
     )
-    layer_names = set(getattr(model, "_no_split_modules", None) or ())
-    for module in [m for m in model.modules() if type(m).__name__ in layer_names]:
+    for module in decoder_layers(model):
         fully_shard(module, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
     for module in model.modules():
@@ -195,7 +196,7 @@ def shard(model: nn.Module, ctx: DistContext, *, mixed_precision: bool | None = 
     return model
 
 
-def _sum_gradients(module: FSDPModule) -> None:
+def _sum_gradients(module: Any) -> None:
     """Makes ``module`` reduce gradients by a plain SUM (divide factor 1, no AVG/PREMUL_SUM op)."""
     if hasattr(module, "set_force_sum_reduction_for_comms"):  # torch >= 2.9
         module.set_force_sum_reduction_for_comms(True)

@@ -55,10 +55,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from pqrl.heap import trim_near_peak
 from pqrl.trajectory import Status, Trajectory
 from trainer.advantages import agent_token_gae, estimate_advantages
 from trainer.config import StepConfig
 from trainer.distributed import DistContext, all_reduce_sums, equalize_passes, shard_of
+from trainer.layers import trims_before_layer_backward
 from trainer.logprobs import full_logprobs, has_plain_head, head_logprobs
 from trainer.losses import (
     clipped_surrogate,
@@ -493,7 +495,11 @@ def _micro_batch_backward(
     its aggregation ``weight``) and adds its sums. ``prox`` None: on policy, pi_prox is the
     training forward's own (detached) policy; ``ref`` None: no KL loss term."""
     cfg, alg = batch.cfg, batch.cfg.algorithm
-    with _checkpointing(model, cfg.gradient_checkpointing), rows_into_grad(model):
+    with (
+        _checkpointing(model, cfg.gradient_checkpointing),
+        rows_into_grad(model),
+        trims_before_layer_backward(model, batch.device),
+    ):
         with _autocast(batch.device, cfg, cache=False):
             logp, entropy, values = _logprobs(
                 model, batch, members, mode, with_entropy=prox is None or alg.entropy_coef > 0,
@@ -574,6 +580,8 @@ def _minibatch_update(
     _check_abort(batch)  # the last chance before the weights change
     params = list(model.parameters()) + ([] if batch.critic is None else list(batch.critic.parameters()))
     grad_norm = _full(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm))
+    if batch.device.type == "cpu":  # every gradient is held: as at the end of backward (trainer.layers)
+        trim_near_peak()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)  # applied: freed now, not held while the trainer waits
     if scheduler is not None:

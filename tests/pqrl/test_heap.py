@@ -79,3 +79,19 @@ def test_trimming_stops_when_the_body_raises():
     with pytest.raises(RuntimeError), heap.trimming(poll_s=0.01):
         raise RuntimeError("step failed")
     assert not any(t.name == "heap-trim" for t in threading.enumerate())
+
+
+def test_trim_near_peak_trims_only_within_its_margin_of_the_peak():
+    """Free pages matter only where they could raise the process's peak (VmHWM): below the margin
+    they stay, within it they go back."""
+    heap.trim()
+    kept = _fragment()
+    try:
+        high = _rss_mb()
+        gap = heap.peak_resident_bytes() - heap.resident_bytes()
+        assert not heap.trim_near_peak(margin_bytes=gap - (8 << 20)), "trimmed 8 MiB below its margin"
+        assert _rss_mb() > high - 16, "the fragmented pages went back without a trim"
+        assert heap.trim_near_peak(margin_bytes=gap + (64 << 20))
+        assert _rss_mb() < high - 96, "the 120 MiB freed between live blocks stayed resident"
+    finally:
+        _free(kept)

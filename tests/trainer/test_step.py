@@ -330,6 +330,24 @@ def test_embedding_rows_go_into_the_grad_without_a_head_gradient_and_skip_paddin
     assert emb.weight.grad is None and scale.grad is not None
 
 
+def test_each_decoder_layer_backward_checks_the_heap_on_cpu_only(tiny, monkeypatch):
+    # trainer.layers: a trim near the peak at the start of every layer's backward, the hooks gone after
+    import trainer.layers
+
+    calls = []
+    monkeypatch.setattr(trainer.layers, "trim_near_peak", lambda: calls.append(1))
+    model = copy.deepcopy(tiny)
+    groups = [_tiny_group(tiny, [9, 17, 12, 20])]
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    train_step(model, optimizer, groups, 1, _cfg(ppo_epochs=2, micro_batch_tokens=32))
+    passes = 2 * 2  # two epochs of two micro-batches (58 tokens, at most 32 a pass)
+    assert len(calls) == passes * len(model.model.layers)
+    assert all(not layer._backward_pre_hooks for layer in model.model.layers)
+    with trainer.layers.trims_before_layer_backward(model, torch.device("meta")):
+        assert all(not layer._backward_pre_hooks for layer in model.model.layers)
+    assert trainer.layers.decoder_layers(model) == list(model.model.layers)
+
+
 def test_the_training_forward_keeps_no_cast_copy_of_the_weights(tiny):
     # the autocast cache would hold a bfloat16 copy of every weight until the forward's end
     model = copy.deepcopy(tiny)
