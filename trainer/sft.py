@@ -32,9 +32,12 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from pqrl.heap import bound_kernel_cache, trim_near_peak, trimming
 from pqrl.model_cache import DEFAULT_MODEL
 from pqrl.trajectory import Trajectory
+from trainer.layers import trims_before_layer_backward
 from trainer.optim import adamw
+from trainer.tied_embedding import rows_into_grad
 
 __all__ = [
     "SFTConfig",
@@ -141,13 +144,17 @@ def sft_step(
     packs = _packs(trajs, micro_batch_tokens)
     for pack in packs:
         tokens, attention, mask = _collate([trajs[i] for i in pack], device)
-        logp, weight = masked_logprobs(model, tokens, attention, mask)
-        # NOTE: only mask-1 tokens (what the expert wrote) carry loss; prompt, observations and the
-        # closing tokens nobody sampled are mask 0. Every micro-batch divides by the step's count.
-        loss = -(logp * weight).sum() / total
-        loss.backward()
+        # the RL step's memory measures: a tied embedding's rows added in place, trims near the peak
+        with rows_into_grad(model), trims_before_layer_backward(model, device):
+            logp, weight = masked_logprobs(model, tokens, attention, mask)
+            # NOTE: only mask-1 tokens (what the expert wrote) carry loss; prompt, observations and the
+            # closing tokens nobody sampled are mask 0. Every micro-batch divides by the step's count.
+            loss = -(logp * weight).sum() / total
+            loss.backward()
         metrics["losses/sft_loss"] += float(loss.detach())
     metrics["losses/grad_norm"] = float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm))
+    if device.type == "cpu":
+        trim_near_peak()
     optimizer.step()
     metrics["perf/micro_batches"] = float(len(packs))
     return metrics
@@ -180,6 +187,7 @@ def train_sft(
     rng = random.Random(cfg.seed)
     per_epoch = math.ceil(len(demos) / cfg.batch_size)
     total = per_epoch * cfg.epochs if cfg.max_steps is None else min(cfg.max_steps, per_epoch * cfg.epochs)
+    bound_kernel_cache()  # before the first matmul; a no-op once the process has built kernels
     optimizer = adamw(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     model.train()
     history: list[dict[str, Any]] = []
@@ -196,7 +204,8 @@ def train_sft(
                 group["lr"] = lr
             t0 = time.perf_counter()
             batch = [demos[i] for i in order[start : start + cfg.batch_size]]
-            m = sft_step(model, optimizer, batch, cfg.micro_batch_tokens, max_grad_norm=cfg.max_grad_norm)
+            with trimming():  # the step's freed activations fragment the heap (pqrl.heap)
+                m = sft_step(model, optimizer, batch, cfg.micro_batch_tokens, max_grad_norm=cfg.max_grad_norm)
             row = {"step": step + 1, "epoch": step // per_epoch + 1, "lr": lr, **m}
             row["perf/step_s"] = time.perf_counter() - t0
             history.append(row)

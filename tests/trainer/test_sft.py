@@ -42,12 +42,13 @@ def demos(tokenizer) -> list[Trajectory]:
     return calc_demonstrations(8, 1000, ChatRenderer(tokenizer))
 
 
-def tiny_model(seed: int = 0):
+def tiny_model(seed: int = 0, **kw):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
     cfg = LlamaConfig(vocab_size=49152, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024)  # fmt: skip
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                      **kw)  # fmt: skip
     return LlamaForCausalLM(cfg).eval()
 
 
@@ -124,6 +125,22 @@ def test_mask_zero_tokens_get_no_gradient(demos):
     changed, g_changed = _step(model, [dataclasses.replace(d, tokens=tail)])
     assert changed["losses/sft_loss"] == alone["losses/sft_loss"]
     assert all(torch.equal(x, y) for x, y in zip(g_alone, g_changed, strict=True))
+
+
+def test_a_tied_embedding_gets_its_rows_in_place_with_the_same_gradient(demos, monkeypatch):
+    # as in the RL step (trainer.tied_embedding): no [V, H] temporary at the end of backward
+    model = tiny_model(tie_word_embeddings=True)
+    grads, ops = [], []
+    for rows in (True, False):
+        if not rows:
+            monkeypatch.setattr("trainer.tied_embedding.tied_input_embedding", lambda model: None)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            grads.append(_step(model, demos[:3], budget=1)[1])  # three micro-batches
+        ops.append({e.name for e in prof.events()} & {"aten::embedding_dense_backward", "aten::index_add_"})
+    assert ops == [{"aten::index_add_"}, {"aten::embedding_dense_backward"}]
+    assert float(grads[0][0].abs().sum()) > 0
+    for x, y in zip(*grads, strict=True):
+        torch.testing.assert_close(x, y, atol=1e-7, rtol=1e-5)
 
 
 def test_sft_steps_reduce_the_loss_on_the_demonstrations(demos):
