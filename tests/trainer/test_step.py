@@ -330,8 +330,8 @@ def test_embedding_rows_go_into_the_grad_without_a_head_gradient_and_skip_paddin
     assert emb.weight.grad is None and scale.grad is not None
 
 
-def test_each_decoder_layer_backward_checks_the_heap_on_cpu_only(tiny, monkeypatch):
-    # trainer.layers: a trim near the peak at the start of every layer's backward, the hooks gone after
+def test_each_decoder_layer_and_part_backward_checks_the_heap_on_cpu_only(tiny, monkeypatch):
+    # trainer.layers: a trim near the peak at the start of every layer's and part's backward, no hooks after
     import trainer.layers
 
     calls = []
@@ -341,8 +341,9 @@ def test_each_decoder_layer_backward_checks_the_heap_on_cpu_only(tiny, monkeypat
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
     train_step(model, optimizer, groups, 1, _cfg(ppo_epochs=2, micro_batch_tokens=32))
     passes = 2 * 2  # two epochs of two micro-batches (58 tokens, at most 32 a pass)
-    assert len(calls) == passes * len(model.model.layers)
-    assert all(not layer._backward_pre_hooks for layer in model.model.layers)
+    points = [m for layer in model.model.layers for m in (layer, *layer.children())]  # attention, MLP, norms
+    assert len(points) == 2 * 5 and len(calls) == passes * len(points)
+    assert all(not m._backward_pre_hooks for m in points)
     with trainer.layers.trims_before_layer_backward(model, torch.device("meta")):
         assert all(not layer._backward_pre_hooks for layer in model.model.layers)
     assert trainer.layers.decoder_layers(model) == list(model.model.layers)
