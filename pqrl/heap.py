@@ -50,6 +50,7 @@ __all__ = [
     "KERNEL_CACHE_CAPACITY",
     "MMAP_THRESHOLD",
     "NEAR_PEAK_BYTES",
+    "NEAR_PEAK_GROWTH_BYTES",
     "TRIM_GROWTH_BYTES",
     "bound_kernel_cache",
     "fix_mmap_threshold",
@@ -73,6 +74,8 @@ TRIM_GROWTH_BYTES = 128 << 20
 # TRIM_GROWTH_BYTES) add to it. Trimming at layer boundaries, and only within this much of the
 # process's peak, hands them back at the few points that matter (trim_near_peak).
 NEAR_PEAK_BYTES = 64 << 20
+NEAR_PEAK_GROWTH_BYTES = 16 << 20
+_near_peak_floor = 0  # the resident set after trim_near_peak's last trim, or the lowest seen since
 _POLL_S = 0.05  # reading /proc/self/statm costs microseconds
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _M_MMAP_THRESHOLD = -3  # mallopt's parameter number, from glibc's malloc.h
@@ -144,14 +147,22 @@ def peak_resident_bytes() -> int | None:
         return None
 
 
-def trim_near_peak(margin_bytes: int = NEAR_PEAK_BYTES) -> bool:
+def trim_near_peak(margin_bytes: int = NEAR_PEAK_BYTES, growth_bytes: int = NEAR_PEAK_GROWTH_BYTES) -> bool:
     """Trims when the resident set is within ``margin_bytes`` of the most this process has ever held
-    (only then can free heap pages raise that peak); returns whether it trimmed. Two reads of
-    procfs when it does not: cheap enough at every decoder layer's backward."""
+    (only there can free heap pages raise that peak) and has grown by ``growth_bytes`` since the
+    last such trim or the lowest it has been seen at since (below that, the pages a trim would hand
+    back are ones the next allocations reuse); returns whether it trimmed. Two reads of procfs when
+    it does not: cheap enough at every decoder layer's backward."""
+    global _near_peak_floor
     rss, peak = resident_bytes(), peak_resident_bytes()
-    if rss is None or peak is None or rss < peak - margin_bytes:
+    if rss is None or peak is None:
         return False
-    return trim()
+    _near_peak_floor = min(_near_peak_floor, rss)
+    if rss < peak - margin_bytes or rss - _near_peak_floor < growth_bytes:
+        return False
+    trimmed = trim()
+    _near_peak_floor = resident_bytes() or 0
+    return trimmed
 
 
 @contextlib.contextmanager

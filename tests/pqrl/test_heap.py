@@ -81,17 +81,20 @@ def test_trimming_stops_when_the_body_raises():
     assert not any(t.name == "heap-trim" for t in threading.enumerate())
 
 
-def test_trim_near_peak_trims_only_within_its_margin_of_the_peak():
+def test_trim_near_peak_trims_only_within_its_margin_of_the_peak_and_after_growth():
     """Free pages matter only where they could raise the process's peak (VmHWM): below the margin
-    they stay, within it they go back."""
+    they stay, within it they go back; and a trim follows another only once the resident set has
+    grown again (it had not: the pages a trim would return are ones the next allocations reuse)."""
     heap.trim()
+    heap.trim_near_peak(margin_bytes=1 << 62, growth_bytes=0)  # resets its floor to here
     kept = _fragment()
     try:
         high = _rss_mb()
         gap = heap.peak_resident_bytes() - heap.resident_bytes()
         assert not heap.trim_near_peak(margin_bytes=gap - (8 << 20)), "trimmed 8 MiB below its margin"
         assert _rss_mb() > high - 16, "the fragmented pages went back without a trim"
-        assert heap.trim_near_peak(margin_bytes=gap + (64 << 20))
+        assert heap.trim_near_peak(margin_bytes=gap + (64 << 20))  # grown by 128 MiB since the floor
         assert _rss_mb() < high - 96, "the 120 MiB freed between live blocks stayed resident"
+        assert not heap.trim_near_peak(margin_bytes=1 << 62), "trimmed again without growth"
     finally:
         _free(kept)
