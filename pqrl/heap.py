@@ -16,9 +16,10 @@ held 6.1 GB after a step whose tensors need 2.5 GB. Three remedies, measured by
   every 0.2 s instead reached 2.68 GB but took 1.30x as long: it handed back pages that the next
   layer would have reused);
 - ``trim_near_peak`` trims only when the resident set is within ``NEAR_PEAK_BYTES`` of the most
-  the process has held (``VmHWM``), where free pages could raise that peak: the trainer calls it at
-  the start of each decoder layer's backward and before the optimizer step (``trainer.layers``), so
-  the end of backward, a step's peak, holds almost no free pages, at a few trims a step;
+  the process has held (``VmHWM``), where free pages could raise that peak, and has grown by
+  ``NEAR_PEAK_GROWTH_BYTES`` since its last trim: the trainer calls it at the start of the backward
+  of each decoder layer and of its parts, and before the optimizer step (``trainer.layers``), so
+  the end of backward, a step's peak, holds few free pages, at a few trims a step;
 - ``fix_mmap_threshold`` (``train.compact_memory``) sends every block of 1 MiB or more to ``mmap``
   for good (setting it turns the dynamic rise off): peak 2.76 GB, but each such block is then
   faulted in afresh, and the step took 1.46x as long.
