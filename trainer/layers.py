@@ -22,7 +22,7 @@ from torch import nn
 
 from pqrl.heap import trim_near_peak
 
-__all__ = ["decoder_layers", "trims_before_layer_backward"]
+__all__ = ["decoder_layers", "trim_before_optimizer_step", "trims_before_layer_backward"]
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
@@ -34,6 +34,13 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
 
 def _trim(module: nn.Module, grad_output: Any) -> None:
     trim_near_peak()
+
+
+def trim_before_optimizer_step(device: torch.device) -> None:
+    """The same trim before the optimizer step, where every gradient is held as at the end of
+    backward (and the update adds no layer's working set). CPU only, as below."""
+    if device.type == "cpu":
+        trim_near_peak()
 
 
 @contextlib.contextmanager

@@ -32,10 +32,10 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from pqrl.heap import bound_kernel_cache, trim_near_peak, trimming
+from pqrl.heap import bound_kernel_cache, trimming
 from pqrl.model_cache import DEFAULT_MODEL
 from pqrl.trajectory import Trajectory
-from trainer.layers import trims_before_layer_backward
+from trainer.layers import trim_before_optimizer_step, trims_before_layer_backward
 from trainer.optim import adamw
 from trainer.tied_embedding import rows_into_grad
 
@@ -153,8 +153,7 @@ def sft_step(
             loss.backward()
         metrics["losses/sft_loss"] += float(loss.detach())
     metrics["losses/grad_norm"] = float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm))
-    if device.type == "cpu":
-        trim_near_peak()
+    trim_before_optimizer_step(device)
     optimizer.step()
     metrics["perf/micro_batches"] = float(len(packs))
     return metrics

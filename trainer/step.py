@@ -55,12 +55,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from pqrl.heap import trim_near_peak
 from pqrl.trajectory import Status, Trajectory
 from trainer.advantages import agent_token_gae, estimate_advantages
 from trainer.config import StepConfig
 from trainer.distributed import DistContext, all_reduce_sums, equalize_passes, shard_of
-from trainer.layers import trims_before_layer_backward
+from trainer.layers import trim_before_optimizer_step, trims_before_layer_backward
 from trainer.logprobs import full_logprobs, has_plain_head, head_logprobs
 from trainer.losses import (
     clipped_surrogate,
@@ -580,8 +579,7 @@ def _minibatch_update(
     _check_abort(batch)  # the last chance before the weights change
     params = list(model.parameters()) + ([] if batch.critic is None else list(batch.critic.parameters()))
     grad_norm = _full(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm))
-    if batch.device.type == "cpu":  # every gradient is held: as at the end of backward (trainer.layers)
-        trim_near_peak()
+    trim_before_optimizer_step(batch.device)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)  # applied: freed now, not held while the trainer waits
     if scheduler is not None:

@@ -340,9 +340,9 @@ def test_each_decoder_layer_and_part_backward_checks_the_heap_on_cpu_only(tiny, 
     groups = [_tiny_group(tiny, [9, 17, 12, 20])]
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
     train_step(model, optimizer, groups, 1, _cfg(ppo_epochs=2, micro_batch_tokens=32))
-    passes = 2 * 2  # two epochs of two micro-batches (58 tokens, at most 32 a pass)
+    passes, updates = 2 * 2, 2  # two epochs of two micro-batches (58 tokens, at most 32 a pass)
     points = [m for layer in model.model.layers for m in (layer, *layer.children())]  # attention, MLP, norms
-    assert len(points) == 2 * 5 and len(calls) == passes * len(points)
+    assert len(points) == 2 * 5 and len(calls) == passes * len(points) + updates  # + one per optimizer step
     assert all(not m._backward_pre_hooks for m in points)
     with trainer.layers.trims_before_layer_backward(model, torch.device("meta")):
         assert all(not layer._backward_pre_hooks for layer in model.model.layers)
