@@ -16,7 +16,10 @@ raw_redis_per_s are the medians. Redis rewrites its append-only file between pha
 it has grown enough: an automatic rewrite forks and writes the whole dataset, and landing in one
 phase or the other at random it was the largest source of noise.
 Prints one JSON line: traj_per_s, json_traj_per_s, raw_redis_per_s, ratio_vs_json, fraction_of_raw,
-and fraction_per_round (to show the spread).
+fraction_per_round (to show the spread), us_per_group (where the time goes: for each side and each
+kind of call, put / read / ack, the median over rounds of [wall, CPU] microseconds per group; the
+store's put includes encoding, its read decoding and checking, its ack trimming) and
+codec_cpu_us_per_group (encode_parts and decode_many alone, each group visited once).
 Usage: python bench/store.py [--trajectories N] [--tokens T] [--rounds R] [--group-size G] [--batch B]
 """
 
@@ -24,11 +27,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import json
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -39,7 +44,7 @@ import redis.asyncio as aioredis
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import pqrl.store.groups
-from pqrl.codec import encode_many
+from pqrl.codec import decode_many, encode_many, encode_parts
 from pqrl.redis_server import RedisServer
 from pqrl.store import TrajectoryStore
 from pqrl.trajectory import Trajectory, Turn
@@ -104,36 +109,61 @@ def json_decode_many(blob: bytes) -> list[Trajectory]:
     return out
 
 
-async def through_store(url: str, groups: list[list[Trajectory]], run: str) -> float:
+class Phases:
+    """Wall and CPU seconds spent in each kind of call (put, read, ack), summed over a round."""
+
+    def __init__(self) -> None:
+        self.wall: dict[str, float] = {}
+        self.cpu: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        w, c = time.perf_counter(), time.process_time()
+        yield
+        self.wall[name] = self.wall.get(name, 0.0) + time.perf_counter() - w
+        self.cpu[name] = self.cpu.get(name, 0.0) + time.process_time() - c
+
+
+async def through_store(url: str, groups: list[list[Trajectory]], run: str, phase: Phases) -> float:
     async with TrajectoryStore(url, run, max_backlog=0) as store:
         await store.groups.create_consumer_group("trainer")
         t0 = time.perf_counter()
         for g in groups:
-            await store.groups.put(g)
+            with phase("put"):
+                await store.groups.put(g)
         got = 0
-        while entries := await store.groups.read("trainer", "c", count=BATCH):
+        while True:
+            with phase("read"):
+                entries = await store.groups.read("trainer", "c", count=BATCH)
+            if not entries:
+                break
             got += sum(len(e.trajectories) for e in entries)
-            await store.groups.ack("trainer", [e.entry_id for e in entries])
+            with phase("ack"):
+                await store.groups.ack("trainer", [e.entry_id for e in entries])
         dt = time.perf_counter() - t0
         assert got == len(groups) * GROUP and await store.groups.backlog() <= 1
         await store.redis.flushall()
     return got / dt
 
 
-async def raw_redis(url: str, blobs: list[bytes], run: str) -> float:
+async def raw_redis(url: str, blobs: list[bytes], run: str, phase: Phases) -> float:
     r = aioredis.Redis.from_url(url)
     key = f"raw:{run}"
     await r.xgroup_create(key, "trainer", id="0", mkstream=True)
     t0 = time.perf_counter()
     for blob in blobs:
-        await r.xadd(key, {"group": blob})
+        with phase("put"):
+            await r.xadd(key, {"group": blob})
     got = 0
-    while reply := await r.xreadgroup("trainer", "c", {key: ">"}, count=BATCH):
-        entries = reply[0][1]
-        if not entries:
+    while True:
+        with phase("read"):
+            reply = await r.xreadgroup("trainer", "c", {key: ">"}, count=BATCH)
+        if not reply or not reply[0][1]:
             break
+        entries = reply[0][1]
         got += len(entries) * GROUP
-        await r.xack(key, "trainer", *[i for i, _ in entries])
+        with phase("ack"):
+            await r.xack(key, "trainer", *[i for i, _ in entries])
     dt = time.perf_counter() - t0
     assert got == len(blobs) * GROUP
     await r.flushall()
@@ -159,15 +189,40 @@ async def aof_idle(r: aioredis.Redis) -> None:
 
 async def one_round(
     url: str, groups: list[list[Trajectory]], blobs: list[bytes], k: int
-) -> tuple[float, float]:
-    """(store, raw) rates of round ``k``; odd rounds run the store first."""
-    rates = {}
+) -> tuple[dict[str, float], dict[str, Phases]]:
+    """Rates and phases of round ``k``, by side (store, raw); odd rounds run the store first."""
+    rates, phases = {}, {"store": Phases(), "raw": Phases()}
     for name in ("raw", "store") if k % 2 == 0 else ("store", "raw"):
         await rewrite_aof(url)
         rates[name] = await (
-            raw_redis(url, blobs, f"r{k}") if name == "raw" else through_store(url, groups, "bench")
+            raw_redis(url, blobs, f"r{k}", phases[name])
+            if name == "raw"
+            else through_store(url, groups, "bench", phases[name])
         )
-    return rates["store"], rates["raw"]
+    return rates, phases
+
+
+def codec_us(groups: list[list[Trajectory]], blobs: list[bytes]) -> dict[str, float]:
+    """CPU microseconds per group to encode (into parts, as the store sends) and to decode, each
+    group visited once (cold, as in the store)."""
+    out = {}
+    for name, fn, items in (("encode_parts", encode_parts, groups), ("decode_many", decode_many, blobs)):
+        t0 = time.process_time()
+        for x in items:
+            fn(x)
+        out[name] = round((time.process_time() - t0) / len(items) * 1e6, 1)
+    return out
+
+
+def per_group_us(phases: list[Phases], groups: int) -> dict[str, dict[str, list[float]]]:
+    """Median over rounds of each phase's [wall, cpu] microseconds per group."""
+    return {
+        name: [
+            round(statistics.median(getattr(p, kind)[name] for p in phases) / groups * 1e6)
+            for kind in ("wall", "cpu")
+        ]
+        for name in phases[0].wall
+    }
 
 
 async def main(n: int, T: int, rounds: int) -> dict[str, Any]:
@@ -177,17 +232,21 @@ async def main(n: int, T: int, rounds: int) -> dict[str, Any]:
     with RedisServer(appendfsync="everysec") as server:
         await one_round(server.url, groups, blobs, -1)  # warm-up: allocator, connections, scripts
         store_rates, raw_rates = [], []
+        phases: dict[str, list[Phases]] = {"store": [], "raw": []}
         for k in range(rounds):
-            store, raw = await one_round(server.url, groups, blobs, k)
+            rates, by_side = await one_round(server.url, groups, blobs, k)
+            store, raw = rates["store"], rates["raw"]
             store_rates.append(store)
             raw_rates.append(raw)
+            for side, p in by_side.items():
+                phases[side].append(p)
             print(f"round {k}: store {store:.0f}/s raw {raw:.0f}/s", file=sys.stderr)
         await rewrite_aof(server.url)
         with (
-            mock.patch.object(pqrl.store.groups, "encode_many", json_encode_many),
+            mock.patch.object(pqrl.store.groups, "encode_parts", lambda ts: [json_encode_many(ts)]),
             mock.patch.object(pqrl.store.groups, "decode_many", json_decode_many),
         ):
-            json_rate = await through_store(server.url, groups, "bench")
+            json_rate = await through_store(server.url, groups, "bench", Phases())
         print(f"json {json_rate:.0f}/s", file=sys.stderr)
     traj, raw = statistics.median(store_rates), statistics.median(raw_rates)
     fractions = [a / c for a, c in zip(store_rates, raw_rates, strict=True)]
@@ -198,6 +257,8 @@ async def main(n: int, T: int, rounds: int) -> dict[str, Any]:
         "ratio_vs_json": round(traj / json_rate, 2),
         "fraction_of_raw": round(statistics.median(fractions), 3),
         "fraction_per_round": [round(f, 3) for f in fractions],
+        "us_per_group": {side: per_group_us(p, len(groups)) for side, p in phases.items()},
+        "codec_cpu_us_per_group": codec_us(groups, blobs),
     }
 
 

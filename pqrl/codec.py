@@ -35,7 +35,7 @@ import numpy as np
 
 from pqrl.trajectory import ToolCall, Trajectory, TrajectoryError, Truncation, Turn, _new_turn
 
-__all__ = ["CURRENT_VERSION", "CodecError", "decode", "decode_many", "encode", "encode_many"]
+__all__ = ["CURRENT_VERSION", "CodecError", "decode", "decode_many", "encode", "encode_many", "encode_parts"]
 
 MAGIC = b"PQT"
 CURRENT_VERSION = 3
@@ -98,17 +98,21 @@ def decode(blob: bytes | bytearray | memoryview) -> Trajectory:
 
 def encode_many(ts: Sequence[Trajectory]) -> bytes:
     """Encodes several (validated) Trajectories, e.g. one group, into one blob."""
-    header = msgpack.packb(_columns(ts), use_bin_type=True)
-    pad = -(_PREFIX.size + len(header)) % 8
-    head = [_PREFIX.pack(MAGIC, CURRENT_VERSION, len(header)), header, b"\0" * pad]
+    return b"".join(encode_parts(ts))
+
+
+def encode_parts(ts: Sequence[Trajectory]) -> list[bytes | np.ndarray]:
+    """``encode_many(ts)`` as the contiguous buffers it joins, in order: the prefix and header,
+    then the records' arrays as they are, converted only where strided or not little-endian.
+
+    A writer that takes several buffers (the store's XADD) sends these without first copying
+    half a megabyte into one blob.
+    """
     arrays = [getattr(t, name) for name, _ in _ARRAYS for t in ts]
-    if _NATIVE_IS_BLOB_ORDER:
-        try:
-            return b"".join(head + arrays)  # join reads the arrays' buffers: one copy, no wrappers
-        except TypeError:  # a record may hold a strided view, which has no contiguous buffer
-            pass
-    dtypes = [dtype for _, dtype in _ARRAYS for _ in ts]
-    return b"".join(head + [np.ascontiguousarray(a, dtype) for a, dtype in zip(arrays, dtypes, strict=True)])
+    if not (_NATIVE_IS_BLOB_ORDER and all(a.flags.c_contiguous for a in arrays)):
+        dtypes = [dtype for _, dtype in _ARRAYS for _ in ts]
+        arrays = [np.ascontiguousarray(a, dtype) for a, dtype in zip(arrays, dtypes, strict=True)]
+    return [_head(ts), *arrays]
 
 
 def decode_many(blob: bytes | bytearray | memoryview) -> list[Trajectory]:
@@ -145,6 +149,13 @@ def decode_many(blob: bytes | bytearray | memoryview) -> list[Trajectory]:
 
 
 # ---------------------------------------------------------------- header layouts, newest first
+
+
+def _head(ts: Sequence[Trajectory]) -> bytes:
+    """The blob up to its arrays: prefix, header and padding."""
+    header = msgpack.packb(_columns(ts), use_bin_type=True)
+    pad = -(_PREFIX.size + len(header)) % 8
+    return b"".join([_PREFIX.pack(MAGIC, CURRENT_VERSION, len(header)), header, b"\0" * pad])
 
 
 def _columns(ts: Sequence[Trajectory]) -> dict[str, list[Any]]:

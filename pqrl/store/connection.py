@@ -15,6 +15,8 @@ from urllib.parse import urlsplit, urlunsplit
 import redis.asyncio as aioredis
 import redis.exceptions
 
+from pqrl.store.parts import sends_parts
+
 __all__ = [
     "Backpressure",
     "RunKeys",
@@ -133,8 +135,9 @@ def redacted(url: str) -> str:
 
 
 def connect(url: str) -> aioredis.Redis:
-    """A client for ``url`` returning bytes; it connects lazily and reconnects after failures."""
-    return aioredis.Redis.from_url(url, decode_responses=False, socket_connect_timeout=5)
+    """A client for ``url`` returning bytes, taking ``Parts`` values; it connects lazily and
+    reconnects after failures."""
+    return sends_parts(aioredis.Redis.from_url(url, decode_responses=False, socket_connect_timeout=5))
 
 
 class RunPart:

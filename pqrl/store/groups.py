@@ -20,10 +20,11 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from pqrl.codec import CodecError, decode_many, encode_many
+from pqrl.codec import CodecError, decode_many, encode_parts
 from pqrl.store._streams import AckAndTrim, autoclaim, create_consumer_group, read_new
 from pqrl.store.connection import Backpressure, RunKeys, RunPart, decode_str, redis_errors
 from pqrl.store.dead_letters import DeadLetters
+from pqrl.store.parts import Parts
 from pqrl.trajectory import Trajectory
 
 __all__ = ["GroupEntry", "GroupStream"]
@@ -89,11 +90,12 @@ class GroupStream(RunPart):
         # No Lua here: passing ~0.5 MB of blobs through a script costs more than the add itself.
         # Look before adding only when the last length seen leaves no room, so the bound is exact
         # for one producer and overshoots by at most one group per other concurrent producer.
-        fields = self._fields(trajectories)
+        _check_group(trajectories, self.run_id)
         if self.max_backlog and self._backlog_hint + 1 >= self.max_backlog:
             self._backlog_hint = int(await self.redis.xlen(self.key))
             if self._backlog_hint >= self.max_backlog:
                 return None, self._backlog_hint
+        fields = {"group": Parts(encode_parts(trajectories))}
         if not self.max_backlog:  # unbounded: no length to keep track of, one XADD
             return decode_str(await self.redis.xadd(self.key, fields)), 0
         async with self.redis.pipeline(transaction=False) as pipe:
@@ -102,20 +104,6 @@ class GroupStream(RunPart):
             entry_id, backlog = await pipe.execute()
         self._backlog_hint = int(backlog)
         return decode_str(entry_id), self._backlog_hint
-
-    def _fields(self, trajectories: Sequence[Trajectory]) -> dict[str, bytes]:
-        if not trajectories:
-            raise ValueError("a group needs at least one trajectory")
-        for i, t in enumerate(trajectories):
-            if not isinstance(t, Trajectory):
-                raise TypeError(f"group member {i} is {type(t).__name__}, not Trajectory")
-        group_id = trajectories[0].group_id
-        for t in trajectories:
-            if t.run_id != self.run_id:
-                raise ValueError(f"trajectory {t.id} belongs to run {t.run_id!r}, not {self.run_id!r}")
-            if t.group_id != group_id:
-                raise ValueError(f"trajectory {t.id} has group_id {t.group_id!r}, expected {group_id!r}")
-        return {"group": encode_many(trajectories)}
 
     @redis_errors
     async def backlog(self) -> int:
@@ -210,6 +198,20 @@ class GroupStream(RunPart):
             self.key, consumer_group, min=ids[0], max=ids[-1], count=len(ids)
         )
         return {decode_str(r["message_id"]): int(r["times_delivered"]) for r in rows}
+
+
+def _check_group(trajectories: Sequence[Trajectory], run_id: str) -> None:
+    if not trajectories:
+        raise ValueError("a group needs at least one trajectory")
+    for i, t in enumerate(trajectories):
+        if not isinstance(t, Trajectory):
+            raise TypeError(f"group member {i} is {type(t).__name__}, not Trajectory")
+    group_id = trajectories[0].group_id
+    for t in trajectories:
+        if t.run_id != run_id:
+            raise ValueError(f"trajectory {t.id} belongs to run {t.run_id!r}, not {run_id!r}")
+        if t.group_id != group_id:
+            raise ValueError(f"trajectory {t.id} has group_id {t.group_id!r}, expected {group_id!r}")
 
 
 def _decode_group(fields: dict[bytes, bytes]) -> list[Trajectory]:

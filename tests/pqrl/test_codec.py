@@ -12,7 +12,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pqrl.codec import CURRENT_VERSION, MAGIC, CodecError, decode, decode_many, encode, encode_many
+from pqrl.codec import (
+    CURRENT_VERSION,
+    MAGIC,
+    CodecError,
+    decode,
+    decode_many,
+    encode,
+    encode_many,
+    encode_parts,
+)
 from pqrl.trajectory import ToolCall, ToolStatus, Trajectory, TruncationKind, Turn
 from tests.conftest import make_trajectory
 
@@ -259,6 +268,25 @@ def test_strided_arrays_encode_as_their_values():
     strided = Trajectory(**{**{f: getattr(t, f) for f in t.__dataclass_fields__}, "tokens": wide})
     assert not strided.tokens.flags.c_contiguous
     assert decode(encode(strided)) == t
+
+
+def test_the_parts_of_a_blob_are_the_records_own_arrays_in_blob_order():
+    group = [make_trajectory(index=i, seed=i) for i in range(3)]
+    parts = encode_parts(group)
+    assert b"".join(parts) == encode_many(group)
+    # After the header: each array kind in blob order, record by record, not copied.
+    arrays = parts[1:]
+    names = ["tokens", "behavior_logprobs", "versions", "generated", "loss_mask"]
+    assert len(arrays) == len(names) * len(group)
+    for k, a in enumerate(arrays):
+        assert a is getattr(group[k % len(group)], names[k // len(group)])
+    # A strided record is converted to a contiguous copy of its values.
+    t = group[0]
+    strided = Trajectory(
+        **{**{f: getattr(t, f) for f in t.__dataclass_fields__}, "tokens": np.repeat(t.tokens, 2)[::2]}
+    )
+    parts = encode_parts([strided])
+    assert all(p.flags.c_contiguous for p in parts[1:]) and b"".join(parts) == encode(t)
 
 
 def test_a_group_round_trips_in_one_blob():

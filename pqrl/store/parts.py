@@ -1,0 +1,75 @@
+"""A Redis value given as several buffers and written to the socket without joining them first.
+
+A group's blob is a short header followed by its records' token arrays (``pqrl.codec.encode_parts``).
+Joining those into one bytes object before the send copies half a megabyte per group, from arrays
+that are cold by then, into a fresh allocation that glibc hands back and faults in again group after
+group; the socket write then copies it once more. Handed over as parts, the write's own copy is the
+only one (Python 3.12's socket transports go further and gather the buffers in one ``sendmsg``).
+``bench/store.py`` reports the put's cost per group beside a raw XADD of a ready blob.
+
+redis-py frames every argument as one RESP bulk string from one buffer, so the client's connection
+class learns one more argument type: ``Parts`` is framed with its total length and its buffers
+follow as they are. ``sends_parts`` installs that on a client; every other argument packs as before.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable
+from typing import Any
+
+import redis.asyncio as aioredis
+
+__all__ = ["Parts", "sends_parts"]
+
+
+class Parts:
+    """One Redis value: the concatenation of ``buffers`` (bytes-like, each C-contiguous), never
+    joined here."""
+
+    __slots__ = ("buffers", "nbytes")
+
+    def __init__(self, buffers: Iterable[Any]) -> None:
+        # Byte views: the packer's framing takes len() of each, which must count bytes.
+        self.buffers = [memoryview(b).cast("B") for b in buffers]
+        self.nbytes = sum(b.nbytes for b in self.buffers)
+
+
+def sends_parts(client: aioredis.Redis) -> aioredis.Redis:
+    """Lets ``client`` take ``Parts`` arguments (before it opens a connection); returns it."""
+    pool = client.connection_pool
+    pool.connection_class = _packing_parts(pool.connection_class)
+    return client
+
+
+@functools.cache
+def _packing_parts(base: type) -> type:
+    if issubclass(base, _PacksParts):
+        return base
+    return type(base.__name__, (_PacksParts, base), {})
+
+
+class _PacksParts:
+    """Mixed into the client's connection class (plain, TLS or Unix socket alike)."""
+
+    encoder: Any
+
+    def pack_command(self, *args: Any) -> list[Any]:
+        if not any(type(a) is Parts for a in args):
+            return super().pack_command(*args)  # type: ignore[misc]
+        # RESP: an array of bulk strings, each "$<length>\r\n<bytes>\r\n". A command name given
+        # as "CONFIG GET" is several of them, as redis-py sends it.
+        if isinstance(args[0], str):
+            args = (*args[0].encode().split(), *args[1:])
+        out: list[Any] = []
+        head = [b"*%d\r\n" % len(args)]
+        for arg in args:
+            if type(arg) is Parts:
+                head.append(b"$%d\r\n" % arg.nbytes)
+                out += [b"".join(head), *arg.buffers]
+                head = [b"\r\n"]
+            else:
+                value = self.encoder.encode(arg)
+                head += [b"$%d\r\n" % len(value), value, b"\r\n"]
+        out.append(b"".join(head))
+        return out
