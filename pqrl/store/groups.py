@@ -24,7 +24,7 @@ from pqrl.codec import CodecError, decode_many, encode_parts
 from pqrl.store._streams import AckAndTrim, autoclaim, create_consumer_group, read_new
 from pqrl.store.connection import Backpressure, RunKeys, RunPart, decode_str, redis_errors
 from pqrl.store.dead_letters import DeadLetters
-from pqrl.store.parts import Parts
+from pqrl.store.parts import Parts, packs_parts
 from pqrl.trajectory import Trajectory
 
 __all__ = ["GroupEntry", "GroupStream"]
@@ -56,6 +56,9 @@ class GroupStream(RunPart):
         self.max_backlog = max_backlog
         self._backlog_hint = 0  # XLEN as last seen by this producer; trims only lower the truth
         self._streams = AckAndTrim(redis)
+        # One value sent from the records' own arrays where the client takes Parts (what
+        # store.connection.connect makes), else joined into one blob first.
+        self._value = Parts if packs_parts(redis) else b"".join
 
     @property
     def key(self) -> str:
@@ -70,6 +73,9 @@ class GroupStream(RunPart):
 
     async def put(self, trajectories: Sequence[Trajectory], *, timeout: float = 0.0) -> str:
         """Appends one finished group, waiting up to ``timeout`` seconds for backlog space.
+
+        The records' arrays are sent from where they are (pqrl.store.parts): nothing may write to
+        their memory through another view once the put has started, even if it fails.
 
         Raises:
             Backpressure: the backlog stayed full for ``timeout`` seconds (at once when 0).
@@ -95,7 +101,7 @@ class GroupStream(RunPart):
             self._backlog_hint = int(await self.redis.xlen(self.key))
             if self._backlog_hint >= self.max_backlog:
                 return None, self._backlog_hint
-        fields = {"group": Parts(encode_parts(trajectories))}
+        fields = {"group": self._value(encode_parts(trajectories))}
         if not self.max_backlog:  # unbounded: no length to keep track of, one XADD
             return decode_str(await self.redis.xadd(self.key, fields)), 0
         async with self.redis.pipeline(transaction=False) as pipe:

@@ -20,12 +20,17 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-__all__ = ["Parts", "sends_parts"]
+__all__ = ["Parts", "packs_parts", "sends_parts"]
 
 
 class Parts:
     """One Redis value: the concatenation of ``buffers`` (bytes-like, each C-contiguous), never
-    joined here."""
+    joined here.
+
+    The buffers are sent from where they are, after the command is handed over: on Python 3.12 and
+    later the transport may still be writing them after a command that timed out or was cancelled
+    has raised. Nothing may write to them (through any view) once they are given to a command.
+    """
 
     __slots__ = ("buffers", "nbytes")
 
@@ -34,12 +39,28 @@ class Parts:
         self.buffers = [memoryview(b).cast("B") for b in buffers]
         self.nbytes = sum(b.nbytes for b in self.buffers)
 
+    def __repr__(self) -> str:
+        return f"Parts({len(self.buffers)} buffers, {self.nbytes} bytes)"
+
 
 def sends_parts(client: aioredis.Redis) -> aioredis.Redis:
-    """Lets ``client`` take ``Parts`` arguments (before it opens a connection); returns it."""
+    """Lets ``client`` take ``Parts`` arguments; returns it.
+
+    Raises:
+        ValueError: the client has opened connections already, which would not take them.
+    """
     pool = client.connection_pool
+    if packs_parts(client):
+        return client
+    if any(getattr(pool, name, ()) for name in ("_available_connections", "_in_use_connections")):
+        raise ValueError("sends_parts must be applied to a client before it opens a connection")
     pool.connection_class = _packing_parts(pool.connection_class)
     return client
+
+
+def packs_parts(client: aioredis.Redis) -> bool:
+    """Whether ``client`` takes ``Parts`` arguments (``sends_parts``)."""
+    return issubclass(client.connection_pool.connection_class, _PacksParts)
 
 
 @functools.cache
@@ -55,16 +76,18 @@ class _PacksParts:
     encoder: Any
 
     def pack_command(self, *args: Any) -> list[Any]:
-        if not any(type(a) is Parts for a in args):
+        if not any(isinstance(a, Parts) for a in args):
             return super().pack_command(*args)  # type: ignore[misc]
         # RESP: an array of bulk strings, each "$<length>\r\n<bytes>\r\n". A command name given
-        # as "CONFIG GET" is several of them, as redis-py sends it.
+        # as "CONFIG GET" (or b"CONFIG GET") is several of them, as redis-py sends it.
         if isinstance(args[0], str):
             args = (*args[0].encode().split(), *args[1:])
+        elif isinstance(args[0], bytes) and b" " in args[0]:
+            args = (*args[0].split(), *args[1:])
         out: list[Any] = []
         head = [b"*%d\r\n" % len(args)]
         for arg in args:
-            if type(arg) is Parts:
+            if isinstance(arg, Parts):
                 head.append(b"$%d\r\n" % arg.nbytes)
                 out += [b"".join(head), *arg.buffers]
                 head = [b"\r\n"]
