@@ -49,9 +49,9 @@ def sends_parts(client: aioredis.Redis) -> aioredis.Redis:
     Raises:
         ValueError: the client has opened connections already, which would not take them.
     """
-    pool = client.connection_pool
     if packs_parts(client):
         return client
+    pool = client.connection_pool
     if any(getattr(pool, name, ()) for name in ("_available_connections", "_in_use_connections")):
         raise ValueError("sends_parts must be applied to a client before it opens a connection")
     pool.connection_class = _packing_parts(pool.connection_class)
@@ -63,10 +63,8 @@ def packs_parts(client: aioredis.Redis) -> bool:
     return issubclass(client.connection_pool.connection_class, _PacksParts)
 
 
-@functools.cache
+@functools.cache  # one subclass per base, shared by every client of that kind
 def _packing_parts(base: type) -> type:
-    if issubclass(base, _PacksParts):
-        return base
     return type(base.__name__, (_PacksParts, base), {})
 
 
