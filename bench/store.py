@@ -19,7 +19,10 @@ Prints one JSON line: traj_per_s, json_traj_per_s, raw_redis_per_s, ratio_vs_jso
 fraction_per_round (to show the spread), us_per_group (where the time goes: for each side and each
 kind of call, put / read / ack, the median over rounds of [wall, CPU] microseconds per group; the
 store's put includes encoding, its read decoding and checking, its ack trimming) and
-codec_cpu_us_per_group (encode_parts and decode_many alone, each group visited once).
+codec_cpu_us_per_group (encode_parts and decode_many alone, each group visited once) and
+cpu_us_per_group (for each side, the median over rounds of [client, server] CPU microseconds per group
+over the whole phase: the client's process time and redis-server's, from INFO cpu; the server's
+includes the trim's freeing on the store side, which the raw side never does inside its phase).
 Usage: python bench/store.py [--trajectories N] [--tokens T] [--rounds R] [--group-size G] [--batch B]
 """
 
@@ -110,11 +113,13 @@ def json_decode_many(blob: bytes) -> list[Trajectory]:
 
 
 class Phases:
-    """Wall and CPU seconds spent in each kind of call (put, read, ack), summed over a round."""
+    """Wall and CPU seconds spent in each kind of call (put, read, ack), summed over a round, and
+    the CPU seconds of the whole phase on each side of the socket (``whole``: client, server)."""
 
     def __init__(self) -> None:
         self.wall: dict[str, float] = {}
         self.cpu: dict[str, float] = {}
+        self.whole: dict[str, float] = {}
 
     @contextlib.contextmanager
     def __call__(self, name: str) -> Iterator[None]:
@@ -194,12 +199,25 @@ async def one_round(
     rates, phases = {}, {"store": Phases(), "raw": Phases()}
     for name in ("raw", "store") if k % 2 == 0 else ("store", "raw"):
         await rewrite_aof(url)
+        client, server = time.process_time(), await server_cpu_s(url)
         rates[name] = await (
             raw_redis(url, blobs, f"r{k}", phases[name])
             if name == "raw"
             else through_store(url, groups, "bench", phases[name])
         )
+        phases[name].whole = {
+            "client": time.process_time() - client,
+            "server": await server_cpu_s(url) - server,
+        }
     return rates, phases
+
+
+async def server_cpu_s(url: str) -> float:
+    """redis-server's user + system CPU seconds so far."""
+    r = aioredis.Redis.from_url(url)
+    info = await r.info("cpu")
+    await r.aclose()
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
 def codec_us(groups: list[list[Trajectory]], blobs: list[bytes]) -> dict[str, float]:
@@ -259,6 +277,13 @@ async def main(n: int, T: int, rounds: int) -> dict[str, Any]:
         "fraction_per_round": [round(f, 3) for f in fractions],
         "us_per_group": {side: per_group_us(p, len(groups)) for side, p in phases.items()},
         "codec_cpu_us_per_group": codec_us(groups, blobs),
+        "cpu_us_per_group": {
+            side: [
+                round(statistics.median(x.whole[end] for x in p) / len(groups) * 1e6)
+                for end in ("client", "server")
+            ]
+            for side, p in phases.items()
+        },
     }
 
 
