@@ -21,6 +21,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
 from agent_loop.config import EpisodeConfig, ManagerConfig
+from launcher.precision import Dtype, cpu_bfloat16
 from pqrl.model_cache import DEFAULT_MODEL
 from pqrl.settings import fields_of, type_name
 from trainer.config import AlgorithmConfig, LoopConfig, StepConfig
@@ -46,11 +47,13 @@ class _Section(BaseModel):
 
 class ModelSection(_Section):
     name: str = Field(DEFAULT_MODEL, description="built-in model name or a Hugging Face model directory")
-    dtype: Literal["auto", "float32", "bfloat16"] = Field(
+    dtype: Dtype = Field(
         "auto",
-        description="trainer precision: auto = float32 on CPU, bfloat16 autocast on GPU; bfloat16 autocasts "
-        "on CPU too (about 1.7x faster steps where the CPU has AVX512-BF16 or AMX), and an embedded job's "
-        "engine then multiplies in bfloat16 as well (--matmul-dtype bfloat16)",
+        description="trainer precision (weights and optimizer stay float32): auto = bfloat16 autocast "
+        "where the hardware multiplies bfloat16 (a GPU; a CPU with AVX512-BF16 or AMX, about 1.5x faster "
+        "steps), float32 elsewhere; bfloat16 = autocast on any CPU (emulated, slower, where the CPU lacks "
+        "them); float32 = never. Where a CPU job autocasts, an embedded job's engine multiplies in "
+        "bfloat16 as well (--matmul-dtype bfloat16)",
     )
 
 
@@ -288,7 +291,7 @@ def step_config(cfg: TrainConfig) -> StepConfig:
     dtype = "float32" if cfg.model.dtype == "float32" else "bfloat16"
     return _pick(StepConfig, cfg.train, temperature=cfg.rollout.temperature, algorithm=algorithm_config(cfg),
                  max_staleness=cfg.rollout.max_staleness, seed=cfg.seed, dtype=dtype,
-                 cpu_autocast=cfg.model.dtype == "bfloat16")  # fmt: skip
+                 cpu_autocast=cpu_bfloat16(cfg.model.dtype))  # fmt: skip
 
 
 # how one rollout process paces itself: workers may differ here, never in what they sample

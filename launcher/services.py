@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.jobconfig import TrainConfig
+from launcher.precision import cpu_bfloat16
 from pqrl.redis_server import RedisServer, die_with_parent, free_port, stop_process
 
 __all__ = ["env_server_process", "job_services", "sandboxed_envs"]
@@ -110,7 +111,7 @@ def _engine_process(cfg: TrainConfig, port: int) -> Iterator[subprocess.Popen[by
     env = os.environ | {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
     cmd = [sys.executable, "-m", "launcher.cli", "engine", "serve", "--backend", "builtin",
            "--model", cfg.model.name, "--port", str(port), "--seed", str(cfg.seed)]  # fmt: skip
-    if cfg.model.dtype == "bfloat16":  # sample from the products the trainer's autocast scores with
+    if cpu_bfloat16(cfg.model.dtype):  # sample from the products the trainer's autocast scores with
         cmd += ["--matmul-dtype", "bfloat16"]
     proc = _service_process(cfg.run_dir / "engine.log", cmd, env)
     try:

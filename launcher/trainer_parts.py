@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.jobconfig import TrainConfig, step_config
+from launcher.precision import cpu_has_bf16_matmul
 
 __all__ = ["TrainerParts", "trainer_parts"]
 
@@ -37,15 +38,6 @@ def _load_policy(name_or_dir: str, device: Any = "cpu") -> tuple[Any, Any]:
     return load_model(name_or_dir, dtype=torch.float32).to(device), load_tokenizer(name_or_dir)
 
 
-def _cpu_has_bf16_matmul() -> bool | None:
-    """Whether this CPU multiplies bfloat16 in hardware (AVX512-BF16 or AMX); None: cannot tell."""
-    try:
-        flags = set(Path("/proc/cpuinfo").read_text().split())
-    except OSError:
-        return None
-    return bool(flags & {"avx512_bf16", "amx_bf16"})
-
-
 def trainer_parts(cfg: TrainConfig, ctx: Any) -> TrainerParts:
     """The model, optimizer, scheduler and step settings, from the latest checkpoint when there is one."""
     import torch
@@ -65,10 +57,10 @@ def trainer_parts(cfg: TrainConfig, ctx: Any) -> TrainerParts:
     device = ctx.device if ctx.distributed else ("cuda" if torch.cuda.is_available() else "cpu")
     model, tokenizer = _load_policy(str(latest / "model") if latest else cfg.model.name, device)
     step_cfg = step_config(cfg)
-    if device == "cpu" and step_cfg.cpu_autocast and _cpu_has_bf16_matmul() is False:
+    if device == "cpu" and step_cfg.cpu_autocast and cpu_has_bf16_matmul() is False:
         log.warning("model.dtype bfloat16 on a CPU without AVX512-BF16 or AMX: bfloat16 matmuls (the "
                     "trainer's, and an embedded engine's) are emulated and slower than float32 here; "
-                    "set model.dtype: auto")  # fmt: skip
+                    "set model.dtype: auto (bfloat16 only where the hardware multiplies it)")  # fmt: skip
     model = shard(model, ctx)
     ref_model = (
         _load_policy(cfg.model.name, device)[0].eval().requires_grad_(False)
