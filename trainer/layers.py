@@ -14,7 +14,7 @@ same step time (bench/results/trainer_memory_cpu.log).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -22,7 +22,7 @@ from torch import nn
 
 from pqrl.heap import trim_near_peak
 
-__all__ = ["decoder_layers", "trim_before_optimizer_step", "trims_before_layer_backward"]
+__all__ = ["checks_at_layers", "decoder_layers", "trim_before_optimizer_step", "trims_before_layer_backward"]
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
@@ -54,6 +54,31 @@ def trims_before_layer_backward(model: nn.Module, device: torch.device) -> Itera
     # the layer, then its parts (attention, MLP, norms): the peak can fall inside the last layer
     points = [m for layer in decoder_layers(model) for m in (layer, *layer.children())]
     handles = [m.register_full_backward_pre_hook(_trim) for m in points]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+@contextlib.contextmanager
+def checks_at_layers(model: nn.Module, check: Callable[[], None]) -> Iterator[None]:
+    """While open, ``check()`` runs before each decoder layer's forward; and before each layer's
+    backward for the forwards run meanwhile, even once closed (a hook on the layer's output). What
+    it raises stops the pass there: a stop asked for in the middle of a long pass (minutes on a
+    CPU) need not wait for its end."""
+
+    def before_backward(grad: torch.Tensor) -> None:
+        check()
+
+    def after_forward(module: nn.Module, args: Any, output: Any) -> None:
+        hidden = output[0] if isinstance(output, tuple) else output
+        if isinstance(hidden, torch.Tensor) and hidden.requires_grad:
+            hidden.register_hook(before_backward)
+
+    layers = decoder_layers(model)
+    handles = [layer.register_forward_pre_hook(lambda *_: check()) for layer in layers]
+    handles += [layer.register_forward_hook(after_forward) for layer in layers]
     try:
         yield
     finally:

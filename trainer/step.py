@@ -59,7 +59,7 @@ from pqrl.trajectory import Status, Trajectory
 from trainer.advantages import agent_token_gae, estimate_advantages
 from trainer.config import StepConfig
 from trainer.distributed import DistContext, all_reduce_sums, equalize_passes, shard_of
-from trainer.layers import trim_before_optimizer_step, trims_before_layer_backward
+from trainer.layers import checks_at_layers, trim_before_optimizer_step, trims_before_layer_backward
 from trainer.logprobs import full_logprobs, has_plain_head, head_logprobs
 from trainer.losses import (
     clipped_surrogate,
@@ -288,7 +288,7 @@ def _logprobs(
 ) -> tuple[Tensor, Tensor, Tensor | None]:  # fmt: skip
     """``(logp, entropy, values)`` of the trained tokens of ``members``, in member order, each
     ``[n]``; ``values`` (the critic's ``V(s_t)``, from the same hidden states) None without a critic."""
-    cfg, device = batch.cfg, batch.device
+    device = batch.device
     _check_abort(batch)
     trajs = [batch.trajs[i] for i in members]
     # the hidden state at position p - 1 predicts the token at p
@@ -310,6 +310,23 @@ def _logprobs(
     src_t = torch.from_numpy(np.concatenate(src)).to(device)
     target = np.concatenate([t.tokens[batch.positions[i]] for t, i in zip(trajs, members, strict=True)])
     target = torch.from_numpy(target.astype(np.int64)).to(device)
+    with _checks_abort_at_layers(model, batch):
+        return _forward_logprobs(model, batch, kwargs, src_t, target, with_entropy, critic)
+
+
+def _checks_abort_at_layers(model: Any, batch: _Batch) -> contextlib.AbstractContextManager[None]:
+    """A stop asked for during the pass raises at the next decoder layer, forward or backward."""
+    if batch.abort is None:
+        return contextlib.nullcontext()
+    return checks_at_layers(model, lambda: _check_abort(batch))
+
+
+def _forward_logprobs(
+    model: Any, batch: _Batch, kwargs: dict[str, Any], src_t: Tensor, target: Tensor, with_entropy: bool,
+    critic: Any,
+) -> tuple[Tensor, Tensor, Tensor | None]:  # fmt: skip
+    """The forward of ``_logprobs``: logprobs (and entropy, values) at the flat positions ``src_t``."""
+    cfg = batch.cfg
     if batch.fused and has_plain_head(model):
         hidden = model.base_model(**kwargs).last_hidden_state
         h = hidden.reshape(-1, hidden.shape[-1])[src_t]

@@ -142,3 +142,29 @@ def test_the_config_reference_in_docs_is_generated_from_the_classes():
     """docs/config.md holds the table ``pqrl train --explain --markdown`` prints."""
     text = (ROOT / "docs" / "config.md").read_text()
     assert explain_markdown() in text, "docs/config.md is stale: regenerate its table"
+
+
+@pytest.mark.parametrize("hardware", [True, False, None])
+def test_dtype_auto_autocasts_a_cpu_trainer_only_where_the_cpu_multiplies_bfloat16(
+    tmp_path, monkeypatch, hardware
+):
+    import launcher.precision
+
+    monkeypatch.setattr(launcher.precision, "cpu_has_bf16_matmul", lambda: hardware)
+    text = "run: x\ntasks:\n  suites: [{generate: calc}]\n"
+    for dtype, cpu_autocast, step_dtype in (
+        ("auto", bool(hardware), "bfloat16"),  # bfloat16 on a GPU whatever the CPU
+        ("bfloat16", True, "bfloat16"),
+        ("float32", False, "float32"),
+    ):
+        cfg = load_config(_write(tmp_path, text), {"model.dtype": dtype})
+        step = step_config(cfg)
+        assert (step.cpu_autocast, step.dtype) == (cpu_autocast, step_dtype), dtype
+        assert launcher.precision.cpu_bfloat16(dtype) is cpu_autocast
+
+
+def test_the_cpu_probe_reads_the_bfloat16_flags_of_this_machine():
+    from launcher.precision import cpu_has_bf16_matmul
+
+    flags = set(Path("/proc/cpuinfo").read_text().split())
+    assert cpu_has_bf16_matmul() is bool(flags & {"avx512_bf16", "amx_bf16"})
