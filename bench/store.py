@@ -36,7 +36,7 @@ import json
 import statistics
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -199,17 +199,23 @@ async def one_round(
     rates, phases = {}, {"store": Phases(), "raw": Phases()}
     for name in ("raw", "store") if k % 2 == 0 else ("store", "raw"):
         await rewrite_aof(url)
-        client, server = time.process_time(), await server_cpu_s(url)
-        rates[name] = await (
-            raw_redis(url, blobs, f"r{k}", phases[name])
-            if name == "raw"
-            else through_store(url, groups, "bench", phases[name])
-        )
-        phases[name].whole = {
-            "client": time.process_time() - client,
-            "server": await server_cpu_s(url) - server,
-        }
+        async with cpu_spent(url, phases[name].whole):
+            rates[name] = await (
+                raw_redis(url, blobs, f"r{k}", phases[name])
+                if name == "raw"
+                else through_store(url, groups, "bench", phases[name])
+            )
     return rates, phases
+
+
+@contextlib.asynccontextmanager
+async def cpu_spent(url: str, into: dict[str, float]) -> AsyncIterator[None]:
+    """Sets ``into["client"]`` and ``into["server"]``: this process's and redis-server's CPU
+    seconds while the block ran."""
+    client, server = time.process_time(), await server_cpu_s(url)
+    yield
+    into["client"] = time.process_time() - client
+    into["server"] = await server_cpu_s(url) - server
 
 
 async def server_cpu_s(url: str) -> float:

@@ -26,7 +26,6 @@ import json
 import resource
 import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -36,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import pqrl.store.groups  # noqa: E402
-from bench.store import Phases, make_trajectories, raw_redis, rewrite_aof, server_cpu_s, through_store  # noqa: E402
+from bench.store import Phases, cpu_spent, make_trajectories, raw_redis, rewrite_aof, through_store  # noqa: E402
 from pqrl.codec import decode_many, encode_many, encode_parts  # noqa: E402
 from pqrl.redis_server import RedisServer  # noqa: E402
 from pqrl.trajectory import Trajectory  # noqa: E402
@@ -68,23 +67,21 @@ async def main(rounds: int) -> dict[str, dict[str, float]]:
             names = list(codecs)
             for name in names[k % len(names) :] + names[: k % len(names)]:  # each way leads in turn
                 await rewrite_aof(url)
-                before, server_before = resource.getrusage(resource.RUSAGE_SELF), await server_cpu_s(url)
-                client_before = time.process_time()
+                faults, cpu = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, {}
                 codec = codecs[name]
-                if codec is None:
-                    await raw_redis(url, blobs, f"r{k}", Phases())
-                else:
-                    with (
-                        mock.patch.object(pqrl.store.groups, "encode_parts", codec[0]),
-                        mock.patch.object(pqrl.store.groups, "decode_many", codec[1]),
-                    ):
-                        await through_store(url, groups, "bench", Phases())
-                client = time.process_time() - client_before
-                serv = await server_cpu_s(url) - server_before
-                faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before.ru_minflt
+                async with cpu_spent(url, cpu):
+                    if codec is None:
+                        await raw_redis(url, blobs, f"r{k}", Phases())
+                    else:
+                        with (
+                            mock.patch.object(pqrl.store.groups, "encode_parts", codec[0]),
+                            mock.patch.object(pqrl.store.groups, "decode_many", codec[1]),
+                        ):
+                            await through_store(url, groups, "bench", Phases())
+                faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
                 if k:  # round 0 warms the allocator, the connections and the scripts
                     n = len(groups)
-                    samples[name].append((client / n * 1e6, serv / n * 1e6, faults / n))
+                    samples[name].append((cpu["client"] / n * 1e6, cpu["server"] / n * 1e6, faults / n))
             print(f"round {k} done", file=sys.stderr)
     return {
         name: {

@@ -288,7 +288,7 @@ def _logprobs(
 ) -> tuple[Tensor, Tensor, Tensor | None]:  # fmt: skip
     """``(logp, entropy, values)`` of the trained tokens of ``members``, in member order, each
     ``[n]``; ``values`` (the critic's ``V(s_t)``, from the same hidden states) None without a critic."""
-    device = batch.device
+    cfg, device = batch.cfg, batch.device
     _check_abort(batch)
     trajs = [batch.trajs[i] for i in members]
     # the hidden state at position p - 1 predicts the token at p
@@ -311,7 +311,23 @@ def _logprobs(
     target = np.concatenate([t.tokens[batch.positions[i]] for t, i in zip(trajs, members, strict=True)])
     target = torch.from_numpy(target.astype(np.int64)).to(device)
     with _checks_abort_at_layers(model, batch):
-        return _forward_logprobs(model, batch, kwargs, src_t, target, with_entropy, critic)
+        if batch.fused and has_plain_head(model):
+            hidden = model.base_model(**kwargs).last_hidden_state
+            h = hidden.reshape(-1, hidden.shape[-1])[src_t]
+            logp, entropy = head_logprobs(
+                model, h, target, temperature=cfg.temperature, chunk_tokens=cfg.logprob_chunk_tokens,
+                compile=cfg.compile, with_entropy=with_entropy,
+            )  # fmt: skip
+        else:
+            out = model(**kwargs, output_hidden_states=critic is not None)
+            logits = out.logits
+            logp, entropy = full_logprobs(
+                logits.reshape(-1, logits.shape[-1])[src_t], target, cfg.temperature, with_entropy
+            )
+            if critic is not None:  # the last hidden state, after the final norm: what the head reads
+                last = out.hidden_states[-1]
+                h = last.reshape(-1, last.shape[-1])[src_t]
+    return logp, entropy, None if critic is None else critic(h)
 
 
 def _checks_abort_at_layers(model: Any, batch: _Batch) -> contextlib.AbstractContextManager[None]:
@@ -319,31 +335,6 @@ def _checks_abort_at_layers(model: Any, batch: _Batch) -> contextlib.AbstractCon
     if batch.abort is None:
         return contextlib.nullcontext()
     return checks_at_layers(model, lambda: _check_abort(batch))
-
-
-def _forward_logprobs(
-    model: Any, batch: _Batch, kwargs: dict[str, Any], src_t: Tensor, target: Tensor, with_entropy: bool,
-    critic: Any,
-) -> tuple[Tensor, Tensor, Tensor | None]:  # fmt: skip
-    """The forward of ``_logprobs``: logprobs (and entropy, values) at the flat positions ``src_t``."""
-    cfg = batch.cfg
-    if batch.fused and has_plain_head(model):
-        hidden = model.base_model(**kwargs).last_hidden_state
-        h = hidden.reshape(-1, hidden.shape[-1])[src_t]
-        logp, entropy = head_logprobs(
-            model, h, target, temperature=cfg.temperature, chunk_tokens=cfg.logprob_chunk_tokens,
-            compile=cfg.compile, with_entropy=with_entropy,
-        )  # fmt: skip
-    else:
-        out = model(**kwargs, output_hidden_states=critic is not None)
-        logits = out.logits
-        logp, entropy = full_logprobs(
-            logits.reshape(-1, logits.shape[-1])[src_t], target, cfg.temperature, with_entropy
-        )
-        if critic is not None:  # the last hidden state, after the final norm: what the head reads
-            last = out.hidden_states[-1]
-            h = last.reshape(-1, last.shape[-1])[src_t]
-    return logp, entropy, None if critic is None else critic(h)
 
 
 def _empty_pass(model: Any, device: torch.device) -> Tensor:

@@ -63,46 +63,43 @@ def test_a_step_past_its_first_update_finishes(setup):
     assert abort.is_set() and metrics["perf/optimizer_steps"] == 2.0
 
 
-def _layers(model):
+def _stopped_from_inside(setup, checkpointing, arrange):
+    """Runs a step whose stop ``arrange(layers, abort)`` asks for from inside its pass: it must raise
+    StepAborted and leave the weights and the optimizer state as they were."""
     from trainer.layers import decoder_layers
 
-    layers = decoder_layers(model)
+    base, groups = setup
+    model = copy.deepcopy(base)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    abort, layers = threading.Event(), decoder_layers(model)
     assert len(layers) > 3
-    return layers
-
-
-def _unchanged(model, base, optimizer):
-    same = all(torch.equal(p, q) for p, q in zip(model.parameters(), base.parameters(), strict=True))
-    return same and optimizer.state_dict()["state"] == {}
+    arrange(layers, abort)
+    cfg = StepConfig(temperature=1.0, max_staleness=1, gradient_checkpointing=checkpointing)
+    with pytest.raises(StepAborted):
+        train_step(model, optimizer, groups, version=0, cfg=cfg, abort=abort)
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), base.parameters(), strict=True))
+    assert optimizer.state_dict()["state"] == {}, "no optimizer step was taken"
 
 
 @pytest.mark.parametrize("checkpointing", [False, True])
 def test_a_stop_asked_during_the_forward_raises_at_the_next_layer(setup, checkpointing):
-    base, groups = setup
-    model = copy.deepcopy(base)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    abort, last_after_stop = threading.Event(), []
-    layers = _layers(model)
-    layers[1].register_forward_hook(lambda *_: abort.set())  # Ctrl-C twice while layer 1 runs
-    layers[-1].register_forward_hook(lambda *_: last_after_stop.append(abort.is_set()))
-    cfg = StepConfig(temperature=1.0, max_staleness=1, gradient_checkpointing=checkpointing)
-    with pytest.raises(StepAborted):
-        train_step(model, optimizer, groups, version=0, cfg=cfg, abort=abort)
+    last_after_stop = []
+
+    def arrange(layers, abort):
+        layers[1].register_forward_hook(lambda *_: abort.set())  # Ctrl-C twice while layer 1 runs
+        layers[-1].register_forward_hook(lambda *_: last_after_stop.append(abort.is_set()))
+
+    _stopped_from_inside(setup, checkpointing, arrange)
     assert last_after_stop == [], "the pass went on past the layer after the stop"
-    assert _unchanged(model, base, optimizer)
 
 
 @pytest.mark.parametrize("checkpointing", [False, True])
 def test_a_stop_asked_during_the_backward_raises_before_the_next_layer_backward(setup, checkpointing):
-    base, groups = setup
-    model = copy.deepcopy(base)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    abort, first_backward = threading.Event(), []
-    layers = _layers(model)
-    layers[-1].register_full_backward_hook(lambda *_: abort.set())  # after the last layer's backward
-    layers[0].register_full_backward_hook(lambda *_: first_backward.append(1))
-    cfg = StepConfig(temperature=1.0, max_staleness=1, gradient_checkpointing=checkpointing)
-    with pytest.raises(StepAborted):
-        train_step(model, optimizer, groups, version=0, cfg=cfg, abort=abort)
+    first_backward = []
+
+    def arrange(layers, abort):
+        layers[-1].register_full_backward_hook(lambda *_: abort.set())  # after the last layer's backward
+        layers[0].register_full_backward_hook(lambda *_: first_backward.append(1))
+
+    _stopped_from_inside(setup, checkpointing, arrange)
     assert first_backward == [], "the backward went on down to the first layer after the stop"
-    assert _unchanged(model, base, optimizer)
