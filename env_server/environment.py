@@ -40,8 +40,8 @@ from typing import Any, ClassVar
 
 from env_server.tools import ToolSpec, collect_tools
 from env_server.types import Message, Observation, RewardResult, StepResult, ToolCallRequest, ToolStatus
+from sandboxes.hardening import SandboxSettings
 from sandboxes.protocol import Sandbox, SandboxError
-from sandboxes.settings import SandboxSettings
 
 __all__ = ["ToolEnvironment"]
 
