@@ -96,7 +96,7 @@ class ToolEnvironment:
     async def step(self, tool_calls: list[ToolCallRequest]) -> StepResult:
         """Runs each call in order; one tool message per call, with its status. A final tool ends
         the episode, and calls after it are answered without running (``skipped``)."""
-        messages = []
+        messages: list[Message] = []
         for call in tool_calls:
             if self.done:
                 content = f"Error: {call.name} was not run: the episode has ended"
