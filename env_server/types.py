@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import dataclasses
+from typing import Any, Literal, Self, get_type_hints
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
-from pqrl.trajectory import ToolStatus
+from pqrl.tool_calls import MAX_NAME_CHARS, OUTCOME_FIELDS, ToolCall, ToolStatus
 
 __all__ = [
     "ErrorBody",
@@ -15,6 +16,7 @@ __all__ = [
     "RewardResult",
     "SessionInfo",
     "StepResult",
+    "ToolCall",
     "ToolCallRequest",
     "ToolStatus",
 ]
@@ -43,14 +45,43 @@ class Message(_Model):
         return self
 
 
-class ToolCallRequest(_Model):
-    """A call the model made, as the environment receives it: the tool's name, its JSON arguments
-    and the id its tool message will answer to. (``pqrl.trajectory.ToolCall`` is the record of the
-    call kept in the Trajectory.)"""
+class _WireCall(_Model):
+    """The base of ``ToolCallRequest``: converts between it and the record."""
 
-    name: str = Field(min_length=1, max_length=128)
-    arguments: dict[str, Any] = Field(default_factory=dict)
-    id: str | None = Field(default=None, max_length=128)
+    @classmethod
+    def of(cls, call: ToolCall) -> Self:
+        return cls.model_validate({name: getattr(call, name) for name in cls.model_fields})
+
+    def to_call(self) -> ToolCall:
+        return ToolCall(**{name: getattr(self, name) for name in type(self).model_fields})
+
+
+def _wire_call_model() -> type[_WireCall]:
+    """``ToolCallRequest``: the fields of ``ToolCall`` that say what to run (its outcome stays out),
+    with the HTTP API's length limits."""
+    hints = get_type_hints(ToolCall)
+    limits = {"name": {"min_length": 1, "max_length": MAX_NAME_CHARS}, "id": {"max_length": MAX_NAME_CHARS}}
+    fields: dict[str, Any] = {}
+    for f in dataclasses.fields(ToolCall):
+        if f.name in OUTCOME_FIELDS:
+            continue
+        default: dict[str, Any] = (
+            {"default_factory": f.default_factory} if f.default_factory is not dataclasses.MISSING
+            else {} if f.default is dataclasses.MISSING else {"default": f.default}
+        )  # fmt: skip
+        fields[f.name] = (hints[f.name], Field(**default, **limits.get(f.name, {})))
+    return create_model(
+        "ToolCallRequest",
+        __base__=_WireCall,
+        __module__=__name__,
+        __doc__="A call the model made, as the environment receives it over HTTP: the tool's name, its "
+        "JSON arguments and the id its tool message will answer to (the fields of "
+        "``pqrl.tool_calls.ToolCall`` but its outcome).",
+        **fields,
+    )
+
+
+ToolCallRequest = _wire_call_model()
 
 
 class Observation(_Model):
