@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Literal, Self, get_type_hints
+from typing import TYPE_CHECKING, Any, Literal, Self, get_type_hints
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
@@ -56,20 +56,24 @@ class _WireCall(_Model):
         return ToolCall(**{name: getattr(self, name) for name in type(self).model_fields})
 
 
+_LENGTHS = {"name": (1, MAX_NAME_CHARS), "id": (None, MAX_NAME_CHARS)}  # the HTTP API's limits
+
+
 def _wire_call_model() -> type[_WireCall]:
     """``ToolCallRequest``: the fields of ``ToolCall`` that say what to run (its outcome stays out),
-    with the HTTP API's length limits."""
+    with their types and defaults, and the HTTP API's length limits."""
     hints = get_type_hints(ToolCall)
-    limits = {"name": {"min_length": 1, "max_length": MAX_NAME_CHARS}, "id": {"max_length": MAX_NAME_CHARS}}
     fields: dict[str, Any] = {}
     for f in dataclasses.fields(ToolCall):
         if f.name in OUTCOME_FIELDS:
             continue
-        default: dict[str, Any] = (
-            {"default_factory": f.default_factory} if f.default_factory is not dataclasses.MISSING
-            else {} if f.default is dataclasses.MISSING else {"default": f.default}
-        )  # fmt: skip
-        fields[f.name] = (hints[f.name], Field(**default, **limits.get(f.name, {})))
+        min_length, max_length = _LENGTHS.get(f.name, (None, None))
+        if f.default_factory is not dataclasses.MISSING:
+            info = Field(default_factory=f.default_factory, min_length=min_length, max_length=max_length)
+        else:
+            default = ... if f.default is dataclasses.MISSING else f.default
+            info = Field(default, min_length=min_length, max_length=max_length)
+        fields[f.name] = (hints[f.name], info)
     return create_model(
         "ToolCallRequest",
         __base__=_WireCall,
@@ -81,7 +85,10 @@ def _wire_call_model() -> type[_WireCall]:
     )
 
 
-ToolCallRequest = _wire_call_model()
+if TYPE_CHECKING:  # a model whose fields exist only at run time: to a type checker, its base
+    ToolCallRequest = _WireCall
+else:
+    ToolCallRequest = _wire_call_model()
 
 
 class Observation(_Model):
