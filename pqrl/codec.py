@@ -13,8 +13,9 @@ invariants are checked once over the concatenation (_from_columns). Decoded arra
 zero-copy read-only views of the blob, so a group of 8 costs little more than one record
 (bench/store.py); JSON lists cost ~20x more.
 
-Values as stored: a turn is ``[start, end, finish_reason, [[name, arguments, status], ...]]``, a
-truncation ``[kind, at_token, detail]`` or nil, and enums their string values.
+Values as stored: a turn is ``[start, end, finish_reason, [call, ...]]`` with a call
+``[name, arguments, status]`` plus its ``id`` and ``error`` up to the last one set, a truncation
+``[kind, at_token, detail]`` or nil, and enums their string values.
 
 The version byte selects the decoder, so blobs written by older releases stay readable: version 2
 had the same arrays after a header of ``lens`` and ``records``, one map of the fields per record;
@@ -183,8 +184,17 @@ def _columns(ts: Sequence[Trajectory]) -> dict[str, list[Any]]:
 
 
 def _turn_as_stored(u: Turn) -> list[Any]:
-    calls = [[c.name, c.arguments, c.status] for c in u.tool_calls] if u.tool_calls else []
+    calls = [_call_as_stored(c) for c in u.tool_calls] if u.tool_calls else []
     return [u.start, u.end, u.finish_reason, calls]
+
+
+def _call_as_stored(c: ToolCall) -> list[Any]:
+    """``[name, arguments, status]``, then ``id`` and ``error`` up to the last one set (records
+    written before calls had them have three values, and decode with the defaults)."""
+    stored = [c.name, c.arguments, c.status, c.id, c.error]
+    while len(stored) > 3 and stored[-1] is None:
+        stored.pop()
+    return stored
 
 
 def _decode_v3(h: dict[str, Any]) -> tuple[list[int], dict[str, list[Any]]]:

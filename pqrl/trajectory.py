@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from pqrl.tool_calls import ToolCall, ToolStatus
+
 __all__ = [
     "Status",
     "ToolCall",
@@ -48,36 +50,6 @@ class Status(enum.StrEnum):
     ABORTED = "aborted"
     FAILED_INFRA = "failed_infra"
     FAILED_ENV = "failed_env"
-
-
-class ToolStatus(enum.StrEnum):
-    """How one tool call ended. The environment reports it with each tool message (the agent loop
-    adds ``invalid`` for calls it could not parse); the record stores it, serialised as its value.
-    """
-
-    OK = "ok"  # the tool ran and returned
-    ERROR = "error"  # the tool ran and failed
-    INVALID = "invalid"  # never ran: malformed call, unknown tool or arguments that fail the schema
-    TIMEOUT = "timeout"  # cut off at the tool time limit
-    SKIPPED = "skipped"  # never ran: an earlier call in the same step ended the episode
-
-
-@dataclass(frozen=True, slots=True)
-class ToolCall:
-    """One tool call the model made in a turn and what became of it (``status`` is coerced to a
-    ``ToolStatus``, so the string values read back from stored records work too)."""
-
-    name: str
-    arguments: dict[str, Any] = field(default_factory=dict)
-    status: ToolStatus = ToolStatus.OK
-
-    def __post_init__(self) -> None:
-        try:
-            object.__setattr__(self, "status", ToolStatus(self.status))
-        except ValueError:
-            raise TrajectoryError(
-                "turns", f"tool call status {self.status!r} is not one of {[s.value for s in ToolStatus]}"
-            ) from None
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,7 +21,7 @@ from env_server import registry as registry_module
 from env_server.app import ServerSettings, create_app
 from env_server.client import HttpEnvClient
 from env_server.sessions import SessionManager
-from env_server.types import RewardResult, SessionInfo, StepResult, ToolCallRequest
+from env_server.types import RewardResult, SessionInfo, StepResult, ToolCall
 from sandboxes.docker import owner_id
 from sandboxes.docker_api import DockerAPI
 from tests.env_server import envs  # noqa: F401  (registers the test environments)
@@ -151,8 +151,8 @@ async def raw(server: LiveServer) -> AsyncIterator[httpx.AsyncClient]:
         yield c
 
 
-def call(name: str, id: str | None = None, **arguments: Any) -> ToolCallRequest:
-    return ToolCallRequest(name=name, arguments=arguments, id=id)
+def call(name: str, id: str | None = None, **arguments: Any) -> ToolCall:
+    return ToolCall(name=name, arguments=arguments, id=id)
 
 
 async def echo_episode(client: Any, answer: str = "42") -> tuple[SessionInfo, list[StepResult], RewardResult]:

@@ -127,9 +127,9 @@ def test_failed_infra_status_round_trips_as_enum():
 
 def test_tool_status_and_truncation_kind_are_enums_built_from_their_strings():
     assert ToolCall("calc", {}, "timeout").status is ToolStatus.TIMEOUT
-    assert ToolCall("calc").status is ToolStatus.OK and ToolStatus.ERROR == "error"
+    assert ToolCall("calc").status is None and ToolStatus.ERROR == "error"  # None: not run yet
     assert Truncation("stop_episode", 3).kind is TruncationKind.STOP_EPISODE
-    with pytest.raises(TrajectoryError, match="turns: tool call status 'broken'"):
+    with pytest.raises(ValueError, match="tool call status 'broken' is not one of"):
         ToolCall("calc", {}, "broken")
     with pytest.raises(TrajectoryError, match="truncation: kind 'cut'"):
         Truncation("cut", 3)

@@ -10,7 +10,7 @@ import pytest
 
 from env_server.conformance import check_environment
 from env_server.sessions import SessionManager
-from env_server.types import ToolCallRequest
+from env_server.types import ToolCall
 from sandboxes.docker import DockerSandbox
 from sandboxes.docker_api import DockerAPI
 from sandboxes.hardening import SandboxSettings
@@ -24,7 +24,7 @@ RUN = "pytest-coding-env"
 
 
 async def call(manager: SessionManager, sid: str, name: str, **arguments) -> str:
-    result = await manager.step(sid, [ToolCallRequest(name=name, arguments=arguments, id="c")])
+    result = await manager.step(sid, [ToolCall(name=name, arguments=arguments, id="c")])
     return result.messages[0].content
 
 
