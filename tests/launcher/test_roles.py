@@ -77,9 +77,7 @@ def test_the_first_process_fixes_the_settings_and_a_fresh_trainer_replaces_them(
         async with TrajectoryStore(redis_server.url, "r") as store:
             first = {"rollout": {"temperature": 0.7, "stop_token_ids": (1, 2)}}
             assert await store.pins.agree(first) == {}
-            assert (
-                await store.pins.agree({"rollout": {"temperature": 0.7, "stop_token_ids": [1, 2]}}) == {}
-            )
+            assert await store.pins.agree({"rollout": {"temperature": 0.7, "stop_token_ids": [1, 2]}}) == {}
             other = {"rollout": {"temperature": 1.0, "stop_token_ids": [1, 2]}}
             assert await store.pins.agree(other) == {"rollout.temperature": (0.7, 1.0)}
             assert await store.pins.get() == {"rollout": {"temperature": 0.7, "stop_token_ids": [1, 2]}}
