@@ -36,7 +36,7 @@ that keeps the staleness promise reaches it, since the batch in training holds i
 Still optimistic: groups that finished wait to be read until a batch is complete, and stragglers
 finish late. The gate bounds staleness at admission; a group admitted within budget that finishes
 versions later arrives staler than s. The trainer here screens as the real one does
-(trainer.step.screen_group): an episode whose oldest token is more than s versions old is left out,
+(trainer.screening.screen_group): an episode whose oldest token is more than s versions old is left out,
 and a group left with fewer than two episodes is dropped, its place given back (gate.reject) and
 another read instead, so the staleness of what is trained never exceeds s. Reported: staleness at
 arrival (a group's oldest member) and as trained (its oldest member trained), the fraction of groups
