@@ -11,8 +11,9 @@ Every step gets a new batch; both contenders see the same batches.
             chunked log-softmax/gather on the trained tokens only, bf16 autocast; measured eager
             and with the vocabulary math compiled (``--no-compile`` skips that), the faster counts.
   baseline: ``model(input_ids, attention_mask)`` on the same sequences padded to the longest, full
-            float32 log_softmax + gather over all positions, the same decoupled-PPO loss
-            (one epoch, so pi_prox is the detached policy in both), clip, ``torch.optim.AdamW``.
+            float32 log_softmax + gather over all positions, the same loss
+            (``trainer.objective.micro_batch_loss``; one epoch, so pi_prox is the detached policy
+            in both), clip, ``torch.optim.AdamW``.
 
 Only real tokens count (padding does not). After ``--warmup`` steps, ``--steps`` steps are timed
 with the device synchronised. Model FLOPs utilisation, for per-step sequence lengths ``L_i``::
