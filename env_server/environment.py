@@ -40,8 +40,8 @@ from typing import Any, ClassVar
 
 from env_server.tools import ToolSpec, collect_tools
 from env_server.types import Message, Observation, RewardResult, StepResult, ToolCallRequest, ToolStatus
+from sandboxes.hardening import SandboxSettings
 from sandboxes.protocol import Sandbox, SandboxError
-from sandboxes.settings import SandboxSettings
 
 __all__ = ["ToolEnvironment"]
 
@@ -96,7 +96,7 @@ class ToolEnvironment:
     async def step(self, tool_calls: list[ToolCallRequest]) -> StepResult:
         """Runs each call in order; one tool message per call, with its status. A final tool ends
         the episode, and calls after it are answered without running (``skipped``)."""
-        messages = []
+        messages: list[Message] = []
         for call in tool_calls:
             if self.done:
                 content = f"Error: {call.name} was not run: the episode has ended"

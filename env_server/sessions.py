@@ -24,9 +24,9 @@ from env_server.types import Message, RewardResult, SessionInfo, StepResult, Too
 from env_server.wrappers import Wrapper
 from sandboxes.docker import DockerSandbox
 from sandboxes.docker_api import DockerAPI
+from sandboxes.hardening import SandboxSettings
 from sandboxes.pool import SandboxPool
 from sandboxes.protocol import SandboxError
-from sandboxes.settings import SandboxSettings
 
 __all__ = [
     "EnvServerError",

@@ -7,6 +7,7 @@ import dataclasses
 import numpy as np
 import pytest
 
+from pqrl.codec import _from_columns
 from pqrl.trajectory import (
     Status,
     ToolCall,
@@ -163,7 +164,7 @@ _ARRAYS = ("tokens", "generated", "loss_mask", "behavior_logprobs", "versions")
 
 def test_records_built_from_columns_equal_the_constructed_ones():
     records = [make_trajectory(index=i, seed=i, prompt_len=3 + i) for i in range(3)]
-    built = Trajectory._from_columns(*_columns(records))
+    built = _from_columns(*_columns(records))
     assert built == records and [type(t) for t in built] == [Trajectory] * 3
     assert all(not t.tokens.flags.writeable for t in built)
 
@@ -194,5 +195,5 @@ def test_records_built_from_columns_are_checked_as_one_record_is(label, changes,
     lens = [t.num_tokens, len(bad["tokens"])]
     columns = {k: [v[0], bad[k]] for k, v in columns.items()}
     with pytest.raises(TrajectoryError) as err:
-        Trajectory._from_columns(arrays, lens, columns)
+        _from_columns(arrays, lens, columns)
     assert err.value.field == field

@@ -13,7 +13,7 @@ from env_server.sessions import SessionManager
 from env_server.types import ToolCallRequest
 from sandboxes.docker import DockerSandbox
 from sandboxes.docker_api import DockerAPI
-from sandboxes.settings import SandboxSettings
+from sandboxes.hardening import SandboxSettings
 from tasks.coding.env import _DEMOS, builtin_suite, demonstration
 from tasks.coding.grader import CodingGrader
 from tasks.generators import Generate, generate_suite

@@ -18,7 +18,7 @@ from env_server.sessions import SessionManager
 from env_server.types import Message, RewardResult, ToolCallRequest, ToolStatus
 from sandboxes.docker import DockerSandbox
 from sandboxes.docker_api import DockerAPI
-from sandboxes.settings import SandboxSettings
+from sandboxes.hardening import SandboxSettings
 from tasks.coding.diffs import unified_diff
 from tasks.coding.env import builtin_suite
 from tasks.coding.grader import CodingGrader
