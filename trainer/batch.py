@@ -188,8 +188,8 @@ def forward_logprobs(
         width = mb["tokens"].shape[1]
         src = [b * width + batch.positions[i] - 1 for b, i in enumerate(members)]
     src_t = torch.from_numpy(np.concatenate(src)).to(device)
-    target = np.concatenate([t.tokens[batch.positions[i]] for t, i in zip(trajs, members, strict=True)])
-    target = torch.from_numpy(target.astype(np.int64)).to(device)
+    ids = np.concatenate([t.tokens[batch.positions[i]] for t, i in zip(trajs, members, strict=True)])
+    target = torch.from_numpy(ids.astype(np.int64)).to(device)
     with _checks_abort_at_layers(model, batch):
         if batch.fused and has_plain_head(model):
             hidden = model.base_model(**kwargs).last_hidden_state

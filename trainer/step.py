@@ -39,7 +39,6 @@ Deliberately left out here (the loop's job): reading from Redis, warm-up schedul
 from __future__ import annotations
 
 import time
-from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -165,7 +164,7 @@ def step_metrics(
 ) -> dict[str, float]:  # fmt: skip
     """The step's loss, policy, off-policy and perf metrics from its sums, added over ranks."""
     alg = cfg.algorithm
-    s = Counter(all_reduce_sums({k: float(v) for k, v in sums.items()}, _SUMS, ctx))
+    s = all_reduce_sums({k: float(v) for k, v in sums.items()}, _SUMS, ctx)  # every key, 0 if missing
     s["trained"] = max(s["trained"], 1.0)
     total = float(max(sum(n_tokens), 1))
     updates = max(len(grad_norms), 1)
