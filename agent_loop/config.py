@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from pqrl.settings import Settings, setting
+from pqrl.staleness import MIN_GROUP_EPISODES
 
 __all__ = ["EpisodeConfig", "ManagerConfig"]
 
@@ -48,7 +49,9 @@ class ManagerConfig(Settings):
     # a restarting env server or engine is back within seconds: retrying at once would spend every
     # rerun before it answers and drop the group
     infra_backoff_s: float = setting(2.0, "wait before the first rerun; doubled before each next one", ge=0)
-    min_valid: int = setting(2, "a group with fewer usable episodes is dropped", ge=1)
+    min_valid: int = setting(
+        MIN_GROUP_EPISODES, "a group with fewer usable episodes is dropped", ge=MIN_GROUP_EPISODES
+    )
     episode_deadline_s: float = setting(600.0, "wall-clock limit of one episode", gt=0)
     lease_timeout_s: float = setting(900.0, "a task leased this long by a silent manager is taken over", gt=0)
     put_timeout_s: float = setting(600.0, "how long a finished group waits for room in the stream", gt=0)

@@ -1,8 +1,9 @@
-"""Which groups in flight can no longer be trained: the trainer drops an episode whose oldest token
-is more than ``max_staleness`` versions behind its policy, and a group with fewer than two episodes
-left. A group admitted within the staleness budget can still fall that far behind while a slow
-episode (a slow tool, a long turn) keeps it open. Generating the rest of it wastes the engine's time
-and holds a place in the staleness gate that a fresh group could use, so the manager cancels it.
+"""Which groups in flight can no longer be trained: the trainer drops an episode whose oldest token is
+more than ``max_staleness`` versions behind its policy, and a group with fewer than two episodes
+left (``pqrl.staleness``). A group admitted within the staleness budget can still fall that far
+behind while a slow episode (a slow tool, a long turn) keeps it open. Generating the rest of it
+wastes the engine's time and holds a place in the staleness gate that a fresh group could use, so
+the manager cancels it.
 
 ``VersionTap`` sits between one episode and the engine and notes the oldest weight version of the
 tokens it got back; ``GroupWatch`` holds a group's taps and says when the group is hopeless. The
@@ -16,10 +17,9 @@ from collections.abc import Sequence
 
 from engine.protocol import Engine
 from engine.types import Generation, SamplingParams
+from pqrl.staleness import MIN_GROUP_EPISODES, within_staleness
 
 __all__ = ["GroupWatch", "VersionTap"]
-
-TRAINABLE_MEMBERS = 2  # a group-relative advantage needs two episodes of the group
 
 
 class VersionTap(Engine):
@@ -55,5 +55,7 @@ class GroupWatch:
 
     def hopeless(self, policy_version: int, max_staleness: int) -> bool:
         """True when fewer than two episodes could still be trained at ``policy_version`` or later."""
-        stale = sum(t.oldest is not None and policy_version - t.oldest > max_staleness for t in self.taps)
-        return len(self.taps) - stale < TRAINABLE_MEMBERS
+        trainable = sum(
+            t.oldest is None or within_staleness(t.oldest, policy_version, max_staleness) for t in self.taps
+        )
+        return trainable < MIN_GROUP_EPISODES

@@ -6,7 +6,8 @@ of G episodes, and written to the trajectory stream only when complete. Groups s
 the staleness gate (counters in Redis shared by every manager of the run, changed atomically)
 has room, so no sample lags the policy by more than ``max_staleness`` versions on admission.
 Episodes whose infrastructure failed are retried up to ``infra_retries`` times; a group left with
-fewer than ``min_valid`` usable episodes is dropped, counted, and frees its place in the gate.
+fewer than ``min_valid`` usable episodes (never below ``pqrl.staleness.MIN_GROUP_EPISODES``, under
+which the trainer would drop it) is dropped, counted, and frees its place in the gate.
 A group that falls too far behind the policy to be trained (``agent_loop.culling``) is cancelled
 while it generates, frees its place, and its task is queued again (``stale_requeues`` times).
 

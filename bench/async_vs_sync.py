@@ -36,7 +36,7 @@ that keeps the staleness promise reaches it, since the batch in training holds i
 Still optimistic: groups that finished wait to be read until a batch is complete, and stragglers
 finish late. The gate bounds staleness at admission; a group admitted within budget that finishes
 versions later arrives staler than s. The trainer here screens as the real one does
-(trainer.step.screen_group): an episode whose oldest token is more than s versions old is left out,
+(trainer.screening.screen_group): an episode whose oldest token is more than s versions old is left out,
 and a group left with fewer than two episodes is dropped, its place given back (gate.reject) and
 another read instead, so the staleness of what is trained never exceeds s. Reported: staleness at
 arrival (a group's oldest member) and as trained (its oldest member trained), the fraction of groups
@@ -85,7 +85,6 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agent_loop.agent import EpisodeConfig, run_episode
-from agent_loop.culling import TRAINABLE_MEMBERS
 from agent_loop.manager import ManagerConfig, RolloutManager
 from engine.protocol import Engine
 from engine.types import FinishReason, Generation, SamplingParams
@@ -93,6 +92,7 @@ from env_server.types import Message, Observation, RewardResult, SessionInfo, St
 from loss_masking import ChatRenderer
 from pqrl.model_cache import load_tokenizer
 from pqrl.redis_server import RedisServer
+from pqrl.staleness import MIN_GROUP_EPISODES, within_staleness
 from pqrl.store import TrajectoryStore
 from tasks.calc import calc_suite
 from tasks.storage import SuiteStore, queued_task
@@ -217,10 +217,10 @@ async def async_run(
         while len(batch) < B:
             arrived = 0
             for e in await store.groups.read("trainer", "t", count=B - len(batch), block_ms=100):
-                ages = [version - int(t.versions[t.generated.astype(bool)].min()) for t in e.trajectories]
-                arrival[max(ages)] += 1
-                fresh = [a for a in ages if a <= STALENESS]
-                if len(fresh) < TRAINABLE_MEMBERS:
+                oldest = [int(t.versions[t.generated.astype(bool)].min()) for t in e.trajectories]
+                arrival[version - min(oldest)] += 1
+                fresh = [version - o for o in oldest if within_staleness(o, version, STALENESS)]
+                if len(fresh) < MIN_GROUP_EPISODES:
                     await store.gate.reject(1)
                     await store.groups.ack("trainer", [e.entry_id])
                 else:

@@ -11,8 +11,9 @@ Every step gets a new batch; both contenders see the same batches.
             chunked log-softmax/gather on the trained tokens only, bf16 autocast; measured eager
             and with the vocabulary math compiled (``--no-compile`` skips that), the faster counts.
   baseline: ``model(input_ids, attention_mask)`` on the same sequences padded to the longest, full
-            float32 log_softmax + gather over all positions, the same decoupled-PPO loss
-            (one epoch, so pi_prox is the detached policy in both), clip, ``torch.optim.AdamW``.
+            float32 log_softmax + gather over all positions, the same loss
+            (``trainer.objective.micro_batch_loss``; one epoch, so pi_prox is the detached policy
+            in both), clip, ``torch.optim.AdamW``.
 
 Only real tokens count (padding does not). After ``--warmup`` steps, ``--steps`` steps are timed
 with the device synchronised. Model FLOPs utilisation, for per-step sequence lengths ``L_i``::
@@ -50,8 +51,9 @@ import torch  # noqa: E402
 
 from pqrl.trajectory import Trajectory  # noqa: E402
 from trainer.advantages import grpo_advantages  # noqa: E402
-from trainer.losses import aggregate_loss, decoupled_ppo_loss  # noqa: E402
-from trainer.step import StepConfig, train_step  # noqa: E402
+from trainer.config import StepConfig  # noqa: E402
+from trainer.objective import micro_batch_loss  # noqa: E402
+from trainer.step import train_step  # noqa: E402
 
 PEAK_FLOPS = 790e12
 QWEN2_05B = dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
@@ -128,11 +130,13 @@ def baseline_step(
         z = logits[:, :-1].float()
         logp = torch.log_softmax(z / cfg.temperature if cfg.temperature != 1.0 else z, -1)
         logp = logp.gather(-1, tokens[rows, 1:, None])[..., 0]
-        alg = cfg.algorithm
-        out = decoupled_ppo_loss(logp, logp.detach(), behav[rows], adv[rows], loss_mask[rows],
-                                 eps_low=alg.eps_low, eps_high=alg.eps_high, is_cap=alg.is_cap)  # fmt: skip
-        aggregate_loss(out.loss, loss_mask[rows], "token_mean", normalizer=n_tokens).backward()
-        del logits, z, logp, out
+        m = loss_mask[rows].bool()
+        trained = logp[m]
+        weights = torch.full_like(trained, 1.0 / float(n_tokens))
+        out = micro_batch_loss(trained, trained.detach(), behav[rows][m], adv[rows][m], weights,
+                               m.sum(-1).tolist(), cfg.algorithm)  # fmt: skip
+        out.loss.backward()
+        del logits, z, logp, trained, out
     torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
     optimizer.step()
 

@@ -82,7 +82,7 @@ async def one(url: str, renderer: ChatRenderer, skip_flat: int, tasks: int, epoc
     await store.groups.create_consumer_group("trainer")
     episode = EpisodeConfig(max_turns=2, max_new_tokens=64, max_total_tokens=4096)
     cfg = ManagerConfig(group_size=G, groups_per_step=G, max_staleness=10**6, max_concurrent_groups=8,
-                        min_valid=1, progress_every_s=1e9, episode=episode)  # fmt: skip
+                        progress_every_s=1e9, episode=episode)  # fmt: skip
     env = SimEnv(skip_flat)
     manager = RolloutManager(store, SimEngine(renderer.tokenizer), env, renderer, cfg)  # type: ignore[arg-type]
     t0 = time.perf_counter()

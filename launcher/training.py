@@ -278,7 +278,7 @@ async def _first(
 ) -> dict[str, float] | None:
     """The step's metrics; None when the user asked to stop at once and the step gave way (see
     ``TrainerLoop.abort``). A rollout manager that dies meanwhile is an error, not a silent stall."""
-    from trainer.step import StepAborted
+    from trainer.batch import StepAborted
 
     if await _unless_hurried(step_task, hurry, rollout_task):
         return step_task.result()

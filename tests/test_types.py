@@ -16,6 +16,14 @@ CHECKED = [
     "env_server/registry.py",
     "env_server/types.py",
     "tasks/suite.py",
+    "trainer/losses.py",
+    "trainer/objective.py",
+    "trainer/screening.py",
+    "trainer/batch.py",
+    "trainer/step.py",
+    "trainer/streaming.py",
+    "agent_loop/culling.py",
+    "agent_loop/config.py",
 ]
 
 

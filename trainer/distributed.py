@@ -364,8 +364,8 @@ def rank_normalizer(global_tokens: float, world_size: int, reduction: Reduction 
     ``S_r / D`` contributes ``grad S_r / D``; SUM reduction gives the single-process gradient iff
     ``D = N``, AVG reduction (which divides by ``W`` again) iff ``D = N / W``. ``shard`` reduces by
     SUM, so pass ``global_tokens = all_reduce_scalar(local_tokens, ctx)`` and keep the default.
-    (``aggregate_loss`` clamps its normalizer at 1, so ``N / W < 1`` would be wrong: another
-    reason for SUM.)
+    (a token mean clamps its token count at 1, as ``trainer.losses.sequence_weights`` does, so
+    ``N / W < 1`` would be wrong: another reason for SUM.)
     """
     if reduction == "sum":
         return float(global_tokens)

@@ -29,7 +29,7 @@ from torch import Tensor
 
 from trainer.losses import entropy_from_logits
 
-__all__ = ["fused_logprobs", "full_logprobs", "has_plain_head", "head_logprobs"]
+__all__ = ["fused_logprobs", "full_logprobs", "has_plain_head", "head_logprobs", "token_logprobs"]
 
 log = logging.getLogger(__name__)
 
@@ -197,6 +197,14 @@ def full_logprobs(
     z = _upcast(logits) / temperature
     logp = torch.log_softmax(z, dim=-1).gather(-1, target[..., None])[..., 0]
     return logp, entropy_from_logits(z) if with_entropy else torch.zeros_like(logp)
+
+
+def token_logprobs(model: Any, tokens: Tensor, attention_mask: Tensor, temperature: float) -> Tensor:
+    """``[B, T]`` log-probability of each token given its prefix (position 0 gets 0), from the
+    model's full logits: the plain reference the other paths are checked against."""
+    logits = model(input_ids=tokens, attention_mask=attention_mask).logits[:, :-1].float()
+    logp = torch.log_softmax(logits / temperature, dim=-1).gather(-1, tokens[:, 1:, None])[..., 0]
+    return torch.nn.functional.pad(logp, (1, 0))
 
 
 def has_plain_head(model: Any) -> bool:

@@ -46,11 +46,13 @@ from typing import Any
 from engine.client import EngineClient
 from pqrl.heap import bound_kernel_cache, trimming
 from pqrl.store import GroupEntry, TrajectoryStore
+from trainer.batch import StepAborted
 from trainer.checkpoint import CheckpointState, save_checkpoint
 from trainer.config import LoopConfig
 from trainer.metrics import rollout_metrics
 from trainer.ranks import Leader
-from trainer.step import StepAborted, screen_group, train_step
+from trainer.screening import screen_group
+from trainer.step import train_step
 from trainer.streaming import StreamingStep, streamable
 from trainer.weight_sync import DiskWeightSync, WeightSync
 

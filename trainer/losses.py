@@ -1,21 +1,20 @@
-"""Policy-loss functions for the GRPO trainer: clipped surrogate, decoupled PPO / TIS, KL, entropy.
-
-Pure functions of torch tensors; shapes are ``[B, T]`` (sequences x tokens) unless stated. The
-pieces:
+"""The terms of the policy loss, each a pure function of torch tensors; ``trainer.objective``
+puts them together into the loss the training step backpropagates.
 
 - ``clipped_surrogate``: PPO's clipped objective with asymmetric clip (DAPO clip-higher) and an
   optional dual clip for negative advantages.
 - ``truncated_is_weights``: the one capped importance weight ``w = min(pi_prox / pi_behavior, C)``;
   TIS when the sample is on-policy (engine/trainer mismatch), decoupled PPO when it is stale.
-- ``decoupled_ppo_loss``: ``w * max(-A*r, -A*clip(r))`` with ``r = pi_theta / pi_prox``.
-- ``kl_estimate``, ``entropy_from_logits``, ``aggregate_loss``, ``masked_mean``.
+- ``kl_estimate``, ``entropy_from_logits``, ``clipped_value_loss``.
+- ``sequence_weights``: each sequence's factor in a loss averaged as ``loss_agg`` says, so that
+  micro-batches summed one by one give the minibatch's average.
 
-Only ``logp`` (the policy being trained) carries gradient; old/proximal/behaviour/reference
-log-probs and all importance weights are detached here, whatever the caller passes.
+Shapes are ``[B, T]`` (sequences x tokens) or any shape alike unless stated. Only ``logp`` (the
+policy being trained) and a critic's values carry gradient; old/proximal/behaviour/reference
+log-probs, returns and all importance weights are detached here, whatever the caller passes.
 
-Deliberately left out: coefficient schedules,
-metric names (the trainer logs), and cross-rank reductions (pass ``normalizer`` instead).
-Advantage estimators live in ``trainer.advantages``.
+Deliberately left out: coefficient schedules and metric names (the trainer's). Advantage
+estimators live in ``trainer.advantages``.
 """
 
 from __future__ import annotations
@@ -28,13 +27,10 @@ from torch import Tensor
 __all__ = [
     "AggregationMode",
     "PolicyLossOutput",
-    "aggregate_loss",
     "clipped_surrogate",
     "clipped_value_loss",
-    "decoupled_ppo_loss",
     "entropy_from_logits",
     "kl_estimate",
-    "masked_mean",
     "sequence_weights",
     "truncated_is_weights",
 ]
@@ -52,28 +48,16 @@ class PolicyLossOutput(NamedTuple):
     """Per-token policy loss and what the trainer logs about it (all ``[B, T]``).
 
     Attributes:
-        loss: per-token loss, differentiable w.r.t. ``logp``; aggregate with ``aggregate_loss``.
+        loss: per-token loss, differentiable w.r.t. ``logp``.
         ratio: detached ``exp(logp - logp_old)`` (``pi_theta / pi_prox`` for decoupled PPO).
         clipped: bool, the PPO clip is active (the clipped term wins, its gradient is 0).
         dual_clipped: bool, the dual-clip cap ``-c * A`` is active (only where A < 0).
-        is_weight: detached importance weight multiplying the loss (ones when there is none).
     """
 
     loss: Tensor
     ratio: Tensor
     clipped: Tensor
     dual_clipped: Tensor
-    is_weight: Tensor
-
-
-def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
-    """Mean of ``x`` over positions where ``mask`` is nonzero; 0 (not NaN) if there are none."""
-    m = mask.bool()
-    total = torch.where(m, x, 0.0)
-    count = m.to(total.dtype)
-    if dim is None:
-        return total.sum() / count.sum().clamp(min=1)
-    return total.sum(dim) / count.sum(dim).clamp(min=1)
 
 
 def clipped_surrogate(
@@ -102,7 +86,7 @@ def clipped_surrogate(
         dual_clip_c: dual-clip constant (> 1), or None for no dual clip.
 
     Returns:
-        ``PolicyLossOutput`` with ``is_weight`` all ones.
+        ``PolicyLossOutput``.
     """
     if advantages.dim() != logp.dim():
         raise ValueError("advantages must be per token, shaped like logp; see broadcast_to_tokens")
@@ -126,7 +110,6 @@ def clipped_surrogate(
         ratio=ratio.detach(),
         clipped=clipped,
         dual_clipped=dual_clipped,
-        is_weight=torch.ones_like(ratio).detach(),
     )
 
 
@@ -174,50 +157,6 @@ def truncated_is_weights(
     return torch.where(m, w, 0.0)
 
 
-def decoupled_ppo_loss(
-    logp: Tensor,
-    logp_prox: Tensor,
-    logp_behavior: Tensor,
-    advantages: Tensor,
-    mask: Tensor,
-    *,
-    eps_low: float = 0.2,
-    eps_high: float = 0.2,
-    dual_clip_c: float | None = None,
-    is_level: Literal["token", "sequence"] = "token",
-    is_cap: float | None = 2.0,
-    is_mode: Literal["truncate", "mask"] = "truncate",
-) -> PolicyLossOutput:
-    """One off-policy correction, not two: ``w * max(-A*r, -A*clip(r))``.
-
-    ``r = pi_theta / pi_prox`` is clipped as in PPO (the trust region around the proximal
-    policy), and ``w = min(pi_prox / pi_behavior, C)`` (``truncated_is_weights``) corrects for
-    the distribution the tokens were actually sampled from. ``w`` is detached: it reweights the
-    gradient, it is not optimised.
-
-    Args:
-        logp: ``[B, T]`` log-probs under the policy being trained (the only gradient path).
-        logp_prox: ``[B, T]`` proximal log-probs (trainer recompute or version interpolation).
-        logp_behavior: ``[B, T]`` engine log-probs from the rollout.
-        advantages: ``[B, T]`` per-token advantages.
-        mask: ``[B, T]`` 0/1 loss mask; also the span summed for sequence-level weights.
-        eps_low: lower clip range.
-        eps_high: upper clip range.
-        dual_clip_c: dual-clip constant (> 1) or None.
-        is_level: ``"token"`` or ``"sequence"`` importance weight.
-        is_cap: cap ``C`` on the weight (None: uncapped).
-        is_mode: ``"truncate"`` (clip to C) or ``"mask"`` (drop above C).
-
-    Returns:
-        ``PolicyLossOutput``; ``loss`` already includes ``is_weight``.
-    """
-    surrogate = clipped_surrogate(
-        logp, logp_prox, advantages, eps_low=eps_low, eps_high=eps_high, dual_clip_c=dual_clip_c
-    )
-    w = truncated_is_weights(logp_prox, logp_behavior, mask, level=is_level, cap=is_cap, mode=is_mode)
-    return surrogate._replace(loss=w * surrogate.loss, is_weight=w)
-
-
 def kl_estimate(logp: Tensor, logp_ref: Tensor, kind: Literal["k1", "k2", "k3"] = "k3") -> Tensor:
     """Per-token estimators of ``KL(pi_theta || pi_ref)`` from sampled tokens (Schulman, 2020).
 
@@ -231,7 +170,7 @@ def kl_estimate(logp: Tensor, logp_ref: Tensor, kind: Literal["k1", "k2", "k3"] 
         kind: which estimator.
 
     Returns:
-        ``[B, T]`` per-token KL estimates; aggregate with ``aggregate_loss``.
+        ``[B, T]`` per-token KL estimates.
     """
     logratio = logp - logp_ref.detach()
     if kind == "k1":
@@ -265,61 +204,22 @@ def entropy_from_logits(logits: Tensor) -> Tensor:
     return -(logp.exp() * logp_finite).sum(dim=-1)
 
 
-def aggregate_loss(
-    loss: Tensor,
-    mask: Tensor,
-    mode: AggregationMode = "token_mean",
-    *,
-    max_len: int | None = None,
-    normalizer: float | Tensor | None = None,
-) -> Tensor:
-    """Reduces a ``[B, T]`` per-token loss to a scalar over mask-1 tokens.
-
-    - ``"token_mean"`` (DAPO, default): sum over valid tokens / number of valid tokens, so every
-      token weighs the same and long responses are not down-weighted.
-    - ``"seq_mean_token_sum"``: each sequence's token sum, then mean over sequences (long
-      sequences weigh more).
-    - ``"seq_mean_token_mean"`` (GRPO paper): mean over each sequence's valid tokens, then mean
-      over sequences with at least one valid token.
-    - ``"seq_mean_token_sum_norm"`` (Dr.GRPO): each sequence's token-sum / ``max_len`` (a
-      constant, removing the length bias), then mean over sequences with a valid token.
-
-    Args:
-        loss: ``[B, T]`` per-token loss (values under mask 0 are ignored, even NaN).
-        mask: ``[B, T]`` 0/1 or bool.
-        mode: aggregation mode, see above.
-        max_len: the constant for ``"seq_mean_token_sum_norm"``; defaults to ``T``. Pass the
-            configured max response length so the scale does not depend on batch padding.
-        normalizer: overrides the denominator (token count for ``"token_mean"``, sequence
-            count otherwise), e.g. the global count when a minibatch is split into micro-batches
-            or ranks. Clamped to >= 1 like the computed one.
-
-    Returns:
-        Scalar loss; 0 for an all-masked batch.
-    """
-    m = mask.bool()
-    masked = torch.where(m, loss, 0.0)
-    tokens_per_seq = m.sum(dim=-1).to(masked.dtype)
-    if mode == "token_mean":
-        denom = tokens_per_seq.sum() if normalizer is None else normalizer
-        return masked.sum() / torch.as_tensor(denom, dtype=masked.dtype).clamp(min=1)
-    if mode == "seq_mean_token_sum":
-        seq_loss = masked.sum(dim=-1)
-    elif mode == "seq_mean_token_mean":
-        seq_loss = masked.sum(dim=-1) / tokens_per_seq.clamp(min=1)
-    elif mode == "seq_mean_token_sum_norm":
-        seq_loss = masked.sum(dim=-1) / float(max_len if max_len is not None else loss.shape[-1])
-    else:
-        raise ValueError(f"unknown aggregation mode {mode!r}")
-    # Fully masked sequences (dropped, failed_infra) neither add loss nor dilute the mean.
-    denom = (tokens_per_seq > 0).sum() if normalizer is None else normalizer
-    return seq_loss.sum() / torch.as_tensor(denom, dtype=masked.dtype).clamp(min=1)
-
-
 def sequence_weights(lengths: list[int], mode: AggregationMode, max_len: int | None = None) -> list[float]:
-    """Per-sequence factors ``w_i`` with ``sum_i w_i * sum_t loss_it == aggregate_loss(loss, mask, mode)``
-    for sequences of ``lengths`` valid tokens: how a loss summed micro-batch by micro-batch gets the
-    same average as one ``aggregate_loss`` over the whole minibatch. Empty sequences weigh 0."""
+    """Per-sequence factors ``w_i`` such that ``sum_i w_i * sum_t loss_it`` is the ``mode`` average
+    of per-token losses over sequences of ``lengths`` trained tokens: a loss summed micro-batch by
+    micro-batch then gets the average of the whole minibatch. With ``n_i`` tokens in sequence ``i``
+    and ``S`` sequences that have any:
+
+    - ``"token_mean"`` (DAPO): every token weighs the same, ``1 / sum_j n_j``; long responses are
+      not down-weighted.
+    - ``"seq_mean_token_sum"``: each sequence's token sum, then the mean over sequences, ``1 / S``.
+    - ``"seq_mean_token_mean"`` (GRPO paper): each sequence's token mean, then the mean over
+      sequences, ``1 / (S n_i)``.
+    - ``"seq_mean_token_sum_norm"`` (Dr.GRPO): each sequence's token sum over the constant
+      ``max_len``, then the mean over sequences, ``1 / (S max_len)``: no length bias.
+
+    Sequences without tokens (a dropped turn) neither add loss nor dilute the mean.
+    """
     seqs = sum(1 for n in lengths if n > 0) or 1
     if mode == "token_mean":
         return [1.0 / max(sum(lengths), 1)] * len(lengths)

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from pqrl.trajectory import Trajectory
+from trainer.config import StepConfig
 from trainer.distributed import (
     DistContext,
     broadcast_groups,
@@ -23,7 +24,7 @@ from trainer.distributed import (
     full_model_state,
     full_optimizer_state,
 )
-from trainer.step import StepConfig, train_step
+from trainer.step import train_step
 
 __all__ = ["Leader", "Op", "follow"]
 

@@ -1,7 +1,7 @@
 """Supervised fine-tuning on demonstration Trajectories: the cold start before RL.
 
 The loss is the cross-entropy of the mask-1 tokens under temperature-1 log-probabilities (those
-of ``trainer.step.token_logprobs``, computed only where needed), token-mean over the whole step,
+of ``trainer.logprobs.token_logprobs``, computed only where needed), token-mean over the whole step,
 with the gradient norm clipped. Demonstrations are ordinary Trajectory records (recorded through
 the agent loop by ``agent_loop.demonstrations``), so SFT trains on exactly the token layout RL
 produces: prompts and observations are mask 0 and get no loss.
@@ -110,7 +110,7 @@ def masked_logprobs(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Temperature-1 log-probabilities of the tokens where any row has loss mask 1, and their mask.
 
-    Equal to ``trainer.step.token_logprobs`` at those positions, but the vocabulary projection and
+    Equal to ``trainer.logprobs.token_logprobs`` at those positions, but the vocabulary projection and
     log-softmax run only there (``logits_to_keep``): demonstrations train a fifth of their tokens.
 
     Returns:

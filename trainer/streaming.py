@@ -6,8 +6,10 @@ gate opens only when the new version is published. ``StreamingStep`` backpropaga
 share of the loss as soon as it is read, so the step ends one group's backward (and the optimizer
 step) after its last group arrives, and the gate reopens that much sooner.
 
-It is the same update. The step's loss is ``sum_i w_i sum_t loss_it`` with
-``w_i = f_i / D`` (``trainer.losses.sequence_weights``): ``f_i`` depends on sequence ``i`` alone
+It is the same update, made by the step's own pieces (``trainer.screening``, ``trainer.batch``,
+``trainer.step``): streaming changes when they run, not what they do. The step's loss is
+``sum_i w_i sum_t loss_it`` with ``w_i = f_i / D`` (``trainer.objective.aggregation``): ``f_i``
+depends on sequence ``i`` alone
 (1, or ``1 / n_i`` for seq_mean_token_mean) and ``D`` on the whole step (its trained tokens, its
 sequences, or sequences x agg_tokens for seq_mean_token_sum_norm), but ``D`` is a sum over
 groups. Each group is backpropagated with the factors ``f_i`` and the accumulated gradient is divided by ``D``
@@ -33,23 +35,17 @@ import torch
 
 from pqrl.trajectory import Trajectory
 from trainer.advantages import estimate_advantages
+from trainer.batch import Batch, check_abort, full_tensor
 from trainer.config import StepConfig
 from trainer.distributed import DistContext
 from trainer.packing import enable_packed_attention
-from trainer.step import (  # the step's own pieces: streaming changes when they run, not what they do
-    _aggregation,
-    _Batch,
-    _check_abort,
-    _full,
-    _micro_batch_backward,
-    _select,
-    _step_metrics,
-)
+from trainer.screening import select_trajectories
+from trainer.step import micro_batch_backward, step_metrics
 
 __all__ = ["GROUP_RELATIVE", "StreamingStep", "streamable"]
 
 GROUP_RELATIVE = ("grpo", "dr_grpo", "rloo")  # advantages computed from the group alone
-_MEANS = ("rewards/overlong_penalty_mean",)  # per-trajectory means among _select's metrics
+_MEANS = ("rewards/overlong_penalty_mean",)  # per-trajectory means among select_trajectories' metrics
 _WEIGHTED = ("pg_loss", "entropy_bonus")  # sums that carry the loss factors w_i
 
 
@@ -89,7 +85,7 @@ class StreamingStep:
         self.device = next(model.parameters()).device
         self.mode = enable_packed_attention(model) if cfg.packing else None
         self.sums: dict[str, torch.Tensor] = {}
-        self.counts: Counter[str] = Counter()  # _select's counts, and the sums behind its means
+        self.counts: Counter[str] = Counter()  # select_trajectories' counts, and the sums behind its means
         self.n_tokens: list[int] = []  # trained positions per trajectory
         self.normalizer = 0.0  # D: the sum over groups of each one's aggregation denominator
         self.micro_batches = 0
@@ -103,7 +99,7 @@ class StreamingStep:
         """Screens ``groups`` as ``train_step`` would and backpropagates the usable ones' share of
         the step's loss; groups it drops are counted in the metrics."""
         start = time.perf_counter()
-        used, rewards, group_ids, metrics = _select(groups, self.version, self.cfg)
+        used, rewards, group_ids, metrics = select_trajectories(groups, self.version, self.cfg)
         n_used = metrics["rollout/trajectories_used"]
         self.counts.update({k: v * (n_used if k in _MEANS else 1) for k, v in metrics.items()})
         if used:
@@ -112,7 +108,7 @@ class StreamingStep:
 
     def _backward(self, used: list[Trajectory], rewards: list[float], group_ids: list[int]) -> None:
         cfg, alg = self.cfg, self.cfg.algorithm
-        batch = _Batch(used, [], cfg, self.device, fused=cfg.fused_logprobs)
+        batch = Batch(used, [], cfg, self.device, fused=cfg.fused_logprobs)
         batch.abort = self.abort
         batch.share = cfg.share_prefix and self.mode in ("varlen", "mask")
         batch.advantages = estimate_advantages(
@@ -120,13 +116,13 @@ class StreamingStep:
         )
         self.abs_advantages += sum(abs(a) for a in batch.advantages)
         members = list(range(len(used)))
-        weight, normalizer = _aggregation(batch, members)
+        weight, normalizer = batch.aggregation(members)
         f = {i: w * normalizer for i, w in weight.items()}  # w_i without this group's share of D
         self.normalizer += normalizer
         self.model.eval()  # no dropout: pi_prox is the training forward's own policy
         passes = batch.micro_batches(members)
         for row in passes:
-            _micro_batch_backward(self.model, batch, row, self.mode, f, self.sums, version=self.version,
+            micro_batch_backward(self.model, batch, row, self.mode, f, self.sums, version=self.version,
                                   prox=None, ref=None)  # fmt: skip
         self.micro_batches += len(passes)
         self.forward_tokens += sum(batch.row_tokens(m) for m in passes)
@@ -144,12 +140,12 @@ class StreamingStep:
                 metrics[k] /= max(used, 1.0)
         if not used:
             return metrics
-        _check_abort(self)
+        check_abort(self)
         params = [p for p in self.model.parameters() if p.grad is not None]
         scale = 1.0 / max(self.normalizer, 1e-12)
         for p in params:
             p.grad.mul_(scale)
-        grad_norm = _full(torch.nn.utils.clip_grad_norm_(params, self.cfg.max_grad_norm))
+        grad_norm = full_tensor(torch.nn.utils.clip_grad_norm_(params, self.cfg.max_grad_norm))
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         if self.scheduler is not None:
@@ -158,7 +154,7 @@ class StreamingStep:
             if k in self.sums:
                 self.sums[k] = self.sums[k] * scale
         metrics["advantages/abs_mean"] = self.abs_advantages / used
-        metrics |= _step_metrics(self.sums, DistContext(), self.n_tokens, self.micro_batches, [grad_norm],
+        metrics |= step_metrics(self.sums, DistContext(), self.n_tokens, self.micro_batches, [grad_norm],
                                  [self.normalizer], self.cfg, with_ref=False)  # fmt: skip
         metrics["perf/forward_tokens"] = float(self.forward_tokens)
         self.busy_s += time.perf_counter() - start

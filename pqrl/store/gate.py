@@ -2,8 +2,11 @@
 
 A group is admitted only while ``running < max_concurrent`` and
 ``accepted + running < (max_staleness + version + 1) * groups_per_step``, so no sample lags the
-policy by more than ``max_staleness`` versions on admission. The counters live in Redis, shared by
-every manager of the run, and admission is one Lua script so several managers never over-admit.
+policy by more than ``max_staleness`` versions on admission: the trainer takes groups in order,
+``groups_per_step`` per version, so this is ``pqrl.staleness.within_staleness`` for a group's
+first token, restated in the Lua (its tests check the two agree at the boundary). The counters
+live in Redis, shared by every manager of the run, and admission is one Lua script so several
+managers never over-admit.
 
 ``running`` is kept per holder (the manager that admitted the group), and a holder stays alive by
 beating (``beat``; admitting beats too). The places of a holder that stopped beating for

@@ -223,7 +223,7 @@ async def test_a_session_lost_with_its_server_is_an_infrastructure_failure(
     env = _ServerRestartsMidEpisode(crashing_env_server, token="crash")
     try:
         await store.tasks.push([queued_task(calc_suite(1, seed=9), 0)])
-        cfg = ManagerConfig(group_size=2, groups_per_step=4, infra_retries=0, min_valid=1, episode=EPISODE)
+        cfg = ManagerConfig(group_size=2, groups_per_step=4, infra_retries=0, episode=EPISODE)
         stats = await RolloutManager(store, engine, env, ChatRenderer(smollm[1]), cfg).run()
         assert stats.groups_dropped == 1 and stats.failures["failed_infra"] == 2, stats
         assert stats.failures["group_too_few_valid"] == 1 and "NotFound" not in stats.failures

@@ -28,7 +28,7 @@ async def test_the_manager_runs_the_schedule_to_its_end(served, smollm, redis_se
     try:
         await store.groups.create_consumer_group("trainer")
         cfg = ManagerConfig(
-            group_size=2, groups_per_step=4, max_concurrent_groups=2, min_valid=1, episode=EPISODE
+            group_size=2, groups_per_step=4, max_concurrent_groups=2, episode=EPISODE
         )
         with caplog.at_level(logging.INFO, logger="agent_loop.manager"):
             stats = await RolloutManager(store, engine, env, ChatRenderer(smollm[1]), cfg).run()
@@ -56,8 +56,7 @@ async def test_outcomes_are_recorded_and_a_flat_task_gives_up_its_next_draw(serv
     engine, env = EngineClient(served[0]), LocalEnvClient()
     try:
         await store.groups.create_consumer_group("trainer")
-        cfg = ManagerConfig(group_size=2, groups_per_step=8, max_concurrent_groups=1, min_valid=1,
-                            episode=EPISODE)  # fmt: skip
+        cfg = ManagerConfig(group_size=2, groups_per_step=8, max_concurrent_groups=1, episode=EPISODE)
         stats = await RolloutManager(store, engine, env, ChatRenderer(smollm[1]), cfg).run()
         entries = await store.groups.read("trainer", "t", count=10)
         rewards = collections.defaultdict(list)

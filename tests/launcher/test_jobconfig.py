@@ -138,6 +138,15 @@ def test_component_bounds_hold_in_the_job_config_and_in_code(tmp_path):
         )
 
 
+def test_a_group_kept_with_one_valid_episode_is_refused_as_the_trainer_would_drop_it(tmp_path):
+    base = "run: x\ntasks:\n  suites: [{generate: calc}]\n"
+    with pytest.raises(ConfigInvalid, match="rollout.min_valid"):
+        load_config(_write(tmp_path, base + "rollout: {min_valid: 1}\n"))
+    with pytest.raises(ValueError, match="ManagerConfig.min_valid must be >= 2"):
+        ManagerConfig(groups_per_step=1, min_valid=1)
+    assert manager_config(load_config(_write(tmp_path, base + "rollout: {min_valid: 2}\n"))).min_valid == 2
+
+
 def test_the_config_reference_in_docs_is_generated_from_the_classes():
     """docs/config.md holds the table ``pqrl train --explain --markdown`` prints."""
     text = (ROOT / "docs" / "config.md").read_text()

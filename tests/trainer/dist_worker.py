@@ -20,6 +20,7 @@ if __name__ == "__main__":  # run as a script: make the repository importable
 
 from pqrl.trajectory import Trajectory, Turn
 from trainer.advantages import grpo_advantages
+from trainer.config import AlgorithmConfig
 from trainer.distributed import (
     DistContext,
     all_reduce_scalar,
@@ -32,8 +33,8 @@ from trainer.distributed import (
     shard_of,
     shutdown,
 )
-from trainer.losses import aggregate_loss, decoupled_ppo_loss
-from trainer.step import token_logprobs
+from trainer.logprobs import token_logprobs
+from trainer.objective import micro_batch_loss
 
 VOCAB = 1000
 LR = 1e-2
@@ -106,12 +107,18 @@ def collate(trajs: list[Trajectory], advs: list[float]) -> dict[str, Tensor]:
 
 
 def summed_token_loss(model: nn.Module, mb: dict[str, Tensor], normalizer: float | None) -> Tensor:
-    """Decoupled-PPO token loss of one micro-batch over ``normalizer`` (its own count if None)."""
+    """The step's loss (``trainer.objective``) of one micro-batch, token mean over ``normalizer``
+    tokens (its own count if None)."""
     with torch.no_grad():
         logp_prox = token_logprobs(model, mb["tokens"], mb["attention_mask"], 1.0)
     logp = token_logprobs(model, mb["tokens"], mb["attention_mask"], 1.0)
-    out = decoupled_ppo_loss(logp, logp_prox, mb["behavior"], mb["adv"], mb["mask"], eps_high=0.28)
-    return aggregate_loss(out.loss, mb["mask"], "token_mean", normalizer=normalizer)
+    m = mb["mask"].bool()
+    count = float(m.sum()) if normalizer is None else normalizer
+    weights = torch.full((int(m.sum()),), 1.0 / max(count, 1.0))
+    lengths = m.sum(-1).tolist()
+    return micro_batch_loss(
+        logp[m], logp_prox[m], mb["behavior"][m], mb["adv"][m], weights, lengths, AlgorithmConfig()
+    ).loss
 
 
 def empty_batch() -> dict[str, Tensor]:

@@ -13,8 +13,9 @@ import torch
 from launcher.demo import DemoConfig, sample_group
 from pqrl.model_cache import load_model, load_tokenizer
 from tests.trainer.one_thread import one_torch_thread  # noqa: F401 (autouse: torch on one thread)
+from trainer.batch import StepAborted
 from trainer.config import StepConfig
-from trainer.step import StepAborted, train_step
+from trainer.step import train_step
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,8 @@ from pqrl.trajectory import Status
 from tests.trainer.one_thread import one_torch_thread  # noqa: F401 (autouse: torch on one thread)
 from trainer.config import AlgorithmConfig, StepConfig
 from trainer.critic import ValueHead
-from trainer.step import ended_at_a_limit, train_step
+from trainer.screening import ended_at_a_limit
+from trainer.step import train_step
 
 
 @pytest.fixture(scope="module")

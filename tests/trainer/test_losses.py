@@ -8,13 +8,10 @@ from torch.testing import assert_close
 
 from trainer.advantages import grpo_advantages, rloo_advantages
 from trainer.losses import (
-    aggregate_loss,
     clipped_surrogate,
     clipped_value_loss,
-    decoupled_ppo_loss,
     entropy_from_logits,
     kl_estimate,
-    masked_mean,
     sequence_weights,
     truncated_is_weights,
 )
@@ -45,7 +42,6 @@ def test_slime_example_with_dual_clip():
     assert_close(out.ratio, t(SLIME_RATIOS))
     assert out.clipped.tolist() == [[True, False, False]]
     assert out.dual_clipped.tolist() == [[False, True, False]]
-    assert torch.equal(out.is_weight, torch.ones(1, 3))
 
 
 def test_slime_example_without_dual_clip():
@@ -88,7 +84,7 @@ def test_surrogate_extreme_ratio_is_finite():
     assert torch.isfinite(out.loss).all() and torch.isfinite(logp.grad).all()
 
 
-# --- importance weights and decoupled PPO ------------------------------------------------------
+# --- importance weights -----------------------------------------------------------------------
 
 
 def test_truncated_is_weights_token_level():
@@ -122,62 +118,6 @@ def test_sequence_weight_of_a_long_sequence_is_the_cap():
     # 200 tokens each with log-ratio 1: exp(200) is beyond float32, the capped weight is exactly 2.
     w = truncated_is_weights(torch.ones(1, 200), torch.zeros(1, 200), torch.ones(1, 200), level="sequence")
     assert_close(w, torch.full((1, 200), 2.0))
-
-
-def test_decoupled_ppo_token_level():
-    # r = pi_theta / pi_prox = slime ratios -> per-token clipped loss [-2.4, 4.0, -1.0];
-    # w = [1.5, min(3, 2) = 2, 0.25] -> loss [-3.6, 8.0, -0.25].
-    prox = logs([[0.3, 0.6, 0.1]])
-    logp = prox + logs(SLIME_RATIOS)
-    behav = logs([[0.2, 0.2, 0.4]])
-    out = decoupled_ppo_loss(logp, prox, behav, t(SLIME_ADV), torch.ones(1, 3))
-    assert_close(out.loss, t([[-3.6, 8.0, -0.25]]))
-    assert_close(out.is_weight, t([[1.5, 2.0, 0.25]]))
-    assert_close(out.ratio, t(SLIME_RATIOS))
-    # With dual clip 1.5 the middle token is 2 * 3.0 = 6.0.
-    out = decoupled_ppo_loss(logp, prox, behav, t(SLIME_ADV), torch.ones(1, 3), dual_clip_c=1.5)
-    assert_close(out.loss, t([[-3.6, 6.0, -0.25]]))
-
-
-def test_decoupled_ppo_sequence_level():
-    # w = 1.5 * 3 * 0.25 = 1.125 -> 1.125 * [-2.4, 4, -1] = [-2.7, 4.5, -1.125].
-    prox = logs([[0.3, 0.6, 0.1]])
-    out = decoupled_ppo_loss(
-        prox + logs(SLIME_RATIOS),
-        prox,
-        logs([[0.2, 0.2, 0.4]]),
-        t(SLIME_ADV),
-        torch.ones(1, 3),
-        is_level="sequence",
-    )
-    assert_close(out.loss, t([[-2.7, 4.5, -1.125]]))
-
-
-def test_on_policy_decoupled_equals_plain_surrogate():
-    # prox == behavior: w = 1 everywhere, the loss is the plain clipped surrogate.
-    prox = logs([[0.3, 0.6, 0.1]])
-    logp = prox + logs(SLIME_RATIOS)
-    out = decoupled_ppo_loss(logp, prox, prox, t(SLIME_ADV), torch.ones(1, 3))
-    assert_close(out.loss, clipped_surrogate(logp, prox, t(SLIME_ADV)).loss)
-
-
-def test_gradient_flows_only_through_logp():
-    # Every input asks for a gradient; only logp may receive one. Unclipped token grads are
-    # -w * A * r: tok2 -> -0.25 * 2 * 0.5 = -0.25 (toks 0, 1: clip / dual clip active -> 0).
-    prox = logs([[0.3, 0.6, 0.1]])
-    logp = (prox + logs(SLIME_RATIOS)).requires_grad_()
-    prox = prox.clone().requires_grad_()
-    behav = logs([[0.2, 0.2, 0.4]]).requires_grad_()
-    adv = t(SLIME_ADV).requires_grad_()
-    mask = torch.ones(1, 3)
-    for level in ("token", "sequence"):
-        out = decoupled_ppo_loss(logp, prox, behav, adv, mask, dual_clip_c=1.5, is_level=level)
-        assert not out.is_weight.requires_grad and not out.ratio.requires_grad
-        aggregate_loss(out.loss, mask).backward()
-        assert prox.grad is None and behav.grad is None and adv.grad is None
-        w2 = 0.25 if level == "token" else 1.125
-        assert_close(logp.grad, t([[0.0, 0.0, -w2 * 2 * 0.5 / 3]]))  # / 3: token-mean
-        logp.grad = None
 
 
 # --- KL and entropy ------------------------------------------------------------------------------
@@ -239,69 +179,37 @@ LOSS = [[1.0, 2.0, 3.0], [4.0, 99.0, 99.0]]
 MASK = [[1, 1, 1], [1, 0, 0]]
 
 
-def test_aggregate_modes_hand_numbers():
+def _aggregate(loss, mask, mode, max_len=None):
+    """``sum_i w_i * (sequence i's token sum)``, one sequence at a time as micro-batches add up."""
+    w = sequence_weights(mask.sum(-1).tolist(), mode, max_len)
+    return sum(wi * float(torch.where(mask[i].bool(), loss[i], 0.0).sum()) for i, wi in enumerate(w))
+
+
+def test_sequence_weights_give_each_aggregation_hand_numbers():
     loss, mask = t(LOSS), torch.tensor(MASK)
     # token-mean: (1 + 2 + 3 + 4) / 4 = 2.5
-    assert_close(aggregate_loss(loss, mask), t(2.5))
+    assert _aggregate(loss, mask, "token_mean") == pytest.approx(2.5)
     # seq_mean_token_mean: (6/3 + 4/1) / 2 = 3
-    assert_close(aggregate_loss(loss, mask, "seq_mean_token_mean"), t(3.0))
-    # seq_mean_token_sum_norm with max_len T = 3: (6/3 + 4/3) / 2 = 5/3; with 4: (1.5 + 1)/2
-    assert_close(aggregate_loss(loss, mask, "seq_mean_token_sum_norm"), t(5.0 / 3.0))
-    assert_close(aggregate_loss(loss, mask, "seq_mean_token_sum_norm", max_len=4), t(1.25))
+    assert _aggregate(loss, mask, "seq_mean_token_mean") == pytest.approx(3.0)
+    # seq_mean_token_sum_norm with max_len 3: (6/3 + 4/3) / 2 = 5/3; with 4: (1.5 + 1)/2
+    assert _aggregate(loss, mask, "seq_mean_token_sum_norm", max_len=3) == pytest.approx(5.0 / 3.0)
+    assert _aggregate(loss, mask, "seq_mean_token_sum_norm", max_len=4) == pytest.approx(1.25)
     # seq_mean_token_sum: (6 + 4) / 2 = 5
-    assert_close(aggregate_loss(loss, mask, "seq_mean_token_sum"), t(5.0))
-    with pytest.raises(ValueError):
-        aggregate_loss(loss, mask, "sum")
-
-
-@pytest.mark.parametrize(
-    "mode", ["token_mean", "seq_mean_token_sum", "seq_mean_token_mean", "seq_mean_token_sum_norm"]
-)
-def test_sequence_weights_sum_to_the_aggregate(mode):
-    """Summing w_i * (sequence i's token sum) one sequence at a time, as micro-batches do, gives
-    aggregate_loss over the whole batch; a fully masked row weighs nothing."""
-    loss = t(LOSS + [[5.0, 5.0, 5.0]])
-    mask = torch.tensor(MASK + [[0, 0, 0]])
-    lengths = mask.sum(-1).tolist()
-    w = sequence_weights(lengths, mode, max_len=4)
-    by_sequence = sum(wi * float(torch.where(mask[i].bool(), loss[i], 0.0).sum()) for i, wi in enumerate(w))
-    assert by_sequence == pytest.approx(float(aggregate_loss(loss, mask, mode, max_len=4)))
-    assert w[2] == 0 or mode != "seq_mean_token_mean"
+    assert _aggregate(loss, mask, "seq_mean_token_sum") == pytest.approx(5.0)
+    with pytest.raises(ValueError, match="unknown aggregation"):
+        sequence_weights([3, 1], "sum")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="max_len"):
-        sequence_weights(lengths, "seq_mean_token_sum_norm")
+        sequence_weights([3, 1], "seq_mean_token_sum_norm")
 
 
-def test_aggregate_fully_masked_sequence_does_not_dilute():
-    # A third, fully masked row changes nothing in the sequence modes: still (2 + 4) / 2 = 3.
+def test_a_sequence_without_tokens_weighs_nothing_and_does_not_dilute():
+    # A third, empty row changes nothing: still (2 + 4) / 2 = 3, 10 / 4 and (6 + 4) / 2.
     loss = t(LOSS + [[5.0, 5.0, 5.0]])
     mask = torch.tensor(MASK + [[0, 0, 0]])
-    assert_close(aggregate_loss(loss, mask, "seq_mean_token_mean"), t(3.0))
-    assert_close(aggregate_loss(loss, mask), t(2.5))
-
-
-def test_aggregate_normalizer_override():
-    # Global token count 8 (two micro-batches of 4): 10 / 8. Global sequence count 4: 6 / 4.
-    loss, mask = t(LOSS), torch.tensor(MASK)
-    assert_close(aggregate_loss(loss, mask, normalizer=8), t(1.25))
-    assert_close(aggregate_loss(loss, mask, "seq_mean_token_mean", normalizer=4), t(1.5))
-
-
-def test_aggregate_all_masked_is_zero_with_finite_grad():
-    loss = t([[1.0, float("nan")]]).requires_grad_()
-    mask = torch.zeros(1, 2)
-    for mode in ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"):
-        out = aggregate_loss(loss, mask, mode)
-        assert out.item() == 0.0
-        out.backward()
-        assert torch.equal(loss.grad, torch.zeros(1, 2))
-        loss.grad = None
-
-
-def test_masked_mean():
-    x, mask = t([[1.0, 2.0], [3.0, float("nan")]]), torch.tensor([[1, 1], [1, 0]])
-    assert_close(masked_mean(x, mask), t(2.0))
-    assert_close(masked_mean(x, mask, dim=-1), t([1.5, 3.0]))
-    assert masked_mean(x, torch.zeros(2, 2)).item() == 0.0
+    assert _aggregate(loss, mask, "seq_mean_token_mean") == pytest.approx(3.0)
+    assert _aggregate(loss, mask, "token_mean") == pytest.approx(2.5)
+    assert _aggregate(loss, mask, "seq_mean_token_sum") == pytest.approx(5.0)
+    assert sequence_weights([3, 1, 0], "seq_mean_token_mean")[2] == 0.0
 
 
 # --- seed sanity checks ---------------------------------------------------------------------------
@@ -347,7 +255,7 @@ def _batch_gradient(logits, arms, advantages):
     # (detached) the ratio is 1 and d loss / d logp = -A, exactly REINFORCE.
     logp = torch.log_softmax(logits, dim=-1)[arms][None]
     out = clipped_surrogate(logp, logp.detach(), advantages[None])
-    (grad,) = torch.autograd.grad(aggregate_loss(out.loss, torch.ones_like(logp)), logits)
+    (grad,) = torch.autograd.grad(out.loss.mean(), logits)
     return -grad
 
 
@@ -382,7 +290,7 @@ def test_bandit_reinforce_with_baseline_finds_best_arm():
         logp = torch.log_softmax(logits, dim=-1)[arms][None]
         out = clipped_surrogate(logp, logp.detach(), adv[None])
         opt.zero_grad()
-        aggregate_loss(out.loss, torch.ones_like(logp)).backward()
+        out.loss.mean().backward()
         opt.step()
     probs = torch.softmax(logits.detach(), dim=-1)
     assert probs.argmax().item() == 5

@@ -21,6 +21,7 @@ from launcher.cli import build_parser
 from loss_masking import ChatRenderer
 from pqrl.model_cache import load_model, load_tokenizer
 from pqrl.trajectory import Trajectory
+from trainer.logprobs import token_logprobs
 from trainer.sft import (
     SFTConfig,
     load_config,
@@ -29,7 +30,6 @@ from trainer.sft import (
     sft_command,
     sft_step,
 )
-from trainer.step import token_logprobs
 
 
 @pytest.fixture(scope="module")

@@ -18,9 +18,10 @@ from launcher.demo import DemoConfig, sample_group
 from pqrl.model_cache import load_model, load_tokenizer
 from pqrl.trajectory import Status, Trajectory
 from tests.trainer.one_thread import one_torch_thread  # noqa: F401 (autouse: torch on one thread)
-from trainer.config import AlgorithmConfig
+from trainer.config import AlgorithmConfig, StepConfig
+from trainer.logprobs import token_logprobs
 from trainer.losses import entropy_from_logits
-from trainer.step import StepConfig, token_logprobs, train_step
+from trainer.step import train_step
 from trainer.tied_embedding import rows_into_grad, tied_input_embedding
 
 

@@ -15,8 +15,9 @@ import torch
 from tests.conftest import make_trajectory
 from tests.models import tiny_llama
 from tests.trainer.one_thread import one_torch_thread  # noqa: F401 (autouse: torch on one thread)
+from trainer.batch import StepAborted
 from trainer.config import AlgorithmConfig, StepConfig
-from trainer.step import StepAborted, train_step
+from trainer.step import train_step
 from trainer.streaming import StreamingStep, streamable
 
 VERSION = 3  # make_trajectory's tokens were generated at version 3: no staleness

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
+from pqrl.staleness import within_staleness
+from pqrl.store import TrajectoryStore
+
 
 async def test_admission_stays_within_the_staleness_budget_and_frees_on_progress(store):
     gate = store.gate
@@ -22,6 +25,29 @@ async def test_admission_stays_within_the_staleness_budget_and_frees_on_progress
     assert await gate.state() == {"accepted": 0, "running": 2, "rejected": 3}
     await gate.reset(groups_per_step=2)
     assert await gate.state() == {"accepted": 2, "running": 0, "rejected": 3}
+
+
+async def test_the_gate_admits_exactly_the_groups_the_staleness_rule_lets_train(redis_server):
+    """The trainer takes groups in order, ``groups_per_step`` per version, so the n-th group
+    accepted (from 0) trains at version n // groups_per_step; admitted at the published version, its
+    first token is of that version. The Lua budget must admit a group exactly when
+    ``within_staleness`` would let it train: the last admitted on one side, the first refused on
+    the other."""
+    for max_staleness, per_step, version in [(0, 1, 0), (1, 2, 0), (2, 3, 3), (1, 4, 5), (3, 1, 2)]:
+        store = TrajectoryStore(redis_server.url, f"s{max_staleness}-p{per_step}-v{version}")
+        try:
+            if version:
+                await store.policy.publish("/w", version=version)
+            await store.gate.reset(groups_per_step=per_step)  # the earlier versions' groups trained
+            limits = {"max_concurrent": 1000, "max_staleness": max_staleness, "groups_per_step": per_step}
+            admitted = 0
+            while await store.gate.admit(holder="m", **limits):
+                admitted += 1
+            first_refused = version * per_step + admitted
+            assert admitted > 0 and within_staleness(version, (first_refused - 1) // per_step, max_staleness)
+            assert not within_staleness(version, first_refused // per_step, max_staleness)
+        finally:
+            await store.close()
 
 
 async def test_a_trainer_joining_live_workers_keeps_their_places(store):
