@@ -228,7 +228,6 @@ def full_tensor(t: Tensor) -> Tensor:
     return t.full_tensor() if hasattr(t, "full_tensor") else t  # a DTensor under FSDP2
 
 
-
 def autocast(
     device: torch.device, cfg: StepConfig, *, cache: bool = True
 ) -> contextlib.AbstractContextManager:
@@ -327,4 +326,3 @@ def reference_logprobs(ref_model: Any, batch: Batch, one_pass: list[list[int]]) 
         logp, _, _ = forward_logprobs(ref_model, batch, members, ref_mode, with_entropy=False)
         ref |= _by_member(batch, members, logp)
     return ref
-

@@ -108,4 +108,3 @@ def select_trajectories(
             r - t.reward for r, t in zip(rewards, used, strict=True)
         ) / len(used)
     return used, rewards, group_ids, metrics
-

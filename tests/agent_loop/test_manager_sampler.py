@@ -27,9 +27,7 @@ async def test_the_manager_runs_the_schedule_to_its_end(served, smollm, redis_se
     engine, env = EngineClient(served[0]), LocalEnvClient()
     try:
         await store.groups.create_consumer_group("trainer")
-        cfg = ManagerConfig(
-            group_size=2, groups_per_step=4, max_concurrent_groups=2, episode=EPISODE
-        )
+        cfg = ManagerConfig(group_size=2, groups_per_step=4, max_concurrent_groups=2, episode=EPISODE)
         with caplog.at_level(logging.INFO, logger="agent_loop.manager"):
             stats = await RolloutManager(store, engine, env, ChatRenderer(smollm[1]), cfg).run()
         assert stats.groups_written == 4 and stats.groups_dropped == 0
