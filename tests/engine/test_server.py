@@ -14,7 +14,7 @@ import torch
 from engine.batcher import sample_tokens
 from engine.config import EngineConfig, ServeConfig, add_serve_arguments
 from engine.sampling import SamplingParams
-from engine.serve import serve
+from engine.serve_command import serve
 from engine.sglang import SGLangNotInstalled, launch_sglang, sglang_command
 from tests.models import chat_prompt, forced_logprobs, max_abs_diff
 

@@ -53,7 +53,7 @@ from engine import pool as pool_module
 from engine import weights_client as weights_client_module
 from engine.client import EngineClient
 from engine.config import add_serve_arguments
-from engine.serve import serve
+from engine.serve_command import serve
 from engine.types import (
     ControlResponse,
     FinishReason,
