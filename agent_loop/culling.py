@@ -14,8 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from engine.protocol import Engine
-from engine.types import Generation, SamplingParams
+from engine.protocol import Engine, Generation, SamplingParams
 
 __all__ = ["GroupWatch", "VersionTap"]
 
