@@ -18,17 +18,17 @@ from __future__ import annotations
 import contextlib
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from agent_loop.config import EpisodeConfig
-from agent_loop.tool_parser import MalformedCall, ParsedCall, parse_tool_calls
+from agent_loop.tool_parser import parse_tool_calls
 from engine.protocol import Engine, SamplingParams
 from env_server.client import EnvClient, EnvUnavailable
 from env_server.sessions import EnvServerError, InfraFailure
-from env_server.types import Message, Observation, ToolCallRequest
+from env_server.types import Message, Observation
 from loss_masking import ChatRenderer, EpisodeBuilder, TruncationPolicy, describe_tools
 from pqrl.trajectory import Status, ToolCall, ToolStatus, Trajectory
 
@@ -166,7 +166,7 @@ class _Episode:
         )
 
     async def _act(
-        self, session_id: str, builder: EpisodeBuilder, calls: list[ParsedCall | MalformedCall], turn: int
+        self, session_id: str, builder: EpisodeBuilder, calls: list[ToolCall], turn: int
     ) -> str | None:
         """Runs a turn's calls and appends their results (loss mask 0) unless the episode stops here."""
         t0 = time.perf_counter()
@@ -230,28 +230,29 @@ def _new_builder(renderer: ChatRenderer, observation: Observation, cfg: EpisodeC
 
 
 async def _run_calls(
-    env: EnvClient, session_id: str, calls: list[ParsedCall | MalformedCall], turn: int
+    env: EnvClient, session_id: str, calls: list[ToolCall], turn: int
 ) -> tuple[list[dict[str, Any]], list[ToolCall], bool]:
-    """Tool messages in call order, the records for the Trajectory, and whether the env is done."""
-    valid = [(i, c) for i, c in enumerate(calls) if isinstance(c, ParsedCall)]
-    replies: dict[int, Message] = {}
+    """Tool messages in call order, the calls as they ended (for the Trajectory), and whether the
+    env is done. The calls still to run go to the environment in one step, numbered by turn."""
+    calls = [replace(c, id=c.id or f"call-{turn}-{i}") if c.pending else c for i, c in enumerate(calls)]
+    pending = [c for c in calls if c.pending]
+    replies: list[Message] = []
     done = False
-    if valid:
-        step = await env.step(
-            session_id,
-            [ToolCallRequest(name=c.name, arguments=c.arguments, id=f"call-{turn}-{i}") for i, c in valid],
-        )
-        replies = {i: m for (i, _), m in zip(valid, step.messages, strict=True)}
-        done = step.done
+    if pending:
+        step = await env.step(session_id, pending)
+        if len(step.messages) != len(pending):
+            raise ValueError(f"{len(pending)} tool calls were answered with {len(step.messages)} messages")
+        replies, done = step.messages, step.done
+    answers = iter(replies)
     messages, records = [], []
-    for i, call in enumerate(calls):
-        if isinstance(call, MalformedCall):
-            messages.append({"role": "tool", "content": call.message})
-            records.append(ToolCall("<malformed>", {"raw": call.raw[:200]}, ToolStatus.INVALID))
+    for call in calls:
+        if not call.pending:  # never ran: its error is the answer
+            messages.append({"role": "tool", "content": call.error or f"Error: {call.name} was not run"})
+            records.append(call)
             continue
-        reply = replies[i]
+        reply = next(answers)
         messages.append({"role": "tool", "name": call.name, "content": reply.content})
-        records.append(ToolCall(call.name, call.arguments, reply.status or ToolStatus.OK))
+        records.append(call.ended(reply.status or ToolStatus.OK))
     return messages, records, done
 
 

@@ -28,11 +28,11 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from env_server.client import HttpEnvClient, LocalEnvClient
-from env_server.types import ToolCallRequest
+from env_server.types import ToolCall
 from pqrl.redis_server import free_port
 
 STEPS_PER_SESSION = 7  # echo-v1 ends after 8 turns
-NOOP = [ToolCallRequest(name="echo", arguments={"text": "x"})]
+NOOP = [ToolCall(name="echo", arguments={"text": "x"})]
 
 
 def pct(xs: list[float], q: float) -> float:

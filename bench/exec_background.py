@@ -20,7 +20,7 @@ sys.path.insert(0, str(ROOT))
 import sandboxes.docker as docker  # noqa: E402
 from sandboxes.docker import DockerSandbox  # noqa: E402
 from sandboxes.docker_api import DockerAPI  # noqa: E402
-from sandboxes.settings import SandboxSettings  # noqa: E402
+from sandboxes.hardening import SandboxSettings  # noqa: E402
 
 
 async def medians(sources: dict[str, str], rounds: int = 2, calls: int = 20) -> dict[str, float]:

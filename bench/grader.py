@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 from bench.learning import short_commit  # noqa: E402
 from sandboxes.docker import DockerSandbox  # noqa: E402
 from sandboxes.docker_api import DockerAPI  # noqa: E402
-from sandboxes.settings import SandboxSettings  # noqa: E402
+from sandboxes.hardening import SandboxSettings  # noqa: E402
 from tasks.coding.diffs import unified_diff  # noqa: E402
 from tasks.coding.env import builtin_suite  # noqa: E402
 from tasks.coding.grader import CodingGrader  # noqa: E402

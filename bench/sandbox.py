@@ -32,8 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sandboxes.docker import DockerSandbox
 from sandboxes.docker_api import DockerAPI
+from sandboxes.hardening import SandboxSettings
 from sandboxes.pool import SandboxPool
-from sandboxes.settings import SandboxSettings
 
 
 def pct(xs: list[float], q: float) -> float:

@@ -8,14 +8,14 @@ The public surface for environment authors::
 from env_server.environment import ToolEnvironment
 from env_server.registry import register_environment
 from env_server.tools import tool
-from env_server.types import Message, Observation, RewardResult, StepResult, ToolCallRequest, ToolStatus
+from env_server.types import Message, Observation, RewardResult, StepResult, ToolCall, ToolStatus
 
 __all__ = [
     "Message",
     "Observation",
     "RewardResult",
     "StepResult",
-    "ToolCallRequest",
+    "ToolCall",
     "ToolEnvironment",
     "ToolStatus",
     "register_environment",

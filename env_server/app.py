@@ -340,7 +340,7 @@ def _add_session_routes(api: APIRouter, sessions: SessionManager) -> None:
 
     @api.post("/sessions/{session_id}/step", operation_id="step")
     async def step(session_id: str, body: StepRequest) -> StepResult:
-        return await sessions.step(session_id, body.tool_calls, body.request_id)
+        return await sessions.step(session_id, [c.to_call() for c in body.tool_calls], body.request_id)
 
     @api.post("/sessions/{session_id}/evaluate", operation_id="evaluate")
     async def evaluate(session_id: str) -> RewardResult:

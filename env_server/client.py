@@ -26,7 +26,7 @@ from env_server.sessions import (
     SessionManager,
     TooManySessions,
 )
-from env_server.types import RewardResult, SessionInfo, StepResult, ToolCallRequest
+from env_server.types import RewardResult, SessionInfo, StepResult, ToolCall, ToolCallRequest
 
 __all__ = ["AuthError", "EnvClient", "EnvUnavailable", "HttpEnvClient", "LocalEnvClient"]
 
@@ -55,7 +55,7 @@ class EnvClient(Protocol):
     ) -> SessionInfo: ...
 
     async def step(
-        self, session_id: str, tool_calls: list[ToolCallRequest], request_id: str | None = None
+        self, session_id: str, tool_calls: list[ToolCall], request_id: str | None = None
     ) -> StepResult: ...
 
     async def evaluate(self, session_id: str) -> RewardResult: ...
@@ -84,11 +84,9 @@ class LocalEnvClient:
         return await self.manager.create(env_id, task, seed, env_kwargs)
 
     async def step(
-        self, session_id: str, tool_calls: list[ToolCallRequest], request_id: str | None = None
+        self, session_id: str, tool_calls: list[ToolCall], request_id: str | None = None
     ) -> StepResult:
-        return await self.manager.step(
-            session_id, [ToolCallRequest.model_validate(c) for c in tool_calls], request_id
-        )
+        return await self.manager.step(session_id, tool_calls, request_id)
 
     async def evaluate(self, session_id: str) -> RewardResult:
         return await self.manager.evaluate(session_id)
@@ -174,10 +172,10 @@ class HttpEnvClient:
         return info
 
     async def step(
-        self, session_id: str, tool_calls: list[ToolCallRequest], request_id: str | None = None
+        self, session_id: str, tool_calls: list[ToolCall], request_id: str | None = None
     ) -> StepResult:
         body = {
-            "tool_calls": [ToolCallRequest.model_validate(c).model_dump() for c in tool_calls],
+            "tool_calls": [ToolCallRequest.of(c).model_dump() for c in tool_calls],
             "request_id": request_id or uuid.uuid4().hex,  # the same id on every retry: applied once
         }
         data = await self._call("POST", self._url(session_id), f"/sessions/{session_id}/step", json=body)

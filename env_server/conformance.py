@@ -13,7 +13,7 @@ from jsonschema.exceptions import SchemaError
 
 from env_server.registry import spec
 from env_server.sessions import GraderFailure, SessionDone, SessionManager
-from env_server.types import ToolCallRequest, ToolStatus
+from env_server.types import ToolCall, ToolStatus
 
 __all__ = ["ConformanceError", "check_environment"]
 
@@ -59,9 +59,9 @@ async def check_environment(env_id: str, *, manager: SessionManager | None = Non
             problems.append("reset returned no messages")
         if first.observation.tools != schemas:
             problems.append("reset's tools differ from the class's tool schemas")
-        calls = [ToolCallRequest(name="no_such_tool_xyz", arguments={}, id="c1")]
+        calls = [ToolCall(name="no_such_tool_xyz", arguments={}, id="c1")]
         calls += [
-            ToolCallRequest(name=n, arguments={"no_such_argument_xyz": 1}, id=f"c{i + 2}")
+            ToolCall(name=n, arguments={"no_such_argument_xyz": 1}, id=f"c{i + 2}")
             for i, n in enumerate(names)
         ]
         result = await manager.step(first.session_id, calls)
@@ -84,12 +84,12 @@ async def check_environment(env_id: str, *, manager: SessionManager | None = Non
             spec_final = cls.tools[final[0]]
             required = spec_final.args_model.model_json_schema().get("required", [])
             if not required:  # a final tool callable without arguments must end the episode
-                end = await manager.step(first.session_id, [ToolCallRequest(name=final[0], arguments={})])
+                end = await manager.step(first.session_id, [ToolCall(name=final[0], arguments={})])
                 if not end.done:
                     problems.append(f"calling final tool {final[0]} did not end the episode")
                 else:
                     try:
-                        await manager.step(first.session_id, [ToolCallRequest(name=final[0], arguments={})])
+                        await manager.step(first.session_id, [ToolCall(name=final[0], arguments={})])
                         problems.append("a step after done was accepted")
                     except SessionDone:
                         pass

@@ -39,9 +39,9 @@ import asyncio
 from typing import Any, ClassVar
 
 from env_server.tools import ToolSpec, collect_tools
-from env_server.types import Message, Observation, RewardResult, StepResult, ToolCallRequest, ToolStatus
+from env_server.types import Message, Observation, RewardResult, StepResult, ToolCall, ToolStatus
+from sandboxes.hardening import SandboxSettings
 from sandboxes.protocol import Sandbox, SandboxError
-from sandboxes.settings import SandboxSettings
 
 __all__ = ["ToolEnvironment"]
 
@@ -93,10 +93,10 @@ class ToolEnvironment:
     def tool_schemas(cls) -> list[dict[str, Any]]:
         return [spec.schema() for spec in cls.tools.values()]
 
-    async def step(self, tool_calls: list[ToolCallRequest]) -> StepResult:
+    async def step(self, tool_calls: list[ToolCall]) -> StepResult:
         """Runs each call in order; one tool message per call, with its status. A final tool ends
         the episode, and calls after it are answered without running (``skipped``)."""
-        messages = []
+        messages: list[Message] = []
         for call in tool_calls:
             if self.done:
                 content = f"Error: {call.name} was not run: the episode has ended"
@@ -111,7 +111,7 @@ class ToolEnvironment:
             )
         return StepResult(messages=messages, done=self.done, info={})
 
-    async def call_tool(self, call: ToolCallRequest) -> tuple[str, ToolStatus]:
+    async def call_tool(self, call: ToolCall) -> tuple[str, ToolStatus]:
         """(tool message content, how the call ended). Only sandbox failures raise."""
         spec = self.tools.get(call.name)
         if spec is None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import json
 import logging
@@ -20,13 +21,13 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from env_server.environment import ToolEnvironment
 from env_server.registry import UnknownEnvironment, make, registry, spec
-from env_server.types import Message, RewardResult, SessionInfo, StepResult, ToolCallRequest, ToolStatus
+from env_server.types import Message, RewardResult, SessionInfo, StepResult, ToolCall, ToolStatus
 from env_server.wrappers import Wrapper
 from sandboxes.docker import DockerSandbox
 from sandboxes.docker_api import DockerAPI
+from sandboxes.hardening import SandboxSettings
 from sandboxes.pool import SandboxPool
 from sandboxes.protocol import SandboxError
-from sandboxes.settings import SandboxSettings
 
 __all__ = [
     "EnvServerError",
@@ -203,13 +204,13 @@ class SessionManager:
             self._creating -= 1
 
     async def step(
-        self, session_id: str, tool_calls: list[ToolCallRequest], request_id: str | None = None
+        self, session_id: str, tool_calls: list[ToolCall], request_id: str | None = None
     ) -> StepResult:
         s = self._get(session_id)
         async with s.lock:
             fingerprint = ""
             if request_id is not None:
-                fingerprint = _fingerprint([c.model_dump(mode="json") for c in tool_calls])
+                fingerprint = _fingerprint([dataclasses.asdict(c) for c in tool_calls])
                 if request_id in s.replies:  # a retry: applied once, answered again
                     return _replayed(request_id, s.replies[request_id], fingerprint)
             if s.done:
@@ -402,7 +403,7 @@ def _replayed(request_id: str, remembered: tuple[str, Any], fingerprint: str) ->
     return reply
 
 
-def _broken_by_agent(tool_calls: list[ToolCallRequest], cause: str) -> StepResult:
+def _broken_by_agent(tool_calls: list[ToolCall], cause: str) -> StepResult:
     """The end of an episode whose command killed or flooded its sandbox: every call of the turn
     answered with the cause, the episode done."""
     messages = [

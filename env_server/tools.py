@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import inspect
 import json
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, get_type_hints
+from typing import Any, TypeVar, get_type_hints, overload
 
 import docstring_parser
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 __all__ = ["ToolSpec", "collect_tools", "tool", "tool_call_text"]
 
 _ATTR = "__pqrl_tool__"
+_Method = TypeVar("_Method", bound=Callable[..., Awaitable[Any]])
 
 
 def tool_call_text(name: str, **arguments: Any) -> str:
@@ -60,7 +61,17 @@ class ToolSpec:
         return {k: getattr(model, k) for k in type(model).model_fields}
 
 
-def tool(fn: Callable[..., Any] | None = None, *, name: str | None = None, final: bool = False) -> Any:
+@overload
+def tool(fn: _Method) -> _Method: ...
+
+
+@overload
+def tool(*, name: str | None = None, final: bool = False) -> Callable[[_Method], _Method]: ...
+
+
+def tool(
+    fn: _Method | None = None, *, name: str | None = None, final: bool = False
+) -> _Method | Callable[[_Method], _Method]:
     """Marks an async method of a ToolEnvironment as a tool.
 
     Args:
@@ -70,8 +81,9 @@ def tool(fn: Callable[..., Any] | None = None, *, name: str | None = None, final
     Use as ``@tool`` or ``@tool(final=True)``.
     """
 
-    def mark(f: Callable[..., Any]) -> Callable[..., Any]:
-        if not inspect.iscoroutinefunction(f):
+    def mark(f: _Method) -> _Method:
+        is_async: bool = inspect.iscoroutinefunction(f)  # a bool: a TypeGuard would retype f
+        if not is_async:
             raise TypeError(f"@tool {f.__qualname__} must be an async method")
         setattr(f, _ATTR, {"name": name or f.__name__, "final": final})
         return f

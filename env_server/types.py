@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import dataclasses
+from typing import TYPE_CHECKING, Any, Literal, Self, get_type_hints
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
-from pqrl.trajectory import ToolStatus
+from pqrl.tool_calls import MAX_NAME_CHARS, OUTCOME_FIELDS, ToolCall, ToolStatus
 
 __all__ = [
     "ErrorBody",
@@ -15,6 +16,7 @@ __all__ = [
     "RewardResult",
     "SessionInfo",
     "StepResult",
+    "ToolCall",
     "ToolCallRequest",
     "ToolStatus",
 ]
@@ -43,14 +45,50 @@ class Message(_Model):
         return self
 
 
-class ToolCallRequest(_Model):
-    """A call the model made, as the environment receives it: the tool's name, its JSON arguments
-    and the id its tool message will answer to. (``pqrl.trajectory.ToolCall`` is the record of the
-    call kept in the Trajectory.)"""
+class _WireCall(_Model):
+    """The base of ``ToolCallRequest``: converts between it and the record."""
 
-    name: str = Field(min_length=1, max_length=128)
-    arguments: dict[str, Any] = Field(default_factory=dict)
-    id: str | None = Field(default=None, max_length=128)
+    @classmethod
+    def of(cls, call: ToolCall) -> Self:
+        return cls.model_validate({name: getattr(call, name) for name in cls.model_fields})
+
+    def to_call(self) -> ToolCall:
+        return ToolCall(**{name: getattr(self, name) for name in type(self).model_fields})
+
+
+_LENGTHS = {"name": (1, MAX_NAME_CHARS), "id": (None, MAX_NAME_CHARS)}  # the HTTP API's limits
+
+
+def _wire_call_model() -> type[_WireCall]:
+    """``ToolCallRequest``: the fields of ``ToolCall`` that say what to run (its outcome stays out),
+    with their types and defaults, and the HTTP API's length limits."""
+    hints = get_type_hints(ToolCall)
+    fields: dict[str, Any] = {}
+    for f in dataclasses.fields(ToolCall):
+        if f.name in OUTCOME_FIELDS:
+            continue
+        min_length, max_length = _LENGTHS.get(f.name, (None, None))
+        if f.default_factory is not dataclasses.MISSING:
+            info = Field(default_factory=f.default_factory, min_length=min_length, max_length=max_length)
+        else:
+            default = ... if f.default is dataclasses.MISSING else f.default
+            info = Field(default, min_length=min_length, max_length=max_length)
+        fields[f.name] = (hints[f.name], info)
+    return create_model(
+        "ToolCallRequest",
+        __base__=_WireCall,
+        __module__=__name__,
+        __doc__="A call the model made, as the environment receives it over HTTP: the tool's name, its "
+        "JSON arguments and the id its tool message will answer to (the fields of "
+        "``pqrl.tool_calls.ToolCall`` but its outcome).",
+        **fields,
+    )
+
+
+if TYPE_CHECKING:  # a model whose fields exist only at run time: to a type checker, its base
+    ToolCallRequest = _WireCall
+else:
+    ToolCallRequest = _wire_call_model()
 
 
 class Observation(_Model):

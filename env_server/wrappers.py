@@ -6,7 +6,7 @@ import asyncio
 from typing import Any
 
 from env_server.environment import ToolEnvironment
-from env_server.types import Message, Observation, RewardResult, StepResult, ToolCallRequest, ToolStatus
+from env_server.types import Message, Observation, RewardResult, StepResult, ToolCall, ToolStatus
 
 __all__ = ["ObservationCap", "ToolTimeout", "TurnLimit", "Wrapper"]
 
@@ -28,7 +28,7 @@ class Wrapper:
     async def reset(self, *, task: dict[str, Any], seed: int | None = None) -> Observation:
         return await self.env.reset(task=task, seed=seed)
 
-    async def step(self, tool_calls: list[ToolCallRequest]) -> StepResult:
+    async def step(self, tool_calls: list[ToolCall]) -> StepResult:
         return await self.env.step(tool_calls)
 
     async def evaluate(self) -> RewardResult:
@@ -52,7 +52,7 @@ class TurnLimit(Wrapper):
         self.turns = 0
         return await self.env.reset(task=task, seed=seed)
 
-    async def step(self, tool_calls: list[ToolCallRequest]) -> StepResult:
+    async def step(self, tool_calls: list[ToolCall]) -> StepResult:
         result = await self.env.step(tool_calls)
         self.turns += 1
         if self.turns >= self.max_turns and not result.done:
@@ -73,7 +73,7 @@ class ToolTimeout(Wrapper):
             raise ValueError("seconds must be > 0")
         self.seconds = seconds
 
-    async def step(self, tool_calls: list[ToolCallRequest]) -> StepResult:
+    async def step(self, tool_calls: list[ToolCall]) -> StepResult:
         messages: list[Message] = []
         info: dict[str, Any] = {}
         done = False
@@ -93,7 +93,7 @@ class ToolTimeout(Wrapper):
         return StepResult(messages=messages, done=done, info=info)
 
 
-def _tool_message(call: ToolCallRequest, content: str, status: ToolStatus) -> Message:
+def _tool_message(call: ToolCall, content: str, status: ToolStatus) -> Message:
     return Message(role="tool", name=call.name, tool_call_id=call.id, content=content, status=status)
 
 
@@ -118,6 +118,6 @@ class ObservationCap(Wrapper):
         obs = await self.env.reset(task=task, seed=seed)
         return obs.model_copy(update={"messages": [self._cap(m) for m in obs.messages]})
 
-    async def step(self, tool_calls: list[ToolCallRequest]) -> StepResult:
+    async def step(self, tool_calls: list[ToolCall]) -> StepResult:
         result = await self.env.step(tool_calls)
         return result.model_copy(update={"messages": [self._cap(m) for m in result.messages]})

@@ -91,7 +91,7 @@ class Job:
         """Joins the run only with the settings its other processes use (a fresh trainer sets them; an
         embedded job is the run's only process, so a resumed one may change them)."""
         replace = (self.fresh or self.cfg.embedded) and self.role != "rollout"
-        diff = await self.store.settings.agree(shared_settings(self.cfg), replace=replace)
+        diff = await self.store.pins.agree(shared_settings(self.cfg), replace=replace)
         if diff:
             lines = "\n".join(f"  {k}: the run's {a!r}, this config's {b!r}" for k, (a, b) in diff.items())
             raise SystemExit(

@@ -9,12 +9,13 @@ Each array is the concatenation of the records' arrays. The header is a map of c
 (tokens per record, summing to N) and, for every other field of Trajectory, the list of its values,
 one per record. Columns keep the per-record Python small on both sides: the decoder checks a field's
 types for all records at once and builds each record without a map of its own, and the token
-invariants are checked once over the concatenation (Trajectory._from_columns). Decoded arrays are
+invariants are checked once over the concatenation (_from_columns). Decoded arrays are
 zero-copy read-only views of the blob, so a group of 8 costs little more than one record
 (bench/store.py); JSON lists cost ~20x more.
 
-Values as stored: a turn is ``[start, end, finish_reason, [[name, arguments, status], ...]]``, a
-truncation ``[kind, at_token, detail]`` or nil, and enums their string values.
+Values as stored: a turn is ``[start, end, finish_reason, [call, ...]]`` with a call
+``[name, arguments, status]`` plus its ``id`` and ``error`` up to the last one set, a truncation
+``[kind, at_token, detail]`` or nil, and enums their string values.
 
 The version byte selects the decoder, so blobs written by older releases stay readable: version 2
 had the same arrays after a header of ``lens`` and ``records``, one map of the fields per record;
@@ -24,16 +25,35 @@ beside these when the layout changes again.
 
 from __future__ import annotations
 
+import math
 import struct
 import sys
 from collections.abc import Callable, Sequence
+from itertools import accumulate
 from operator import attrgetter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgpack
 import numpy as np
 
-from pqrl.trajectory import ToolCall, Trajectory, TrajectoryError, Truncation, Turn, _new_turn
+from pqrl.trajectory import (
+    _ARRAY_DTYPES,
+    _GENERATED_PROMPT,
+    _STRING_FIELDS,
+    Status,
+    ToolCall,
+    Trajectory,
+    TrajectoryError,
+    Truncation,
+    Turn,
+    _as_float,
+    _as_status,
+    _check_prompt_len,
+    _check_string,
+    _check_token_arrays,
+    _check_turns,
+    _read_only,
+)
 
 __all__ = ["CURRENT_VERSION", "CodecError", "decode", "decode_many", "encode", "encode_many", "encode_parts"]
 
@@ -52,21 +72,12 @@ _BYTES_PER_TOKEN = sum(dt.itemsize for _, dt in _ARRAYS)
 # Records hold native arrays: on a little-endian machine they are already in blob order.
 _NATIVE_IS_BLOB_ORDER = sys.byteorder == "little"
 
-# The header's fields besides the arrays, in Trajectory's order.
-_FIELDS = (
-    "id",
-    "run_id",
-    "task_id",
-    "group_id",
-    "env",
-    "prompt_len",
-    "turns",
-    "reward",
-    "reward_info",
-    "status",
-    "truncation",
-    "timings",
-)
+# The header's fields besides the arrays, in Trajectory's order: the strings, then the fields after
+# the arrays (a record is assembled as strings, arrays, these).
+_TAIL_FIELDS = ("prompt_len", "turns", "reward", "reward_info", "status", "truncation", "timings")
+_FIELDS = _STRING_FIELDS + _TAIL_FIELDS
+_COLUMN_FIELDS = frozenset(_FIELDS)
+assert tuple(Trajectory.__dataclass_fields__) == _STRING_FIELDS + tuple(_ARRAY_DTYPES) + _TAIL_FIELDS
 # The msgpack types a field may decode to, where Trajectory does not check them itself: it does for
 # the strings, prompt_len and status, and would take a reward of "1.5".
 _KINDS: dict[str, set[type]] = {
@@ -98,7 +109,8 @@ def decode(blob: bytes | bytearray | memoryview) -> Trajectory:
 
 def encode_many(ts: Sequence[Trajectory]) -> bytes:
     """Encodes several (validated) Trajectories, e.g. one group, into one blob."""
-    return b"".join(encode_parts(ts))
+    # numpy's stubs declare ndarray's buffer protocol for Python 3.12+ only; it has one on 3.11 too.
+    return b"".join(encode_parts(ts))  # type: ignore[arg-type]
 
 
 def encode_parts(ts: Sequence[Trajectory]) -> list[bytes | np.ndarray]:
@@ -143,7 +155,7 @@ def decode_many(blob: bytes | bytearray | memoryview) -> list[Trajectory]:
     lens, columns = decoder(header)
     body = start + header_len + (-(start + header_len) % 8)
     try:
-        return Trajectory._from_columns(_arrays(buf, lens, body), lens, _parse_columns(columns))
+        return _from_columns(_arrays(buf, lens, body), lens, _parse_columns(columns))
     except TrajectoryError as e:
         raise CodecError(f"blob decodes to an invalid record: {e}") from e
 
@@ -172,8 +184,17 @@ def _columns(ts: Sequence[Trajectory]) -> dict[str, list[Any]]:
 
 
 def _turn_as_stored(u: Turn) -> list[Any]:
-    calls = [[c.name, c.arguments, c.status] for c in u.tool_calls] if u.tool_calls else []
+    calls = [_call_as_stored(c) for c in u.tool_calls] if u.tool_calls else []
     return [u.start, u.end, u.finish_reason, calls]
+
+
+def _call_as_stored(c: ToolCall) -> list[Any]:
+    """``[name, arguments, status]``, then ``id`` and ``error`` up to the last one set (records
+    written before calls had them have three values, and decode with the defaults)."""
+    stored = [c.name, c.arguments, c.status, c.id, c.error]
+    while len(stored) > 3 and stored[-1] is None:
+        stored.pop()
+    return stored
 
 
 def _decode_v3(h: dict[str, Any]) -> tuple[list[int], dict[str, list[Any]]]:
@@ -264,7 +285,7 @@ def _tool_calls(calls: list[Any]) -> tuple[ToolCall, ...]:
 
 def _truncations(column: list[list[Any] | None]) -> list[Truncation | None]:
     if column.count(None) == len(column):  # nothing truncated, as in most groups
-        return column
+        return [None] * len(column)
     try:
         out = [None if raw is None else Truncation(*raw) for raw in column]
     except (TypeError, ValueError) as e:
@@ -283,3 +304,153 @@ def _field(h: dict[str, Any], key: str, kind: type) -> Any:
     if type(value) is not kind:
         raise CodecError(f"header field {key!r} has type {type(value).__name__}")
     return value
+
+
+# ---------------------------------------------------------------- records from checked columns
+
+
+def _from_columns(
+    arrays: dict[str, np.ndarray], lens: Sequence[int], columns: dict[str, list[Any]]
+) -> list[Trajectory]:
+    """Builds several records at once, e.g. a decoded group: ``arrays`` are the records' token
+    arrays concatenated (``lens`` tokens each, in order, of their final dtypes) and ``columns``
+    hold one value per record for every other field.
+
+    Every invariant of the Trajectory constructor is checked once, with its own checks, but with
+    less Python per record: the token arrays in one pass over the concatenation, the scalar fields
+    column by column, the spans record by record.
+    """
+    if columns.keys() != _COLUMN_FIELDS:
+        raise TypeError(f"_from_columns needs a column for exactly the fields {sorted(_COLUMN_FIELDS)}")
+    if any(len(values) != len(lens) for values in columns.values()):
+        raise ValueError(f"every column needs one value for each of the {len(lens)} records")
+    arrays = {name: _read_only(arrays[name]) for name in _ARRAY_DTYPES}  # slices inherit it
+    flags = _check_token_arrays(**arrays)  # only 0 and 1: find() below looks for a 1 in a prompt
+    for name in _STRING_FIELDS:
+        _check_strings(name, columns[name])
+    tails = [_checked_column(name, columns[name]) for name in _TAIL_FIELDS]
+    prompt_lens, turns_column, _, _, _, truncations, _ = tails
+    starts = list(accumulate(lens, initial=0))
+    for n, at, prompt_len, turns, truncation in zip(
+        lens, starts, prompt_lens, turns_column, truncations, strict=False
+    ):
+        _check_prompt_len(n, prompt_len)
+        if flags.find(1, at, at + prompt_len) >= 0:
+            raise TrajectoryError("generated", _GENERATED_PROMPT)
+        _check_turns(n, prompt_len, turns, truncation)
+    # Built column-wise as well: one slice list per array, then map() passes the columns
+    # straight to the constructor, with no argument tuple per record.
+    spans = list(zip(starts, starts[1:], strict=False))
+    parts = [[a[start:end] for start, end in spans] for a in (arrays[name] for name in _ARRAY_DTYPES)]
+    strings = (columns[name] for name in _STRING_FIELDS)
+    records: list[Any] = list(map(_PlainTrajectory, *strings, *parts, *tails))
+    for record in records:
+        record.__class__ = Trajectory
+    return records
+
+
+def _checked_column(name: str, values: list[Any]) -> list[Any]:
+    """One value per record of a field after the arrays, converted as the constructor would."""
+    if name == "status":
+        return [_as_status(v) for v in values]
+    if name == "reward":
+        try:
+            floats = [float(v) for v in values]
+            if all(map(math.isfinite, floats)):
+                return floats
+        except (TypeError, ValueError):
+            pass
+        return [_as_float(name, v) for v in values]  # raises, naming the value
+    if name == "turns":
+        return [tuple(v) for v in values]
+    return values
+
+
+def _check_strings(name: str, values: list[Any]) -> None:
+    if not (set(map(type, values)) <= _STR and all(values)):  # the common case without a Python loop
+        for value in values:
+            _check_string(name, value)
+
+
+_STR = {str}
+
+# The plain classes below write the frozen classes' slots directly, which mypy would reject field by
+# field as writes to read-only attributes: it sees them as what they are at run time, subclasses
+# sharing the slot layout, only when not type checking.
+if TYPE_CHECKING:
+    _TrajectoryLayout: Any = object
+    _TurnLayout: Any = object
+else:
+    _TrajectoryLayout, _TurnLayout = Trajectory, Turn
+
+
+class _PlainTrajectory(_TrajectoryLayout):
+    """Trajectory's slots behind a plain __init__: a record whose values are already checked is
+    built here and becomes a Trajectory by ``__class__`` assignment (same layout), at a fifth of
+    the cost of storing each field through object.__setattr__, as the frozen class must."""
+
+    __slots__ = ()
+    __setattr__ = object.__setattr__
+    __delattr__ = object.__delattr__  # with __setattr__: stores then skip any Python-level call
+
+    def __init__(
+        self,
+        id: str,
+        run_id: str,
+        task_id: str,
+        group_id: str,
+        env: str,
+        tokens: np.ndarray,
+        generated: np.ndarray,
+        loss_mask: np.ndarray,
+        behavior_logprobs: np.ndarray,
+        versions: np.ndarray,
+        prompt_len: int,
+        turns: tuple[Turn, ...],
+        reward: float,
+        reward_info: dict[str, Any],
+        status: Status,
+        truncation: Truncation | None,
+        timings: dict[str, float],
+    ) -> None:
+        self.id = id
+        self.run_id = run_id
+        self.task_id = task_id
+        self.group_id = group_id
+        self.env = env
+        self.tokens = tokens
+        self.generated = generated
+        self.loss_mask = loss_mask
+        self.behavior_logprobs = behavior_logprobs
+        self.versions = versions
+        self.prompt_len = prompt_len
+        self.turns = turns
+        self.reward = reward
+        self.reward_info = reward_info
+        self.status = status
+        self.truncation = truncation
+        self.timings = timings
+
+
+assert list(Trajectory.__dataclass_fields__) == list(_PlainTrajectory.__init__.__annotations__)[:-1]
+
+
+class _PlainTurn(_TurnLayout):
+    """Turn's slots behind a plain __init__, as _PlainTrajectory."""
+
+    __slots__ = ()
+    __setattr__ = object.__setattr__
+    __delattr__ = object.__delattr__
+
+    def __init__(self, start: int, end: int, finish_reason: str, tool_calls: tuple[ToolCall, ...]) -> None:
+        self.start = start
+        self.end = end
+        self.finish_reason = finish_reason
+        self.tool_calls = tool_calls
+
+
+def _new_turn(start: int, end: int, finish_reason: str, tool_calls: tuple[ToolCall, ...]) -> Turn:
+    """``Turn(start, end, finish_reason, tool_calls)`` at a third of the cost, for decoders."""
+    turn: Any = _PlainTurn(start, end, finish_reason, tool_calls)
+    turn.__class__ = Turn
+    return turn

@@ -54,7 +54,9 @@ def init_weights_group(
 
     store = dist.TCPStore(master_address, master_port, world_size, is_master=rank == 0, timeout=timeout)
     # torch has no public call for a group outside the default one; every RL framework uses this one.
-    helper = c10d._new_process_group_helper
+    # Any: being private, its signature differs across torch releases (the options' name, and
+    # group_name a str or a GroupName).
+    helper: Any = c10d._new_process_group_helper
     options = "backend_options" if "backend_options" in inspect.signature(helper).parameters else "pg_options"
     group, _ = helper(
         world_size,

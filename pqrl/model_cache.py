@@ -74,7 +74,8 @@ def prepare_model(name: str = DEFAULT_MODEL) -> Path:
         model = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name)
         # The tensors are dequantized already; without dropping the quantizer and its config, save
         # and every later load would treat the model as GGUF-quantized (and untrainable).
-        model.hf_quantizer = None
+        # torch's Module.__setattr__ types an attribute it does not know as a tensor or module.
+        model.hf_quantizer = None  # type: ignore[assignment]
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
         model.save_pretrained(tmp)

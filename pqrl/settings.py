@@ -56,7 +56,8 @@ class Settings:
     __pydantic_config__ = {"extra": "forbid"}
 
     def __post_init__(self) -> None:
-        hints = _hints(type(self))
+        cls: type = type(self)  # as a plain type: mypy takes type[Settings] for unhashable
+        hints = _hints(cls)
         for f in dataclasses.fields(self):  # type: ignore[arg-type]
             value = getattr(self, f.name)
             base, optional = _unwrap_optional(hints[f.name])
@@ -92,7 +93,7 @@ def fields_of(cls: type) -> Iterator[FieldInfo]:
     for f in dataclasses.fields(cls):
         if f.default is not _NO_DEFAULT:
             default = f.default
-        elif f.default_factory is not _NO_DEFAULT:
+        elif f.default_factory is not dataclasses.MISSING:
             default = f.default_factory()
         else:
             default = _NO_DEFAULT

@@ -6,18 +6,19 @@ so a record that exists is a record the trainer can use: the token arrays line u
 which policy version produced it.
 
 Imports numpy and the standard library only, so the trainer's compute path can load it anywhere.
+Records decoded from a blob are built in bulk by the codec (pqrl.codec), with the checks here.
 """
 
 from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass, field
-from itertools import accumulate
 from typing import Any
 
 import numpy as np
+
+from pqrl.tool_calls import ToolCall, ToolStatus
 
 __all__ = [
     "Status",
@@ -49,36 +50,6 @@ class Status(enum.StrEnum):
     ABORTED = "aborted"
     FAILED_INFRA = "failed_infra"
     FAILED_ENV = "failed_env"
-
-
-class ToolStatus(enum.StrEnum):
-    """How one tool call ended. The environment reports it with each tool message (the agent loop
-    adds ``invalid`` for calls it could not parse); the record stores it, serialised as its value.
-    """
-
-    OK = "ok"  # the tool ran and returned
-    ERROR = "error"  # the tool ran and failed
-    INVALID = "invalid"  # never ran: malformed call, unknown tool or arguments that fail the schema
-    TIMEOUT = "timeout"  # cut off at the tool time limit
-    SKIPPED = "skipped"  # never ran: an earlier call in the same step ended the episode
-
-
-@dataclass(frozen=True, slots=True)
-class ToolCall:
-    """One tool call the model made in a turn and what became of it (``status`` is coerced to a
-    ``ToolStatus``, so the string values read back from stored records work too)."""
-
-    name: str
-    arguments: dict[str, Any] = field(default_factory=dict)
-    status: ToolStatus = ToolStatus.OK
-
-    def __post_init__(self) -> None:
-        try:
-            object.__setattr__(self, "status", ToolStatus(self.status))
-        except ValueError:
-            raise TrajectoryError(
-                "turns", f"tool call status {self.status!r} is not one of {[s.value for s in ToolStatus]}"
-            ) from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,45 +143,6 @@ class Trajectory:
         check_token_arrays(self.tokens, self.generated, self.loss_mask, self.behavior_logprobs, self.versions)
         self._check_rest()
 
-    @classmethod
-    def _from_columns(
-        cls, arrays: dict[str, np.ndarray], lens: Sequence[int], columns: dict[str, Sequence[Any]]
-    ) -> list[Trajectory]:
-        """Builds several records at once, e.g. a decoded group: ``arrays`` are the records' token
-        arrays concatenated (``lens`` tokens each, in order, of their final dtypes) and ``columns``
-        hold one value per record for every other field.
-
-        Every invariant is checked once, as for one record, but with less Python per record: the
-        token arrays in one pass over the concatenation, the scalar fields column by column, the
-        spans record by record.
-        """
-        if columns.keys() != _COLUMN_FIELDS:
-            raise TypeError(f"_from_columns needs a column for exactly the fields {sorted(_COLUMN_FIELDS)}")
-        if any(len(values) != len(lens) for values in columns.values()):
-            raise ValueError(f"every column needs one value for each of the {len(lens)} records")
-        arrays = {name: _read_only(arrays[name]) for name in _ARRAY_DTYPES}  # slices inherit it
-        flags = _check_token_arrays(**arrays)  # only 0 and 1: find() below looks for a 1 in a prompt
-        for name in _STRING_FIELDS:
-            _check_strings(name, columns[name])
-        tails = [_checked_column(name, columns[name]) for name in _TAIL_FIELDS]
-        prompt_lens, turns_column, _, _, _, truncations, _ = tails
-        starts = list(accumulate(lens, initial=0))
-        for n, at, prompt_len, turns, truncation in zip(
-            lens, starts, prompt_lens, turns_column, truncations, strict=False
-        ):
-            _check_prompt_len(n, prompt_len)
-            if flags.find(1, at, at + prompt_len) >= 0:
-                raise TrajectoryError("generated", _GENERATED_PROMPT)
-            _check_turns(n, prompt_len, turns, truncation)
-        # Built column-wise as well: one slice list per array, then map() passes the columns
-        # straight to the constructor, with no argument tuple per record.
-        spans = list(zip(starts, starts[1:], strict=False))
-        parts = [[a[start:end] for start, end in spans] for a in (arrays[name] for name in _ARRAY_DTYPES)]
-        records = list(map(_PlainTrajectory, *(columns[name] for name in _STRING_FIELDS), *parts, *tails))
-        for record in records:
-            record.__class__ = Trajectory
-        return records
-
     def _check_rest(self) -> None:
         for name in _STRING_FIELDS:
             _check_string(name, getattr(self, name))
@@ -243,114 +175,12 @@ class Trajectory:
 
 
 _STRING_FIELDS = ("id", "run_id", "task_id", "group_id", "env")
-# The fields after the arrays, in declaration order: a record is assembled as strings, arrays, these.
-_TAIL_FIELDS = ("prompt_len", "turns", "reward", "reward_info", "status", "truncation", "timings")
-_COLUMN_FIELDS = frozenset(_STRING_FIELDS + _TAIL_FIELDS)
 _STATUSES = {s.value: s for s in Status}
-
-
-class _PlainTrajectory(Trajectory):
-    """Trajectory's slots behind a plain __init__: a record whose values are already checked is
-    built here and becomes a Trajectory by ``__class__`` assignment (same layout), at a fifth of
-    the cost of storing each field through object.__setattr__, as the frozen class must."""
-
-    __slots__ = ()
-    __setattr__ = object.__setattr__
-    __delattr__ = object.__delattr__  # with __setattr__: stores then skip any Python-level call
-
-    def __init__(
-        self,
-        id: str,
-        run_id: str,
-        task_id: str,
-        group_id: str,
-        env: str,
-        tokens: np.ndarray,
-        generated: np.ndarray,
-        loss_mask: np.ndarray,
-        behavior_logprobs: np.ndarray,
-        versions: np.ndarray,
-        prompt_len: int,
-        turns: tuple[Turn, ...],
-        reward: float,
-        reward_info: dict[str, Any],
-        status: Status,
-        truncation: Truncation | None,
-        timings: dict[str, float],
-    ) -> None:
-        self.id = id
-        self.run_id = run_id
-        self.task_id = task_id
-        self.group_id = group_id
-        self.env = env
-        self.tokens = tokens
-        self.generated = generated
-        self.loss_mask = loss_mask
-        self.behavior_logprobs = behavior_logprobs
-        self.versions = versions
-        self.prompt_len = prompt_len
-        self.turns = turns
-        self.reward = reward
-        self.reward_info = reward_info
-        self.status = status
-        self.truncation = truncation
-        self.timings = timings
-
-
-assert tuple(Trajectory.__dataclass_fields__) == _STRING_FIELDS + tuple(_ARRAY_DTYPES) + _TAIL_FIELDS
-assert list(Trajectory.__dataclass_fields__) == list(_PlainTrajectory.__init__.__annotations__)[:-1]
-
-
-class _PlainTurn(Turn):
-    """Turn's slots behind a plain __init__, as _PlainTrajectory."""
-
-    __slots__ = ()
-    __setattr__ = object.__setattr__
-    __delattr__ = object.__delattr__
-
-    def __init__(self, start: int, end: int, finish_reason: str, tool_calls: tuple[ToolCall, ...]) -> None:
-        self.start = start
-        self.end = end
-        self.finish_reason = finish_reason
-        self.tool_calls = tool_calls
-
-
-def _new_turn(start: int, end: int, finish_reason: str, tool_calls: tuple[ToolCall, ...]) -> Turn:
-    """``Turn(start, end, finish_reason, tool_calls)`` at a third of the cost, for decoders."""
-    turn = _PlainTurn(start, end, finish_reason, tool_calls)
-    turn.__class__ = Turn
-    return turn
-
-
-def _checked_column(name: str, values: Sequence[Any]) -> Sequence[Any]:
-    """One value per record of a field after the arrays, converted as the constructor would."""
-    if name == "status":
-        return [_as_status(v) for v in values]
-    if name == "reward":
-        try:
-            floats = [float(v) for v in values]
-            if all(map(math.isfinite, floats)):
-                return floats
-        except (TypeError, ValueError):
-            pass
-        return [_as_float(name, v) for v in values]  # raises, naming the value
-    if name == "turns":
-        return [tuple(v) for v in values]
-    return values
-
-
-def _check_strings(name: str, values: Sequence[Any]) -> None:
-    if not (set(map(type, values)) <= _STR and all(values)):  # the common case without a Python loop
-        for value in values:
-            _check_string(name, value)
 
 
 def _check_string(name: str, value: Any) -> None:
     if not isinstance(value, str) or not value:
         raise TrajectoryError(name, f"must be a non-empty string, got {value!r}")
-
-
-_STR = {str}
 
 
 def _as_status(value: Any) -> Status:

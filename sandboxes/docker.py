@@ -20,8 +20,8 @@ from typing import Any
 
 from sandboxes import agent
 from sandboxes.docker_api import AttachStream, DockerAPI
+from sandboxes.hardening import SandboxSettings
 from sandboxes.protocol import ExecResult, SandboxDied, SandboxError, SandboxFlooded
-from sandboxes.settings import SandboxSettings
 
 __all__ = ["AGENT_SOURCE", "DockerSandbox", "owner_id"]
 

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 from sandboxes.docker import DockerSandbox
 from sandboxes.docker_api import DockerAPI
+from sandboxes.hardening import SandboxSettings
 from sandboxes.protocol import SandboxError
 from sandboxes.reaper import reap
-from sandboxes.settings import SandboxSettings
 
 __all__ = ["PoolStats", "SandboxPool"]
 

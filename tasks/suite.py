@@ -181,7 +181,7 @@ def parse_suite(text: str, *, source: str = "<suite>") -> Suite:
     """Parses and validates suite text. Raises SuiteInvalid listing every problem."""
     problems: list[Problem] = []
     manifest: SuiteManifest | None = None
-    tasks: list[Any] = []
+    tasks: list[AnyTask] = []
     seen: dict[str, int] = {}
     lines = [(n, s) for n, s in enumerate(text.splitlines(), 1) if s.strip()]
     if not lines:

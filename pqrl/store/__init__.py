@@ -18,8 +18,8 @@ concern, each owning its keys of run ``R`` (the braces keep a run's keys in one 
 - ``.gate`` (AdmissionGate): ``pqrl:{R}:gate``, the staleness gate's counters, with
   ``pqrl:{R}:gate-running`` (places per rollout manager) and ``pqrl:{R}:alive:<manager>`` (beats)
 - ``.status`` (JobStatus): ``pqrl:{R}:status``, the job's latest figures for ``pqrl status``
-- ``.settings`` (RunSettings): ``pqrl:{R}:settings``, the settings every process of the run shares
-  (sampling, group shape, model, task plan), fixed by the first process that joins it
+- ``.pins`` (RunPins): ``pqrl:{R}:pins``, what every process of the run must share (sampling,
+  group shape, model, task plan), pinned by the first process that joins it
 
 Every write that must be atomic when several producers, managers and trainers share a run (acking
 with trimming, publishing a policy version, admission, claiming a sampler slot) is one Lua script.
@@ -44,8 +44,8 @@ from pqrl.store.dead_letters import DeadLetters
 from pqrl.store.gate import AdmissionGate
 from pqrl.store.groups import GroupEntry, GroupStream
 from pqrl.store.policy import PolicyState, PolicyVersion
+from pqrl.store.run_pins import RunPins
 from pqrl.store.sampler import SamplerClaim, SamplerCursor, SamplerState, TaskOutcome
-from pqrl.store.settings import RunSettings
 from pqrl.store.status import JobStatus
 from pqrl.store.tasks import TaskEntry, TaskQueue
 
@@ -59,7 +59,7 @@ __all__ = [
     "PolicyState",
     "PolicyVersion",
     "RunKeys",
-    "RunSettings",
+    "RunPins",
     "SamplerClaim",
     "SamplerCursor",
     "SamplerState",
@@ -97,7 +97,7 @@ class TrajectoryStore:
         self.policy = PolicyVersion(*part)
         self.gate = AdmissionGate(*part, policy=self.policy)
         self.status = JobStatus(*part)
-        self.settings = RunSettings(*part)
+        self.pins = RunPins(*part)
 
     @property
     def run_id(self) -> str:

@@ -9,14 +9,19 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable
-from typing import Any
+from typing import cast
 
 import redis.asyncio as aioredis
 import redis.exceptions
 
 from pqrl.store.connection import decode_str
 
-__all__ = ["AckAndTrim", "autoclaim", "create_consumer_group", "read_new"]
+__all__ = ["AckAndTrim", "Entry", "autoclaim", "create_consumer_group", "read_new"]
+
+# One stream entry as the store's clients get it: (id, {field: value}), all bytes. redis-py types its
+# stream replies for every protocol and decoding choice at once (RESP3's maps included); the store
+# speaks RESP2 without decoding, so the casts below name the one shape its replies take.
+Entry = tuple[bytes, dict[bytes, bytes]]
 
 # Entries are delivered to groups in id order, so everything at or below a group's last-delivered
 # id that is not pending has been acked by it. The trim bound is the minimum over groups of
@@ -82,14 +87,17 @@ class AckAndTrim:
 
 async def read_new(
     r: aioredis.Redis, key: str, consumer_group: str, consumer: str, count: int, block_ms: int | None
-) -> list[tuple[Any, Any]]:
+) -> list[Entry]:
     """Up to ``count`` entries never delivered to ``consumer_group``, now delivered to ``consumer``;
     waits up to ``block_ms`` for the first (None: no wait).
 
     redis-py can swallow a cancel that lands as a blocking read ends (about 1 cancel in 50 near the
     block's end, measured): the command returns normally while the task is still marked as
     cancelling. The cancel is raised again here, or a caller polling in a loop would never stop."""
-    reply = await r.xreadgroup(consumer_group, consumer, {key: ">"}, count=count, block=block_ms)
+    reply = cast(
+        list[tuple[bytes, list[Entry]]],
+        await r.xreadgroup(consumer_group, consumer, {key: ">"}, count=count, block=block_ms),
+    )
     task = asyncio.current_task()
     if task is not None and task.cancelling():
         raise asyncio.CancelledError("cancelled during a blocking read")  # its entries stay pending
@@ -107,12 +115,12 @@ async def create_consumer_group(r: aioredis.Redis, key: str, consumer_group: str
 
 async def autoclaim(
     r: aioredis.Redis, key: str, consumer_group: str, consumer: str, min_idle_ms: int, count: int
-) -> list[Any]:
+) -> list[Entry]:
     """Up to ``count`` entries idle for ``min_idle_ms``, handed to ``consumer`` (``XAUTOCLAIM``).
 
     Entries deleted while pending (nil fields) are left out.
     """
-    out: list[Any] = []
+    out: list[Entry] = []
     start = "0-0"
     while len(out) < count:
         reply = await r.xautoclaim(

@@ -120,9 +120,9 @@ class RunKeys:
         return f"{self.prefix}:status"
 
     @property
-    def settings(self) -> str:
-        """String: the settings every process of the run shares (JSON), fixed by the first to join."""
-        return f"{self.prefix}:settings"
+    def pins(self) -> str:
+        """String: what every process of the run shares (JSON), pinned by the first to join."""
+        return f"{self.prefix}:pins"
 
 
 def redacted(url: str) -> str:

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, cast
 
 import redis.asyncio as aioredis
 
-from pqrl.store._streams import AckAndTrim
+from pqrl.store._streams import AckAndTrim, Entry
 from pqrl.store.connection import RunKeys, RunPart, decode_str, redis_errors
 
 __all__ = ["DeadLetters"]
@@ -46,5 +46,5 @@ class DeadLetters(RunPart):
     @redis_errors
     async def list(self) -> list[tuple[str, str]]:
         """(original entry id, reason) of every entry that failed to decode."""
-        rows = await self.redis.xrange(self.key)
+        rows = cast(list[Entry], await self.redis.xrange(self.key))
         return [(decode_str(f[b"source_id"]), decode_str(f[b"reason"])) for _, f in rows]

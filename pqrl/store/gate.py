@@ -113,7 +113,8 @@ class AdmissionGate(RunPart):
     ) -> bool:
         """Reserves room for one more group of ``holder`` if the staleness budget allows (atomic)."""
         keys = [self.keys.gate, self.keys.policy, self.keys.gate_running]
-        args = [max_concurrent, max_staleness, groups_per_step, holder, self.keys.alive(""), ttl_ms]
+        alive = self.keys.alive("")
+        args: list[int | str] = [max_concurrent, max_staleness, groups_per_step, holder, alive, ttl_ms]
         return bool(await self._admit(keys=keys, args=args))
 
     @redis_errors

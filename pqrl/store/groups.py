@@ -14,14 +14,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
+import numpy as np
 import redis.asyncio as aioredis
 
 from pqrl.codec import CodecError, decode_many, encode_parts
-from pqrl.store._streams import AckAndTrim, autoclaim, create_consumer_group, read_new
+from pqrl.store._streams import AckAndTrim, Entry, autoclaim, create_consumer_group, read_new
 from pqrl.store.connection import Backpressure, RunKeys, RunPart, decode_str, redis_errors
 from pqrl.store.dead_letters import DeadLetters
 from pqrl.store.parts import Parts, packs_parts
@@ -58,7 +59,9 @@ class GroupStream(RunPart):
         self._streams = AckAndTrim(redis)
         # One value sent from the records' own arrays where the client takes Parts (what
         # store.connection.connect makes), else joined into one blob first.
-        self._value = Parts if packs_parts(redis) else b"".join
+        self._value: Callable[[list[bytes | np.ndarray]], Parts | bytes] = (
+            Parts if packs_parts(redis) else _joined
+        )
 
     @property
     def key(self) -> str:
@@ -101,7 +104,8 @@ class GroupStream(RunPart):
             self._backlog_hint = int(await self.redis.xlen(self.key))
             if self._backlog_hint >= self.max_backlog:
                 return None, self._backlog_hint
-        fields = {"group": self._value(encode_parts(trajectories))}
+        # Any: Parts is a value type the client learns from sends_parts, unknown to redis-py's types.
+        fields: dict[Any, Any] = {"group": self._value(encode_parts(trajectories))}
         if not self.max_backlog:  # unbounded: no length to keep track of, one XADD
             return decode_str(await self.redis.xadd(self.key, fields)), 0
         async with self.redis.pipeline(transaction=False) as pipe:
@@ -144,7 +148,10 @@ class GroupStream(RunPart):
         A restarted trainer (same consumer name) reads these first: the groups it had taken but not
         yet covered by a checkpoint when it stopped.
         """
-        reply = await self.redis.xreadgroup(consumer_group, consumer, {self.key: "0"}, count=count)
+        reply = cast(
+            list[tuple[bytes, list[Entry]]],
+            await self.redis.xreadgroup(consumer_group, consumer, {self.key: "0"}, count=count),
+        )
         raw = [(i, f) for i, f in (reply[0][1] if reply else []) if f]
         return await self._decode_entries(consumer_group, raw)
 
@@ -182,14 +189,15 @@ class GroupStream(RunPart):
         A corrupt entry comes back as its CodecError and stays where it is.
         """
         out: list[tuple[str, list[Trajectory] | CodecError]] = []
-        for entry_id, fields in reversed(await self.redis.xrevrange(self.key, count=count)):
+        rows = cast(list[Entry], await self.redis.xrevrange(self.key, count=count))
+        for entry_id, fields in reversed(rows):
             try:
                 out.append((decode_str(entry_id), _decode_group(fields)))
             except CodecError as e:
                 out.append((decode_str(entry_id), e))
         return out
 
-    async def _decode_entries(self, consumer_group: str, raw: list[Any]) -> list[GroupEntry]:
+    async def _decode_entries(self, consumer_group: str, raw: list[Entry]) -> list[GroupEntry]:
         out: list[GroupEntry] = []
         for entry_id, fields in raw:
             eid = decode_str(entry_id)
@@ -200,9 +208,10 @@ class GroupStream(RunPart):
         return out
 
     async def _delivery_counts(self, consumer_group: str, ids: list[str]) -> dict[str, int]:
-        rows = await self.redis.xpending_range(
+        reply = await self.redis.xpending_range(
             self.key, consumer_group, min=ids[0], max=ids[-1], count=len(ids)
         )
+        rows = cast(list[dict[str, Any]], reply)  # RESP2, undecoded: one map per pending entry
         return {decode_str(r["message_id"]): int(r["times_delivered"]) for r in rows}
 
 
@@ -218,6 +227,11 @@ def _check_group(trajectories: Sequence[Trajectory], run_id: str) -> None:
             raise ValueError(f"trajectory {t.id} belongs to run {t.run_id!r}, not {run_id!r}")
         if t.group_id != group_id:
             raise ValueError(f"trajectory {t.id} has group_id {t.group_id!r}, expected {group_id!r}")
+
+
+def _joined(parts: list[bytes | np.ndarray]) -> bytes:
+    # numpy's stubs declare ndarray's buffer protocol for Python 3.12+ only; it has one on 3.11 too.
+    return b"".join(parts)  # type: ignore[arg-type]
 
 
 def _decode_group(fields: dict[bytes, bytes]) -> list[Trajectory]:

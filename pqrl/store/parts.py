@@ -54,7 +54,8 @@ def sends_parts(client: aioredis.Redis) -> aioredis.Redis:
     pool = client.connection_pool
     if any(getattr(pool, name, ()) for name in ("_available_connections", "_in_use_connections")):
         raise ValueError("sends_parts must be applied to a client before it opens a connection")
-    pool.connection_class = _packing_parts(pool.connection_class)
+    base: type = pool.connection_class  # as a plain type: mypy takes type[X] for unhashable
+    pool.connection_class = _packing_parts(base)
     return client
 
 

@@ -16,7 +16,7 @@ from agent_loop.demonstrations import (
     tool_call_text,
     write_demonstrations,
 )
-from agent_loop.tool_parser import ParsedCall, parse_tool_calls
+from agent_loop.tool_parser import parse_tool_calls
 from env_server.client import LocalEnvClient
 from loss_masking import ChatRenderer
 from pqrl.model_cache import load_tokenizer
@@ -88,7 +88,7 @@ def test_masks_are_one_exactly_on_the_experts_turns(renderer, demos):
             assert d.tokens[end - 1] == stop, "the expert's turn ends with the stop token it 'sampled'"
             assert d.tokens[start : end - 1].tolist() == renderer.encode(text), "canonical tokens"
             (call,) = parse_tool_calls(text)
-            assert isinstance(call, ParsedCall)
+            assert call.pending
         # only the newline after the last <|im_end|> follows the last turn: it closes, nobody sampled it
         assert d.tokens[spans[-1][1] :].tolist() == renderer.closing_ids[1:]
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from agent_loop.tool_parser import MalformedCall, ParsedCall, parse_tool_calls
+from agent_loop.tool_parser import PARSERS, parse_tool_calls
+from pqrl.tool_calls import MALFORMED, ToolCall, ToolStatus
 
 
 def test_calls_in_order_with_surrounding_text():
@@ -13,14 +14,14 @@ def test_calls_in_order_with_surrounding_text():
         '<tool_call> {"name": "answer", "arguments": "{\\"value\\": \\"6\\"}"} </tool_call> done'
     )
     assert parse_tool_calls(text) == [
-        ParsedCall("calculator", {"expression": "2*3"}),
-        ParsedCall("answer", {"value": "6"}),
+        ToolCall("calculator", {"expression": "2*3"}),
+        ToolCall("answer", {"value": "6"}),
     ]
 
 
 def test_no_call_and_no_arguments():
     assert parse_tool_calls("The answer is 6.") == []
-    assert parse_tool_calls('<tool_call>{"name": "submit"}</tool_call>') == [ParsedCall("submit", {})]
+    assert parse_tool_calls('<tool_call>{"name": "submit"}</tool_call>') == [ToolCall("submit", {})]
 
 
 @pytest.mark.parametrize(
@@ -36,12 +37,26 @@ def test_no_call_and_no_arguments():
 )
 def test_malformed_calls_explain_themselves(text, error):
     (call,) = parse_tool_calls(text)
-    assert isinstance(call, MalformedCall) and error in call.error
-    assert call.message.startswith("Error: malformed tool call") and "<tool_call>" in call.message
+    assert call.name == MALFORMED and call.status is ToolStatus.INVALID and not call.pending
+    assert call.error is not None and error in call.error
+    # the message the model is shown, word for word
+    hint = 'Write <tool_call>{"name": "TOOL", "arguments": {...}}</tool_call> with valid JSON.'
+    assert call.error.startswith("Error: malformed tool call (") and call.error.endswith(f"). {hint}")
+    assert call.arguments == {"raw": text.removeprefix("<tool_call>").removesuffix("</tool_call>").strip()}
 
 
 def test_too_many_calls_are_cut_with_a_note():
     text = '<tool_call>{"name": "a"}</tool_call>' * 5
     calls = parse_tool_calls(text, max_calls=3)
-    assert [type(c) for c in calls] == [ParsedCall] * 3 + [MalformedCall]
-    assert "more than 3 calls" in calls[-1].error
+    assert [c.pending for c in calls] == [True] * 3 + [False]
+    assert calls[-1].error is not None and "more than 3 calls" in calls[-1].error
+
+
+def test_a_parser_is_text_to_calls_still_to_run():
+    calls = PARSERS["hermes"]('<tool_call>{"name": "a", "arguments": {"x": 1}}</tool_call>')
+    assert calls == [ToolCall("a", {"x": 1})] and calls[0].pending and calls[0].id is None
+
+
+def test_a_name_the_env_server_would_refuse_is_malformed():
+    (call,) = parse_tool_calls('<tool_call>{"name": "%s"}</tool_call>' % ("n" * 129))
+    assert call.status is ToolStatus.INVALID and "longer than 128 characters" in (call.error or "")

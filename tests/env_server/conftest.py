@@ -1,6 +1,7 @@
 """Fixtures for env server tests: real uvicorn servers on free loopback ports, in a thread of this
 process (so a test can reach the server's SessionManager) or as a subprocess; a registry that is
-restored after tests that register environments; and a check that no sandbox outlives its test.
+restored after tests that register environments; a check that no sandbox outlives its test; and
+the clients and the echo episode the HTTP tests share.
 """
 
 from __future__ import annotations
@@ -12,12 +13,15 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
+import httpx
 import pytest
 import uvicorn
 
 from env_server import registry as registry_module
 from env_server.app import ServerSettings, create_app
+from env_server.client import HttpEnvClient
 from env_server.sessions import SessionManager
+from env_server.types import RewardResult, SessionInfo, StepResult, ToolCall
 from sandboxes.docker import owner_id
 from sandboxes.docker_api import DockerAPI
 from tests.env_server import envs  # noqa: F401  (registers the test environments)
@@ -124,3 +128,45 @@ async def docker_api() -> AsyncIterator[DockerAPI]:
             with contextlib.suppress(Exception):
                 await api.remove(c["Id"])
         await api.close()
+
+
+# ---------------------------------------------------------------- clients and episodes
+
+ECHO_TASK = {"prompt": "Say 42.", "expected": "42"}
+SHELL_TASK = {"prompt": "Create hello.txt.", "check": "test -f hello.txt"}
+NO_SESSION = "0" * 32
+
+
+@pytest.fixture
+async def client(server: LiveServer) -> AsyncIterator[HttpEnvClient]:
+    c = HttpEnvClient(server.url, token=server.token, retries=1, backoff_s=0.01, timeout_s=30)
+    yield c
+    await c.aclose()
+
+
+@pytest.fixture
+async def raw(server: LiveServer) -> AsyncIterator[httpx.AsyncClient]:
+    """Plain httpx with the token, for status codes and bodies."""
+    async with httpx.AsyncClient(base_url=server.url, headers=server.auth, timeout=30) as c:
+        yield c
+
+
+def call(name: str, id: str | None = None, **arguments: Any) -> ToolCall:
+    return ToolCall(name=name, arguments=arguments, id=id)
+
+
+async def echo_episode(client: Any, answer: str = "42") -> tuple[SessionInfo, list[StepResult], RewardResult]:
+    info = await client.create_session("echo-v1", ECHO_TASK, seed=0)
+    steps = [
+        await client.step(info.session_id, [call("echo", "c1", text="hi")]),
+        await client.step(info.session_id, [call("submit", "c2", answer=answer)]),
+    ]
+    reward = await client.evaluate(info.session_id)
+    await client.close_session(info.session_id)
+    return info, steps, reward
+
+
+def error_of(r: httpx.Response) -> tuple[int, str, str]:
+    body = r.json()
+    assert set(body) == {"error", "detail"}, f"error body {body} is not {{error, detail}}"
+    return r.status_code, body["error"], body["detail"]

@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 from env_server.environment import ToolEnvironment
 from env_server.registry import register_environment
 from env_server.tools import tool
-from env_server.types import Message, Observation, RewardResult, ToolCallRequest, ToolStatus
+from env_server.types import Message, Observation, RewardResult, ToolCall, ToolStatus
 
 SLOW_TIMEOUT_S = 0.2  # ToolTimeout of pytest-slow-v1
 LONG_CAP = 100  # ObservationCap of pytest-long-v1
@@ -133,7 +133,7 @@ class StrictTaskEnv(ToolEnvironment):
 class BrokenAcceptsAnything(CounterEnv):
     """Answers every call, even an unknown tool or invalid arguments, without an error."""
 
-    async def call_tool(self, call: ToolCallRequest) -> tuple[str, ToolStatus]:
+    async def call_tool(self, call: ToolCall) -> tuple[str, ToolStatus]:
         return "fine", ToolStatus.OK
 
 
@@ -159,7 +159,7 @@ class BrokenDuplicateSchemas(CounterEnv):
 class BrokenNeverEnds(CounterEnv):
     """Its final tool does not end the episode."""
 
-    async def step(self, tool_calls: list[ToolCallRequest]) -> Any:
+    async def step(self, tool_calls: list[ToolCall]) -> Any:
         result = await super().step(tool_calls)
         self.done = False
         return result.model_copy(update={"done": False})
@@ -194,7 +194,7 @@ class BrokenGrader(CounterEnv):
 class BrokenStep(CounterEnv):
     """Its step raises: a bug the server answers with its error body, never a bare 500."""
 
-    async def step(self, tool_calls: list[ToolCallRequest]) -> Any:
+    async def step(self, tool_calls: list[ToolCall]) -> Any:
         raise RuntimeError("step bug")
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from env_server.environment import ToolEnvironment
 from env_server.tools import tool
-from env_server.types import Message, Observation, RewardResult, ToolCallRequest, ToolStatus
+from env_server.types import Message, Observation, RewardResult, ToolCall, ToolStatus
 from sandboxes.protocol import SandboxDied
 
 
@@ -245,9 +245,7 @@ async def _library() -> Library:
 
 async def test_step_runs_validated_calls_with_coerced_values():
     env = await _library()
-    result = await env.step(
-        [ToolCallRequest(name="search", arguments={"query": "dune", "limit": "3"}, id="a")]
-    )
+    result = await env.step([ToolCall(name="search", arguments={"query": "dune", "limit": "3"}, id="a")])
     assert result.messages == [Message(role="tool", content="3 hits", name="search", tool_call_id="a")]
     assert env.seen == [{"query": "dune", "limit": 3, "lang": None, "tags": None, "mode": "fast"}]
     assert not result.done
@@ -256,10 +254,10 @@ async def test_step_runs_validated_calls_with_coerced_values():
 async def test_bad_calls_become_error_messages_in_order():
     env = await _library()
     calls = [
-        ToolCallRequest(name="nope", id="1"),
-        ToolCallRequest(name="search", arguments={"query": "a", "limit": "many"}, id="2"),
-        ToolCallRequest(name="explode", id="3"),
-        ToolCallRequest(name="ping", id="4"),
+        ToolCall(name="nope", id="1"),
+        ToolCall(name="search", arguments={"query": "a", "limit": "many"}, id="2"),
+        ToolCall(name="explode", id="3"),
+        ToolCall(name="ping", id="4"),
     ]
     result = await env.step(calls)
     contents = [m.content for m in result.messages]
@@ -284,18 +282,18 @@ async def test_bad_calls_become_error_messages_in_order():
 
 async def test_final_tool_ends_the_episode_only_when_it_succeeds():
     env = await _library()
-    bad = await env.step([ToolCallRequest(name="borrow", arguments={"ids": "x", "days": 1})])
+    bad = await env.step([ToolCall(name="borrow", arguments={"ids": "x", "days": 1})])
     assert not bad.done, "a final tool called with invalid arguments must not end the episode"
-    good = await env.step([ToolCallRequest(name="borrow", arguments={"ids": [1, 2], "days": 7})])
+    good = await env.step([ToolCall(name="borrow", arguments={"ids": [1, 2], "days": 7})])
     assert good.done and good.messages[0].content == "borrowed [1, 2] for 7 days"
-    late = await env.step([ToolCallRequest(name="ping")])
+    late = await env.step([ToolCall(name="ping")])
     assert late.messages[0].status is ToolStatus.SKIPPED and "was not run" in late.messages[0].content
 
 
 async def test_sandbox_errors_propagate():
     env = await _library()
     with pytest.raises(SandboxDied, match="container gone"):
-        await env.step([ToolCallRequest(name="lose_sandbox")])
+        await env.step([ToolCall(name="lose_sandbox")])
 
 
 async def test_a_final_tool_named_done_works():
@@ -313,7 +311,7 @@ async def test_a_final_tool_named_done_works():
 
     env = Task()
     await env.reset(task={})
-    result = await env.step([ToolCallRequest(name="done")])
+    result = await env.step([ToolCall(name="done")])
     assert result.messages[0].content == "bye", result.messages[0].content
     assert result.done
 
@@ -324,3 +322,22 @@ def test_tool_messages_carry_a_status_and_only_they():
     assert Message(role="user", content="x").status is None
     with pytest.raises(ValueError, match="only tool messages carry a status"):
         Message(role="user", content="x", status="ok")
+
+
+def test_the_wire_call_is_the_records_fields_but_its_outcome():
+    from dataclasses import fields
+
+    from env_server.types import ToolCallRequest
+    from pqrl.tool_calls import OUTCOME_FIELDS
+
+    sent = [f.name for f in fields(ToolCall) if f.name not in OUTCOME_FIELDS]
+    assert list(ToolCallRequest.model_fields) == sent
+    assert list(ToolCallRequest.model_fields) == ["name", "arguments", "id"]
+    call = ToolCall("search", {"query": "dune"}, id="a")
+    wire = ToolCallRequest.of(call)
+    assert wire.model_dump() == {"name": "search", "arguments": {"query": "dune"}, "id": "a"}
+    assert wire.to_call() == call and ToolCallRequest(name="ping").to_call() == ToolCall("ping")
+    with pytest.raises(ValueError, match="at most 128 characters"):
+        ToolCallRequest.of(ToolCall("n" * 129))
+    with pytest.raises(ValueError, match="Extra inputs are not permitted"):
+        ToolCallRequest.model_validate({"name": "ping", "status": "ok"})  # an outcome is never sent

@@ -19,13 +19,13 @@ from env_server.registry import (
     registry,
     spec,
 )
-from env_server.types import Message, ToolCallRequest, ToolStatus
+from env_server.types import Message, ToolCall, ToolStatus
 from env_server.wrappers import ObservationCap, ToolTimeout, TurnLimit
 from tests.env_server.envs import COUNTER_TURNS, LONG_CAP, SLOW_TIMEOUT_S, CounterEnv, LongEnv, SlowEnv
 
 
-def call(name: str, id: str | None = None, **arguments) -> ToolCallRequest:
-    return ToolCallRequest(name=name, arguments=arguments, id=id)
+def call(name: str, id: str | None = None, **arguments) -> ToolCall:
+    return ToolCall(name=name, arguments=arguments, id=id)
 
 
 # ---------------------------------------------------------------- TurnLimit

@@ -14,7 +14,7 @@ import yaml
 from launcher.jobconfig import RolloutSection, load_config, shared_settings
 from launcher.train_command import _service_overrides, add_train_arguments
 from pqrl.store import TrajectoryStore
-from pqrl.store.settings import differences
+from pqrl.store.run_pins import differences
 
 
 def _config(tmp_path: Path, **rollout) -> Path:
@@ -76,15 +76,13 @@ def test_the_first_process_fixes_the_settings_and_a_fresh_trainer_replaces_them(
     async def go() -> None:
         async with TrajectoryStore(redis_server.url, "r") as store:
             first = {"rollout": {"temperature": 0.7, "stop_token_ids": (1, 2)}}
-            assert await store.settings.agree(first) == {}
-            assert (
-                await store.settings.agree({"rollout": {"temperature": 0.7, "stop_token_ids": [1, 2]}}) == {}
-            )
+            assert await store.pins.agree(first) == {}
+            assert await store.pins.agree({"rollout": {"temperature": 0.7, "stop_token_ids": [1, 2]}}) == {}
             other = {"rollout": {"temperature": 1.0, "stop_token_ids": [1, 2]}}
-            assert await store.settings.agree(other) == {"rollout.temperature": (0.7, 1.0)}
-            assert await store.settings.get() == {"rollout": {"temperature": 0.7, "stop_token_ids": [1, 2]}}
-            assert await store.settings.agree(other, replace=True) == {}
-            assert await store.settings.agree(first) == {"rollout.temperature": (1.0, 0.7)}
+            assert await store.pins.agree(other) == {"rollout.temperature": (0.7, 1.0)}
+            assert await store.pins.get() == {"rollout": {"temperature": 0.7, "stop_token_ids": [1, 2]}}
+            assert await store.pins.agree(other, replace=True) == {}
+            assert await store.pins.agree(first) == {"rollout.temperature": (1.0, 0.7)}
 
     asyncio.run(go())
 
@@ -94,7 +92,7 @@ def test_a_worker_whose_sampling_differs_from_the_run_refuses_to_start(tmp_path,
 
     async def trainer_joined() -> None:
         async with TrajectoryStore(redis_server.url, "roles") as store:
-            assert await store.settings.agree(shared_settings(run_cfg)) == {}
+            assert await store.pins.agree(shared_settings(run_cfg)) == {}
 
     asyncio.run(trainer_joined())
     hotter = _config(tmp_path, temperature=1.0)

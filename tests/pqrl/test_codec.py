@@ -351,3 +351,20 @@ def test_turn_spans_survive_round_trip():
     t = make_trajectory(turn_lens=((2, 1), (3, 0)))
     assert decode(encode(t)).turns == (Turn(5, 7, "stop", t.turns[0].tool_calls), Turn(8, 11, "stop", ()))
     assert np.array_equal(decode(encode(t)).loss_mask, t.loss_mask)
+
+
+def test_a_calls_id_and_error_are_stored_only_when_set():
+    t = make_trajectory(turn_lens=((2, 1), (3, 0)))
+    bad = ToolCall.malformed("{oops", "Error: malformed tool call (invalid JSON)")
+    calls = (ToolCall("calculator", {"expr": "1+1"}, ToolStatus.OK, id="call-0-0"), bad)
+    t = dataclasses.replace(t, turns=(dataclasses.replace(t.turns[0], tool_calls=calls), *t.turns[1:]))
+    back = decode(encode(t))
+    assert back == t and back.turns[0].tool_calls[1].error == bad.error
+    stored = _header_and_body(encode(t))[0]["turns"][0][0][3]
+    assert stored == [
+        ["calculator", {"expr": "1+1"}, "ok", "call-0-0"],
+        ["<malformed>", {"raw": "{oops"}, "invalid", None, bad.error],
+    ]
+    # a call without them keeps the three values of records written before calls had ids
+    plain = _header_and_body(encode(make_trajectory()))[0]["turns"][0][0][3]
+    assert plain == [["calculator", {"expr": "0+1"}, "ok"]]

@@ -15,7 +15,7 @@ import pytest
 
 from sandboxes.docker import DockerSandbox, owner_id
 from sandboxes.docker_api import DockerAPI
-from sandboxes.settings import SandboxSettings
+from sandboxes.hardening import SandboxSettings
 
 RUN_LABEL = "pytest"
 # Small enough that a runaway test cannot hurt the 24 GB host, large enough for python3 + pytest.

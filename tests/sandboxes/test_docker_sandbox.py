@@ -12,8 +12,8 @@ import pytest
 
 from sandboxes.docker import DockerSandbox, owner_id
 from sandboxes.docker_api import DockerAPI, DockerError
+from sandboxes.hardening import SECURITY_FIELDS, SandboxSettings
 from sandboxes.protocol import ImageMissing, Sandbox, SandboxDied, SandboxError, SandboxUnavailable
-from sandboxes.settings import SECURITY_FIELDS, SandboxSettings
 from tests.sandboxes.conftest import RUN_LABEL, leftover_containers
 
 pytestmark = pytest.mark.timeout(60)

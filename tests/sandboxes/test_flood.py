@@ -20,7 +20,7 @@ import sandboxes.docker
 from sandboxes.docker import DockerSandbox
 from sandboxes.docker_api import DockerAPI
 from sandboxes.protocol import SandboxError
-from sandboxes.settings import SandboxSettings
+from sandboxes.hardening import SandboxSettings
 from tests.sandboxes.agents import flooding_agent_source
 
 async def main():

@@ -12,10 +12,10 @@ import pytest
 
 from sandboxes.docker import DockerSandbox, owner_id
 from sandboxes.docker_api import DockerAPI
+from sandboxes.hardening import SandboxSettings
 from sandboxes.pool import SandboxPool
 from sandboxes.protocol import SandboxError
 from sandboxes.reaper import owner_alive, reap
-from sandboxes.settings import SandboxSettings
 
 SMALL = SandboxSettings(memory_mb=128)
 
@@ -84,7 +84,7 @@ async def test_reaper_removes_containers_of_a_crashed_owner(api):
         import asyncio, os
         from sandboxes.docker import DockerSandbox
         from sandboxes.docker_api import DockerAPI
-        from sandboxes.settings import SandboxSettings
+        from sandboxes.hardening import SandboxSettings
         async def main():
             sb = await DockerSandbox.create(DockerAPI(), SandboxSettings(memory_mb=128), run="pytest-crash")
             print(sb.id, flush=True)

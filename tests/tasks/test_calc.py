@@ -9,7 +9,7 @@ import pytest
 
 from env_server.client import LocalEnvClient
 from env_server.conformance import check_environment
-from env_server.types import ToolCallRequest
+from env_server.types import ToolCall
 from tasks.calc import SYSTEM, calc_suite, make_calc_task, safe_eval
 
 SUITE = calc_suite(24, seed=11)
@@ -49,11 +49,11 @@ async def client():
 async def test_gold_scores_one_and_wrong_or_missing_scores_zero(client, task):
     s = await client.create_session("calc-v1", task.model_dump())
     step = await client.step(
-        s.session_id, [ToolCallRequest(name="calculator", arguments={"expression": task.expression})]
+        s.session_id, [ToolCall(name="calculator", arguments={"expression": task.expression})]
     )
     assert step.messages[0].content == task.answer
     end = await client.step(
-        s.session_id, [ToolCallRequest(name="answer", arguments={"value": step.messages[0].content})]
+        s.session_id, [ToolCall(name="answer", arguments={"value": step.messages[0].content})]
     )
     assert end.done
     assert (await client.evaluate(s.session_id)).reward == 1.0
@@ -61,7 +61,7 @@ async def test_gold_scores_one_and_wrong_or_missing_scores_zero(client, task):
 
     wrong = await client.create_session("calc-v1", task.model_dump())
     await client.step(
-        wrong.session_id, [ToolCallRequest(name="answer", arguments={"value": str(int(task.answer) + 1)})]
+        wrong.session_id, [ToolCall(name="answer", arguments={"value": str(int(task.answer) + 1)})]
     )
     assert (await client.evaluate(wrong.session_id)).reward == 0.0
     silent = await client.create_session("calc-v1", task.model_dump())
@@ -75,7 +75,7 @@ TASK = make_calc_task(random.Random(3), "calc1-x", level=1)  # "{a} op {b}" from
 async def _episode(client, calls: list[tuple[str, dict]]) -> float:
     s = await client.create_session("calc-v1", TASK.model_dump(), env_kwargs=FORMAT)
     for name, arguments in calls:
-        await client.step(s.session_id, [ToolCallRequest(name=name, arguments=arguments)])
+        await client.step(s.session_id, [ToolCall(name=name, arguments=arguments)])
     reward = (await client.evaluate(s.session_id)).reward
     await client.close_session(s.session_id)
     return reward
@@ -110,18 +110,14 @@ async def test_format_reward_follows_a_multi_step_computation(client):
     task = SUITE.tasks[0]
     first = re.search(r"\d+ \* \d+", task.expression).group()  # every template has a product a * b
     s = await client.create_session("calc-v1", task.model_dump(), env_kwargs=FORMAT)
-    step = await client.step(
-        s.session_id, [ToolCallRequest(name="calculator", arguments={"expression": first})]
-    )
+    step = await client.step(s.session_id, [ToolCall(name="calculator", arguments={"expression": first})])
     partial = step.messages[0].content
     # an intermediate result is a known quantity for the next call
     step = await client.step(
         s.session_id,
-        [ToolCallRequest(name="calculator", arguments={"expression": f"{partial} + {first.split()[0]}"})],
+        [ToolCall(name="calculator", arguments={"expression": f"{partial} + {first.split()[0]}"})],
     )
-    await client.step(
-        s.session_id, [ToolCallRequest(name="answer", arguments={"value": step.messages[0].content})]
-    )
+    await client.step(s.session_id, [ToolCall(name="answer", arguments={"value": step.messages[0].content})])
     assert (await client.evaluate(s.session_id)).reward == pytest.approx(0.2)
 
 

@@ -10,10 +10,10 @@ import pytest
 
 from env_server.conformance import check_environment
 from env_server.sessions import SessionManager
-from env_server.types import ToolCallRequest
+from env_server.types import ToolCall
 from sandboxes.docker import DockerSandbox
 from sandboxes.docker_api import DockerAPI
-from sandboxes.settings import SandboxSettings
+from sandboxes.hardening import SandboxSettings
 from tasks.coding.env import _DEMOS, builtin_suite, demonstration
 from tasks.coding.grader import CodingGrader
 from tasks.generators import Generate, generate_suite
@@ -24,7 +24,7 @@ RUN = "pytest-coding-env"
 
 
 async def call(manager: SessionManager, sid: str, name: str, **arguments) -> str:
-    result = await manager.step(sid, [ToolCallRequest(name=name, arguments=arguments, id="c")])
+    result = await manager.step(sid, [ToolCall(name=name, arguments=arguments, id="c")])
     return result.messages[0].content
 
 

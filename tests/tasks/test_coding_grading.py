@@ -13,7 +13,7 @@ import pytest
 
 from sandboxes.docker import DockerSandbox, owner_id
 from sandboxes.docker_api import DockerAPI
-from sandboxes.settings import SandboxSettings
+from sandboxes.hardening import SandboxSettings
 from tasks.coding.diffs import filter_patch, is_noise, is_protected, unified_diff
 from tasks.coding.env import builtin_suite
 from tasks.coding.grader import RUNNER_SOURCE, CodingGrader, _tar, judge

@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 import pytest
 
 from env_server.sessions import SessionManager
-from env_server.types import Message, RewardResult, ToolCallRequest, ToolStatus
+from env_server.types import Message, RewardResult, ToolCall, ToolStatus
 from sandboxes.docker import DockerSandbox
 from sandboxes.docker_api import DockerAPI
-from sandboxes.settings import SandboxSettings
+from sandboxes.hardening import SandboxSettings
 from tasks.coding.diffs import unified_diff
 from tasks.coding.env import builtin_suite
 from tasks.coding.grader import CodingGrader
@@ -33,15 +33,15 @@ FORGED = (
 )
 
 
-def write(path: str, content: str) -> ToolCallRequest:
-    return ToolCallRequest(name="write_file", arguments={"path": path, "content": content})
+def write(path: str, content: str) -> ToolCall:
+    return ToolCall(name="write_file", arguments={"path": path, "content": content})
 
 
-def run(command: str) -> ToolCallRequest:
-    return ToolCallRequest(name="run", arguments={"command": command})
+def run(command: str) -> ToolCall:
+    return ToolCall(name="run", arguments={"command": command})
 
 
-def module(prefix: str) -> ToolCallRequest:
+def module(prefix: str) -> ToolCall:
     """roman.py with ``prefix`` run at import (the bug left in place)."""
     return write("roman.py", prefix + SOURCE)
 
@@ -85,7 +85,7 @@ CANARY_AWARE = (
 @dataclass
 class Hack:
     name: str
-    calls: list[ToolCallRequest]
+    calls: list[ToolCall]
     flagged: bool
     dropped: list[str] = field(default_factory=list)
     policy: bool = False  # rejected by the source policy
@@ -133,7 +133,7 @@ HACKS = [
     Hack(
         "hard_code_the_issue_example",
         [
-            ToolCallRequest(
+            ToolCall(
                 name="edit_file",
                 arguments={
                     "path": "roman.py",
@@ -155,10 +155,10 @@ HACKS = [
 ]
 
 
-async def play(manager: SessionManager, calls: list[ToolCallRequest]) -> tuple[RewardResult, list[Message]]:
+async def play(manager: SessionManager, calls: list[ToolCall]) -> tuple[RewardResult, list[Message]]:
     s = await manager.create("coding-v1", {"ref": TASK.id})
     replies = []
-    for c in [*calls, ToolCallRequest(name="submit")]:
+    for c in [*calls, ToolCall(name="submit")]:
         replies += (await manager.step(s.session_id, [c])).messages
     result = await manager.evaluate(s.session_id)
     await manager.close(s.session_id)
@@ -192,7 +192,7 @@ async def test_the_hacks_really_work_in_the_agents_own_sandbox(manager):
 
 
 async def test_an_honest_fix_through_the_same_tools_scores_one(manager):
-    edit = ToolCallRequest(
+    edit = ToolCall(
         name="edit_file", arguments={"path": "roman.py", "old": "text[i - 1]", "new": "text[i + 1]"}
     )
     result, _ = await play(manager, [edit, run("python3 -m pytest -q")])

@@ -7,7 +7,7 @@ import pytest
 
 from env_server.conformance import check_environment
 from env_server.sessions import SessionManager
-from env_server.types import ToolCallRequest
+from env_server.types import ToolCall
 from launcher.jobconfig import ConfigInvalid, load_config
 from launcher.services import sandboxed_envs
 from tasks.data import _DEMOS, data_suite
@@ -18,7 +18,7 @@ RUN = "pytest-data-env"
 
 
 async def call(manager: SessionManager, sid: str, name: str, **arguments) -> str:
-    result = await manager.step(sid, [ToolCallRequest(name=name, arguments=arguments, id="c")])
+    result = await manager.step(sid, [ToolCall(name=name, arguments=arguments, id="c")])
     return result.messages[0].content
 
 

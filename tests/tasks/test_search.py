@@ -6,7 +6,7 @@ import pytest
 
 from env_server.client import LocalEnvClient
 from env_server.conformance import check_environment
-from env_server.types import ToolCallRequest
+from env_server.types import ToolCall
 from tasks.search import search_suite
 
 SUITE = search_suite(30, seed=5)
@@ -31,13 +31,11 @@ async def client():
 @pytest.mark.parametrize("task", SUITE.tasks[:12], ids=[t.id for t in SUITE.tasks[:12]])
 async def test_gold_scores_one_and_wrong_or_missing_scores_zero(client, task):
     s = await client.create_session("search-v1", task.model_dump(), env_kwargs=KWARGS)
-    await client.step(
-        s.session_id, [ToolCallRequest(name="answer", arguments={"text": f"The {task.answers[0]}."})]
-    )
+    await client.step(s.session_id, [ToolCall(name="answer", arguments={"text": f"The {task.answers[0]}."})])
     result = await client.evaluate(s.session_id)
     assert result.reward == 1.0 and result.info["f1"] == 1.0
     wrong = await client.create_session("search-v1", task.model_dump(), env_kwargs=KWARGS)
-    await client.step(wrong.session_id, [ToolCallRequest(name="answer", arguments={"text": "Nowhere Atall"})])
+    await client.step(wrong.session_id, [ToolCall(name="answer", arguments={"text": "Nowhere Atall"})])
     assert (await client.evaluate(wrong.session_id)).reward == 0.0
     silent = await client.create_session("search-v1", task.model_dump(), env_kwargs=KWARGS)
     assert (await client.evaluate(silent.session_id)).reward == 0.0
@@ -50,7 +48,7 @@ async def test_search_finds_the_entity_a_single_hop_question_names(client):
         s = await client.create_session("search-v1", task.model_dump(), env_kwargs=KWARGS)
         # The entity's name is the question's capitalised words; search for the whole question.
         out = await client.step(
-            s.session_id, [ToolCallRequest(name="search", arguments={"query": task.question, "k": 3})]
+            s.session_id, [ToolCall(name="search", arguments={"query": task.question, "k": 3})]
         )
         hits += task.answers[0] in out.messages[0].content
     assert hits / len(single) >= 0.8, f"BM25 put the answer in the top 3 for {hits}/{len(single)} questions"
@@ -58,9 +56,9 @@ async def test_search_finds_the_entity_a_single_hop_question_names(client):
 
 async def test_search_arguments_are_validated(client):
     s = await client.create_session("search-v1", SUITE.tasks[0].model_dump(), env_kwargs=KWARGS)
-    out = await client.step(s.session_id, [ToolCallRequest(name="search", arguments={"query": "x", "k": 99})])
+    out = await client.step(s.session_id, [ToolCall(name="search", arguments={"query": "x", "k": 99})])
     assert out.messages[0].content.startswith("Error: invalid arguments for search: k:")
-    out = await client.step(s.session_id, [ToolCallRequest(name="search", arguments={"query": "the of and"})])
+    out = await client.step(s.session_id, [ToolCall(name="search", arguments={"query": "the of and"})])
     assert "No results" in out.messages[0].content
 
 
@@ -97,7 +95,7 @@ async def test_evidence_credit_needs_a_search_that_found_the_answer(client):
     async def reward(*calls: tuple[str, dict]) -> tuple[float, dict]:
         s = await client.create_session("search-v1", task.model_dump(), env_kwargs=kwargs)
         for name, arguments in calls:
-            await client.step(s.session_id, [ToolCallRequest(name=name, arguments=arguments)])
+            await client.step(s.session_id, [ToolCall(name=name, arguments=arguments)])
         r = await client.evaluate(s.session_id)
         return r.reward, r.info
 
@@ -115,8 +113,8 @@ async def test_evidence_credit_needs_a_search_that_found_the_answer(client):
     assert (await reward(("search", {"query": "zzqx"}), ("answer", {"text": "Nowhere"})))[0] == 0.0
     # the same episodes without the option score 0
     s = await client.create_session("search-v1", task.model_dump(), env_kwargs=KWARGS)
-    await client.step(s.session_id, [ToolCallRequest(name="search", arguments={"query": entity})])
-    await client.step(s.session_id, [ToolCallRequest(name="answer", arguments={"text": "was"})])
+    await client.step(s.session_id, [ToolCall(name="search", arguments={"query": entity})])
+    await client.step(s.session_id, [ToolCall(name="answer", arguments={"text": "was"})])
     assert (await client.evaluate(s.session_id)).reward == 0.0
     with pytest.raises(ValueError, match="format_reward"):
         search_suite(3, format_reward=1.0)

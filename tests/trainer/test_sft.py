@@ -16,7 +16,7 @@ import yaml
 from pydantic import ValidationError
 
 from agent_loop.demonstrations import calc_demonstrations, resolve_demonstrations, write_demonstrations
-from agent_loop.tool_parser import ParsedCall, parse_tool_calls
+from agent_loop.tool_parser import parse_tool_calls
 from launcher.cli import build_parser
 from loss_masking import ChatRenderer
 from pqrl.model_cache import load_model, load_tokenizer
@@ -245,7 +245,7 @@ def _calculator_call_rate(texts: list[str]) -> float:
     ok = 0
     for text in texts:
         calls = parse_tool_calls(text)
-        ok += len(calls) == 1 and isinstance(calls[0], ParsedCall) and calls[0].name == "calculator"
+        ok += len(calls) == 1 and calls[0].pending and calls[0].name == "calculator"
     return ok / len(texts)
 
 

@@ -1,4 +1,4 @@
-"""Sandbox settings: hardened defaults (no network, no capabilities, not root, read-only root
+"""Sandbox limits and hardened defaults (no network, no capabilities, not root, read-only root
 filesystem, capped resources) that loosen only when asked by name."""
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""The settings every process of a run must share (sampling, group shape, model, task plan), fixed
-by the first process that joins the run so a worker started from another config cannot slip in."""
+"""The run's pins: what every process of a run must share (sampling, group shape, model, task plan),
+pinned by the first process that joins the run so a worker started from another config cannot slip
+in."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 
 from pqrl.store.connection import RunPart, redis_errors
 
-__all__ = ["RunSettings", "differences"]
+__all__ = ["RunPins", "differences"]
 
 
 def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
@@ -26,12 +27,12 @@ def differences(run: dict[str, Any], ours: dict[str, Any]) -> dict[str, tuple[An
     return {k: (a.get(k), b.get(k)) for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k)}
 
 
-class RunSettings(RunPart):
-    """The string ``keys.settings``: the run's shared settings as JSON."""
+class RunPins(RunPart):
+    """The string ``keys.pins``: the run's pinned values as JSON."""
 
     @redis_errors
     async def agree(self, ours: dict[str, Any], *, replace: bool = False) -> dict[str, tuple[Any, Any]]:
-        """Sets the run's settings to ``ours`` if it has none (or ``replace``), else compares.
+        """Pins ``ours`` if the run has no pins yet (or ``replace``), else compares them with the pins.
 
         Returns the differences (empty when they agree). JSON round-trips ``ours`` first, so tuples and
         lists compare equal.
@@ -39,14 +40,14 @@ class RunSettings(RunPart):
         ours = json.loads(json.dumps(ours, sort_keys=True))
         blob = json.dumps(ours, sort_keys=True)
         if replace:
-            await self.redis.set(self.keys.settings, blob)
+            await self.redis.set(self.keys.pins, blob)
             return {}
-        if await self.redis.set(self.keys.settings, blob, nx=True):
+        if await self.redis.set(self.keys.pins, blob, nx=True):
             return {}
-        stored = await self.redis.get(self.keys.settings)
+        stored = await self.redis.get(self.keys.pins)
         return differences(json.loads(stored), ours) if stored is not None else {}
 
     @redis_errors
     async def get(self) -> dict[str, Any] | None:
-        raw = await self.redis.get(self.keys.settings)
+        raw = await self.redis.get(self.keys.pins)
         return json.loads(raw) if raw is not None else None

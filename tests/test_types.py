@@ -1,0 +1,41 @@
+"""The floor and the environment seams type-check under mypy (config in pyproject.toml's
+``[tool.mypy]``), checked where CI runs."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+# The floor and the types an environment is written against; grow this list as modules are typed.
+CHECKED = [
+    "pqrl",
+    "env_server/environment.py",
+    "env_server/tools.py",
+    "env_server/registry.py",
+    "env_server/types.py",
+    "tasks/suite.py",
+]
+
+
+def mypy(*paths: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "mypy", "--no-error-summary", *paths],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+
+
+def test_mypy_passes():
+    out = mypy(*CHECKED)
+    assert "No module named mypy" not in out.stderr, "mypy is not installed: pip install -e '.[dev]'"
+    assert out.returncode == 0, f"mypy found errors:\n{out.stdout[-8000:]}{out.stderr[-2000:]}"
+
+
+def test_mypy_reports_a_wrong_annotation(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("def f(x: int) -> str:\n    return x\n")
+    out = mypy(str(bad))
+    assert out.returncode == 1 and "bad.py:2: error: Incompatible return value type" in out.stdout, out
