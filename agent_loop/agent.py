@@ -25,8 +25,7 @@ import numpy as np
 
 from agent_loop.config import EpisodeConfig
 from agent_loop.tool_parser import parse_tool_calls
-from engine.protocol import Engine
-from engine.sampling import SamplingParams
+from engine.protocol import Engine, SamplingParams
 from env_server.client import EnvClient, EnvUnavailable
 from env_server.sessions import EnvServerError, InfraFailure
 from env_server.types import Message, Observation

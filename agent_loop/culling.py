@@ -15,8 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from engine.protocol import Engine
-from engine.types import Generation, SamplingParams
+from engine.protocol import Engine, Generation, SamplingParams
 from pqrl.staleness import MIN_GROUP_EPISODES, within_staleness
 
 __all__ = ["GroupWatch", "VersionTap"]

@@ -24,8 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from agent_loop.agent import EpisodeConfig, run_episode
-from engine.protocol import Engine
-from engine.types import FinishReason, Generation, SamplingParams
+from engine.protocol import Engine, FinishReason, Generation, SamplingParams
 from env_server.client import EnvClient, LocalEnvClient
 from env_server.tools import tool_call_text
 from loss_masking import ChatRenderer

@@ -34,8 +34,7 @@ from typing import Any
 from agent_loop.agent import failed_trajectory, run_episode
 from agent_loop.config import ManagerConfig
 from agent_loop.culling import GroupWatch
-from engine.errors import EngineError
-from engine.protocol import Engine
+from engine.protocol import CatchesUpFromDisk, Engine, EngineError
 from env_server.client import EnvClient
 from loss_masking import ChatRenderer
 from pqrl.store import StoreUnavailable, TaskEntry, TrajectoryStore
@@ -215,14 +214,13 @@ class RolloutManager:
         the run's current ones on every engine that serves an older version (disk weight sync only:
         a process-group sync reaches a new engine at the trainer's next step). Looked at most every
         few seconds; a failure leaves it for the next look."""
-        catch_up = getattr(self.engine, "catch_up_from_disk", None)
-        if catch_up is None or time.monotonic() - self._weights_checked < 2.0:
+        if not isinstance(self.engine, CatchesUpFromDisk) or time.monotonic() - self._weights_checked < 2.0:
             return
         self._weights_checked = time.monotonic()
         try:
             policy = await self.store.policy.get()
             if policy.version > 0 and policy.weights and "://" not in policy.weights:
-                for url in await catch_up(policy.weights, policy.version):
+                for url in await self.engine.catch_up_from_disk(policy.weights, policy.version):
                     log.warning("engine %s was behind: now serves policy v%d", url, policy.version)
         except (EngineError, StoreUnavailable) as e:
             self._tell("could not bring the engines to the current policy", str(e))

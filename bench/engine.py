@@ -54,7 +54,7 @@ def _start_server(port: int, device: str) -> subprocess.Popen:
     code = (
         "import argparse, sys\n"
         "from engine.config import add_serve_arguments\n"
-        "from engine.serve import serve\n"
+        "from engine.serve_command import serve\n"
         "p = argparse.ArgumentParser(); add_serve_arguments(p)\n"
         "sys.exit(serve(p.parse_args(sys.argv[1:])))\n"
     )

@@ -37,11 +37,11 @@ def held_out(cfg: Any, n: int) -> Any:
 async def _greedy(
     suite: Any, model: str, cfg: Any, env_url: str | None, token: str | None
 ) -> dict[str, bool]:
-    from agent_loop.commands import local_engine
     from agent_loop.evaluation import evaluate
     from engine.client import EngineClient
     from env_server.client import HttpEnvClient, LocalEnvClient
     from launcher.jobconfig import episode_config
+    from launcher.rollout_commands import local_engine
     from loss_masking import ChatRenderer
     from pqrl.model_cache import load_tokenizer
 

@@ -7,21 +7,14 @@ step for every running row. Rows finish individually (stop token, stop string, `
 context limit) and leave the batch; new rows join at the next call. Nothing here is asynchronous or
 thread-safe: the caller (``engine.scheduler``) serializes ``step`` with the control
 operations (abort, retract, weight loading), so every control operation lands between decode steps.
-
-Logprob convention (SGLang's): the logprob of a sampled token is
-``log_softmax(logits / T)`` at that token, without top-p/top-k renormalization. Temperature 0 means
-greedy decoding, and its logprob is then taken under T = 1 (SGLang samples greedy rows as T = 1,
-top_k = 1, and reports the same).
+Tokens are drawn by ``engine.token_sampling`` (whose docstring gives the logprob convention); new
+weights come in through ``engine.weights_loading``.
 
 Determinism: every sequence samples with its own ``torch.Generator``, seeded by
 ``SamplingParams.sampling_seed`` when given, else by a seed drawn from the engine's seeded RNG in
 admission order. So a request with a ``sampling_seed`` samples the same tokens whatever else is in
 the batch (up to the float noise of different batch shapes), and a whole run is reproducible given
 the engine seed and the order of requests.
-
-New weights come from a checkpoint directory (``load_weights``) or as one broadcast per tensor from a
-trainer over a process group of their own (``pqrl.collective.init_weights_group``, ``receive_weights``:
-SGLang's NCCL path, which gloo carries on CPU); ``load_state`` checks a whole set before copying any of it.
 
 Prefix sharing: identical prompts admitted together (a GRPO group's G copies) are prefilled once and
 their KV copied to each row; and a prompt that starts like a sequence computed before (the same
@@ -32,8 +25,8 @@ so reused KV is always what a fresh prefill would compute.
 Deliberately left out: chunked prefill, paged KV memory, CUDA graphs, speculative decoding,
 input-token logprobs, penalties.
 
-Imports only torch, transformers (and safetensors, which transformers requires), the standard library,
-``engine.sampling`` and ``pqrl.collective`` (both standard library only), so it runs on a bare GPU box.
+Imports only torch, transformers (and safetensors, which transformers requires), the standard library
+and the engine modules above (torch and the standard library only), so it runs on a bare GPU box.
 """
 
 from __future__ import annotations
@@ -41,7 +34,6 @@ from __future__ import annotations
 import inspect
 import random
 import time
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,19 +44,11 @@ import torch.nn.functional as F
 from engine.kv_cache import cache_from, kv_layers, new_cache
 from engine.prefix_cache import KV, PrefixCache, common_prefix_len
 from engine.sampling import SamplingParams
-from pqrl.collective import broadcast_from_rank0
+from engine.token_sampling import sample_tokens
+from engine.weights_loading import load_state_dict
 
-__all__ = [
-    "BatchEngine",
-    "EngineStats",
-    "Sequence",
-    "load_state_dict",
-    "parse_dtype",
-    "receive_weights",
-    "sample_tokens",
-]
+__all__ = ["BatchEngine", "EngineStats", "Sequence"]
 
-_GREEDY_EPS = 1e-6  # temperatures below this decode greedily (SGLang's threshold)
 _TRIM_MIN_COLUMNS = 32  # drop all-padding KV columns once this many pile up at the left
 _MIN_STEM = 32  # shorter common starts are not worth a forward pass of their own
 
@@ -103,92 +87,6 @@ class EngineStats:
     prefill_s: float = 0.0  # wall time in prefills (shared stems included)
     decode_s: float = 0.0  # wall time in decode steps (sampling and stop checks included)
     decode_rows: int = 0  # rows summed over decode steps (over decode_steps: the mean batch)
-
-
-def load_state_dict(model_path: str | Path, device: torch.device) -> dict[str, torch.Tensor]:
-    """All tensors of the ``*.safetensors`` files in a Hugging Face model directory."""
-    from safetensors.torch import load_file
-
-    files = sorted(Path(model_path).glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"no *.safetensors files in {model_path}")
-    state: dict[str, torch.Tensor] = {}
-    for f in files:
-        state.update(load_file(str(f), device=str(device)))
-    return state
-
-
-# -- weights broadcast by a trainer (SGLang's update_weights_from_distributed) ----------------------
-
-
-def parse_dtype(name: str) -> torch.dtype:
-    """``"bfloat16"`` (SGLang's wire form) or ``"torch.bfloat16"`` as a torch dtype."""
-    dtype = getattr(torch, name.removeprefix("torch."), None)
-    if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"unknown dtype {name!r}")
-    return dtype
-
-
-def receive_weights(
-    group: Any,
-    names: list[str],
-    dtypes: list[torch.dtype],
-    shapes: list[list[int]],
-    device: torch.device | str,
-) -> dict[str, torch.Tensor]:
-    """Receives one broadcast from rank 0 per ``(name, dtype, shape)``, in that order.
-
-    Everything is received before anything is checked, so the sender never waits on a rejected
-    update; then ``ValueError`` if a name repeats.
-    """
-    tensors = [
-        torch.empty(shape, dtype=dtype, device=device) for dtype, shape in zip(dtypes, shapes, strict=True)
-    ]
-    broadcast_from_rank0(group, tensors)
-    repeated = sorted(n for n, k in Counter(names).items() if k > 1)
-    if repeated:
-        raise ValueError(f"tensor names sent more than once: {repeated[:5]}")
-    return dict(zip(names, tensors, strict=True))
-
-
-def sample_tokens(
-    logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Samples one token per row and returns ``(tokens, logprobs)``, both of shape ``[B]``.
-
-    ``logprobs`` is ``log_softmax(logits / T)`` at the chosen token; top-k/top-p only restrict which
-    tokens may be drawn (SGLang's convention). Greedy rows (T = 0) take the argmax, logprob at T = 1.
-    """
-    logits = logits.float()
-    B, V = logits.shape
-    dev = logits.device
-    temps = torch.tensor([p.temperature for p in params], device=dev, dtype=torch.float32)
-    greedy = temps < _GREEDY_EPS
-    logp = torch.log_softmax(logits / torch.where(greedy, 1.0, temps)[:, None], dim=-1)
-    tokens = logits.argmax(dim=-1)
-    rows = [i for i, g in enumerate(greedy.tolist()) if not g]  # one device sync, not B
-    if rows:
-        idx = torch.tensor(rows, device=dev)
-        probs = logp[idx].exp()
-        top_k = torch.tensor([params[i].top_k if params[i].top_k > 0 else V for i in rows], device=dev)
-        top_p = torch.tensor([params[i].top_p for i in rows], device=dev, dtype=torch.float32)
-        order = None
-        if bool((top_k < V).any() or (top_p < 1.0).any()):
-            # Keep the top-k tokens, then the smallest prefix whose mass reaches top_p (the first token
-            # always stays); the kept probabilities are not renormalized: multinomial does not need it.
-            probs, order = probs.sort(dim=-1, descending=True)
-            ranks = torch.arange(V, device=dev)[None, :]
-            keep = (ranks < top_k[:, None]) & ((probs.cumsum(-1) - probs) < top_p[:, None])
-            probs = torch.where(keep, probs, 0.0)
-        # Inverse-CDF sampling, one uniform per row from the row's own generator (a loop of
-        # multinomial calls costs ~1 ms per row on CPU); float64 keeps the tail's mass exact enough.
-        u = torch.stack([torch.rand((), generator=generators[i], device=dev) for i in rows]).double()
-        cdf = probs.double().cumsum(dim=-1)
-        pick = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).clamp(max=V - 1)
-        if order is not None:
-            pick = order.gather(1, pick)
-        tokens[idx] = pick[:, 0]
-    return tokens, logp.gather(1, tokens[:, None])[:, 0]
 
 
 class BatchEngine:

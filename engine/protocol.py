@@ -3,6 +3,10 @@
 ``engine.client.EngineClient`` implements it over HTTP (the built-in engine or SGLang); stand-ins
 (the scripted expert of ``agent_loop.demonstrations``, benchmark simulators) implement it directly.
 Weight updates and server control are the trainer's business and stay on ``EngineClient``.
+
+This module is the agent loop's one way into the engine package, so it also names the data types
+the interface speaks in: ``SamplingParams`` in, ``Generation`` (with its ``FinishReason``) out,
+``EngineError`` raised.
 """
 
 from __future__ import annotations
@@ -10,9 +14,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
-from engine.types import Generation, SamplingParams
+from engine.errors import EngineError
+from engine.sampling import SamplingParams
+from engine.types import FinishReason, Generation
 
-__all__ = ["Engine"]
+__all__ = ["CatchesUpFromDisk", "Engine", "EngineError", "FinishReason", "Generation", "SamplingParams"]
 
 
 @runtime_checkable
@@ -35,10 +41,20 @@ class Engine(Protocol):
             rollout_id: calls with the same id belong to one rollout (an engine may keep its prefix).
 
         Raises:
-            engine.errors.EngineError: the engine could not produce the generation.
+            EngineError: the engine could not produce the generation.
         """
         ...
 
     def release(self, rollout_id: str) -> None:
         """The rollout is over: state kept for it (its server, its prefix) may go."""
+        ...
+
+
+@runtime_checkable
+class CatchesUpFromDisk(Protocol):
+    """An engine that can load a run's published weights on those of its servers that serve an older
+    version (``EngineClient``): a server restarted mid-run comes back with its base weights."""
+
+    async def catch_up_from_disk(self, model_path: str, version: int) -> list[str]:
+        """Loads ``model_path`` as ``version`` where a server is behind; returns their URLs."""
         ...

@@ -25,7 +25,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body
 from fastapi.responses import JSONResponse
 
-from engine.batcher import BatchEngine, parse_dtype, receive_weights
+from engine.batcher import BatchEngine
 from engine.scheduler import EngineScheduler
 from engine.types import (
     ControlResponse,
@@ -35,6 +35,7 @@ from engine.types import (
     UpdateWeightsFromDistributedRequest,
     UpdateWeightsResponse,
 )
+from engine.weights_loading import parse_dtype, receive_weights
 from pqrl import collective
 
 __all__ = ["WeightRoutes"]

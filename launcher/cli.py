@@ -172,31 +172,31 @@ def _cmd_tasks(args: argparse.Namespace) -> int:
 
 
 def _cmd_engine_serve(args: argparse.Namespace) -> int:
-    from engine.serve import serve
+    from engine.serve_command import serve
 
     return serve(args)
 
 
 def _cmd_rollout(args: argparse.Namespace) -> int:
-    from agent_loop.commands import rollout
+    from launcher.rollout_commands import rollout
 
     return rollout(args)
 
 
 def _cmd_tasks_filter(args: argparse.Namespace) -> int:
-    from agent_loop.commands import filter_tasks
+    from launcher.rollout_commands import filter_tasks
 
     return filter_tasks(args)
 
 
 def _cmd_trajectories_show(args: argparse.Namespace) -> int:
-    from agent_loop.commands import show_trajectories
+    from launcher.rollout_commands import show_trajectories
 
     return show_trajectories(args)
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from launcher.train_job import train_command
+    from launcher.train_command import train_command
 
     return train_command(args)
 
@@ -324,7 +324,7 @@ def _add_engine(sub: _SubParsers, group: Callable[[str, str], _SubParsers]) -> N
 
 
 def _add_rollout(sub: _SubParsers, group: Callable[[str, str], _SubParsers]) -> None:
-    from agent_loop.commands import add_rollout_arguments  # light: argparse only until called
+    from launcher.rollout_commands import add_rollout_arguments  # light: argparse only until called
     from pqrl.model_cache import DEFAULT_MODEL
 
     ro = sub.add_parser("rollout", help="rollout manager: queued tasks -> groups in the trajectory stream")
@@ -343,7 +343,7 @@ def _add_rollout(sub: _SubParsers, group: Callable[[str, str], _SubParsers]) -> 
 
 def _add_train(sub: _SubParsers, group: Callable[[str, str], _SubParsers]) -> None:
     from launcher.status import add_status_arguments
-    from launcher.train_job import add_train_arguments  # light: no torch until called
+    from launcher.train_command import add_train_arguments  # light: no torch until called
 
     tr = sub.add_parser("train", help="a whole training job from one YAML config (embedded or distributed)")
     add_train_arguments(tr)

@@ -113,7 +113,7 @@ if ! skip model; then
   "$ROOT/.venv/bin/pqrl" model prepare >/dev/null
 fi
 # ---------------------------------------------------------------- 6. SGLang's code, test-only
-# tests/engine/test_sglang_contract.py checks pqrl's requests and launch flags against SGLang's own
+# tests/engine/test_sglang_*.py check pqrl's requests and launch flags against SGLang's own
 # route table, request classes and argument parser. The release pinned in pyproject.toml goes with
 # --no-deps into a folder of its own, never into a venv (its CUDA stack cannot install here), with
 # msgspec, on which its argument parser is built; the test stubs the few other imports it needs.

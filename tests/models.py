@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from engine.batcher import BatchEngine
-from engine.server import create_app
+from engine.http_app import create_app
 from pqrl.model_cache import load_model, load_tokenizer
 from tests.servers import serve_in_thread
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import pytest
 
-from engine.serving import serve_in_thread
+from engine.thread_server import serve_in_thread
 from pqrl.redis_server import free_port, stop_process
 from sandboxes.docker import owner_id
 

@@ -18,6 +18,8 @@ COMPUTE_MODULES = [
     "trainer.step",
     "engine.sampling",
     "engine.config",
+    "engine.token_sampling",
+    "engine.weights_loading",
     "engine.batcher",
     "engine.scheduler",
 ]

@@ -4,7 +4,8 @@ From the bottom: the floor (``pqrl``) imports no other package of the project; `
 ``loss_masking`` and ``engine`` stand on the floor alone; ``env_server`` adds the sandboxes;
 ``tasks`` adds the environments; ``trainer`` sees records, token logic and the engine client, never
 an environment, a sandbox or the rollout code; ``agent_loop`` runs episodes with all of those but
-the trainer; ``launcher`` wires everything. No package imports one of its own layer or above, and no
+the trainer, and sees of the engine only its interface (``engine.protocol``); ``launcher`` wires
+everything. No package imports one of its own layer or above, and no
 two modules import each other, directly or around a longer circle.
 """
 
@@ -40,6 +41,9 @@ ALLOWED: dict[str, set[str]] = {
 }
 # nothing in a sandbox knows what a model is
 MODEL_LIBRARIES = {"torch", "transformers", "accelerate", "gguf"}
+# package -> the only modules of a package below it that it may import: the engine's interface and
+# the data types it speaks in, never the client, the server or the batcher behind it
+ONLY_THROUGH: dict[str, dict[str, set[str]]] = {"agent_loop": {"engine": {"engine.protocol"}}}
 
 
 def _modules() -> dict[str, Path]:
@@ -86,24 +90,42 @@ def imports_of(path: Path, module: str) -> list[tuple[int, str]]:
     return found
 
 
-def _violations() -> list[str]:
+def violations_of(module: str, path: Path) -> list[str]:
     out = []
-    for module, path in MODULES.items():
-        package = module.split(".")[0]
-        for line, target in imports_of(path, module):
-            top = target.split(".")[0]
-            where = f"{path.relative_to(ROOT)}:{line} imports {target}"
-            if top in ALLOWED and top != package and top not in ALLOWED[package]:
-                out.append(
-                    f"{where} ({package} may import {sorted(ALLOWED[package]) or 'no project package'})"
-                )
-            if package == "sandboxes" and top in MODEL_LIBRARIES:
-                out.append(f"{where} (sandboxes know nothing of models)")
+    package = module.split(".")[0]
+    for line, target in imports_of(path, module):
+        top = target.split(".")[0]
+        where = f"{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}:{line} imports {target}"
+        if top in ALLOWED and top != package and top not in ALLOWED[package]:
+            out.append(f"{where} ({package} may import {sorted(ALLOWED[package]) or 'no project package'})")
+        only = ONLY_THROUGH.get(package, {}).get(top)
+        if only is not None and target not in only:
+            out.append(f"{where} ({package} may import of {top} only {sorted(only)})")
+        if package == "sandboxes" and top in MODEL_LIBRARIES:
+            out.append(f"{where} (sandboxes know nothing of models)")
     return out
 
 
 def test_no_import_runs_against_the_layers():
-    assert _violations() == []
+    assert [v for module, path in MODULES.items() for v in violations_of(module, path)] == []
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "from engine.client import EngineClient\n",
+        "from engine.types import Generation\n",
+        "from engine import protocol\n",
+        "def f():\n    import engine.batcher\n",
+    ],
+)
+def test_the_agent_loop_sees_the_engine_only_through_its_interface(tmp_path, source):
+    path = tmp_path / "probe.py"
+    path.write_text("from engine.protocol import Engine, Generation, SamplingParams\n")
+    assert violations_of("agent_loop.probe", path) == []
+    path.write_text(source)
+    assert violations_of("agent_loop.probe", path) != []
+    assert violations_of("trainer.probe", path) == [], "the rule is the agent loop's alone"
 
 
 def test_no_circle_of_imports_between_modules():

@@ -11,11 +11,11 @@ import httpx
 import pytest
 import torch
 
-from engine.batcher import sample_tokens
 from engine.config import EngineConfig, ServeConfig, add_serve_arguments
 from engine.sampling import SamplingParams
-from engine.serve import serve
+from engine.serve_command import serve
 from engine.sglang import SGLangNotInstalled, launch_sglang, sglang_command
+from engine.token_sampling import sample_tokens
 from tests.models import chat_prompt, forced_logprobs, max_abs_diff
 
 MAX_LOGPROB_DIFF = 1e-4

@@ -12,7 +12,7 @@ from pathlib import Path
 import yaml
 
 from launcher.jobconfig import RolloutSection, load_config, shared_settings
-from launcher.train_job import _service_overrides, add_train_arguments
+from launcher.train_command import _service_overrides, add_train_arguments
 from pqrl.store import TrajectoryStore
 from pqrl.store.run_pins import differences
 

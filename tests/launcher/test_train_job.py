@@ -17,7 +17,7 @@ import yaml
 from launcher.cli import main
 from launcher.jobconfig import load_config
 from launcher.ram_weights import ram_weights_dir
-from launcher.trainer_parts import trainer_parts
+from launcher.trainer_build import build_trainer
 from pqrl.store import TrajectoryStore
 from trainer.distributed import DistContext
 
@@ -198,7 +198,7 @@ def test_a_ppo_job_checkpoints_its_critic_and_resumes_with_it(tmp_path):
     assert _train(config)["steps"] == 1
     run = tmp_path / "runs" / "e2e"
     saved = torch.load(run / "checkpoints" / "step-000001" / "critic.pt")
-    parts = trainer_parts(load_config(config), DistContext())  # what a resumed job builds
+    parts = build_trainer(load_config(config), DistContext())  # what a resumed job builds
     assert all(torch.equal(parts.critic.state_dict()[k], v) for k, v in saved.items())
     critic_params = {id(p) for p in parts.critic.parameters()}
     assert critic_params <= {id(p) for g in parts.optimizer.param_groups for p in g["params"]}

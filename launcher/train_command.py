@@ -168,8 +168,8 @@ def _rank(cfg: TrainConfig, args: argparse.Namespace, ctx: Any) -> int:
 
 
 async def _run_job(cfg: TrainConfig, services: dict[str, Any], **how: Any) -> dict[str, Any]:
-    from launcher.job import Job
-    from launcher.training import train
+    from launcher.rollout_side import Job
+    from launcher.trainer_side import train
 
     async with Job(cfg, services, **how) as job:
         return await job.rollout_only() if job.role == "rollout" else await train(job)
@@ -188,14 +188,14 @@ def _trainer_ranks() -> Any:
 
 def _follow(cfg: TrainConfig, ctx: Any) -> int:
     """A rank other than 0: train its share of every step rank 0 announces, until told to stop."""
-    from launcher.trainer_parts import trainer_parts
+    from launcher.trainer_build import build_trainer
     from trainer.ranks import follow
 
     # rank 0 leads the shutdown too (it finishes the step and checkpoints first); a follower stopped
     # by torchrun's SIGTERM would break that step's collectives. If rank 0 dies, they fail at once.
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
-    parts = trainer_parts(cfg, ctx)
+    parts = build_trainer(cfg, ctx)
     steps = follow(parts.model, parts.optimizer, parts.step_cfg, ctx, scheduler=parts.scheduler,
                    ref_model=parts.ref_model)  # fmt: skip
     log.info("rank %d: %d steps trained", ctx.rank, steps)

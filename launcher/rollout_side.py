@@ -1,5 +1,5 @@
 """One training job in this process: its clients (store, engine, environments), its task plan and its
-rollout side; ``launcher.training`` runs the trainer side with it.
+rollout side; ``launcher.trainer_side`` runs the trainer side with it.
 
 ``role`` says what runs here: ``all`` (rollouts and trainer, the embedded default), ``trainer`` or
 ``rollout`` (distributed mode: rollout workers and trainers on different machines, one Redis).

@@ -153,9 +153,9 @@ def _render(tokenizer: Any, t: Any) -> str:
 def local_engine(model: str) -> Iterator[str]:
     """The built-in engine served on a free loopback port from a background thread; yields its URL."""
     from engine.config import EngineConfig
-    from engine.serve import build_engine
-    from engine.server import create_app
-    from engine.serving import serve_in_thread
+    from engine.http_app import create_app
+    from engine.serve_command import build_engine
+    from engine.thread_server import serve_in_thread
 
     with serve_in_thread(create_app(build_engine(EngineConfig(model=model)), model_path=model)) as url:
         yield url

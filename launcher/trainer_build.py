@@ -11,7 +11,7 @@ from typing import Any
 from launcher.jobconfig import TrainConfig, step_config
 from launcher.precision import cpu_has_bf16_matmul
 
-__all__ = ["TrainerParts", "trainer_parts"]
+__all__ = ["TrainerParts", "build_trainer"]
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ def _load_policy(name_or_dir: str, device: Any = "cpu") -> tuple[Any, Any]:
     return load_model(name_or_dir, dtype=torch.float32).to(device), load_tokenizer(name_or_dir)
 
 
-def trainer_parts(cfg: TrainConfig, ctx: Any) -> TrainerParts:
+def build_trainer(cfg: TrainConfig, ctx: Any) -> TrainerParts:
     """The model, optimizer, scheduler and step settings, from the latest checkpoint when there is one."""
     import torch
 

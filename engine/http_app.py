@@ -19,8 +19,9 @@ alike (request and response bodies: ``engine.types``):
 Beyond SGLang, ``meta_info`` carries ``output_token_weight_versions``: the weight version that produced
 each output token, exact even when weights change under a running request (retract / in_place pauses,
 updates without abort). Errors are ``{"error": code, "detail": message}``; ``stream: true`` is
-rejected with 400 (only non-streaming generation is implemented). Batching, sampling and the logprob
-convention are documented in ``engine.batcher``; scheduling in ``engine.scheduler``.
+rejected with 400 (only non-streaming generation is implemented). Batching is documented in
+``engine.batcher``, sampling and the logprob convention in ``engine.token_sampling``, scheduling in
+``engine.scheduler``.
 """
 
 from __future__ import annotations

@@ -15,10 +15,10 @@ import sys
 import time
 from typing import Any
 
-from launcher.job import Job
 from launcher.jobconfig import loop_config
 from launcher.ram_weights import model_bytes, ram_weights_dir
-from launcher.trainer_parts import trainer_parts
+from launcher.rollout_side import Job
+from launcher.trainer_build import build_trainer
 from pqrl.redis_server import free_port
 
 __all__ = ["train"]
@@ -31,7 +31,7 @@ async def train(job: Job) -> dict[str, Any]:
     from trainer.loop import TrainerLoop
     from trainer.ranks import Leader
 
-    parts = trainer_parts(job.cfg, job.ctx)
+    parts = build_trainer(job.cfg, job.ctx)
     if parts.latest is not None:
         log.info("loaded checkpoint %s", parts.latest)
     leader = Leader(job.ctx) if job.ctx.distributed else None

@@ -64,7 +64,7 @@ def run(engine: EngineConfig, options: ServeConfig) -> int:
             return 2
     import uvicorn
 
-    from engine.server import create_app
+    from engine.http_app import create_app
     from pqrl.model_cache import prepare_model
 
     app = create_app(
