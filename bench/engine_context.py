@@ -44,7 +44,7 @@ def measure(context: int, new_tokens: int, matmul_dtype: str) -> dict[str, float
     import torch
 
     from engine.batcher import BatchEngine, Sequence
-    from engine.sampling import SamplingParams
+    from engine.sampling_params import SamplingParams
     from pqrl.model_cache import load_model, load_tokenizer
 
     model = load_model(dtype=torch.float32)

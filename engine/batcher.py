@@ -43,7 +43,7 @@ import torch.nn.functional as F
 
 from engine.kv_cache import cache_from, kv_layers, new_cache
 from engine.prefix_cache import KV, PrefixCache, common_prefix_len
-from engine.sampling import SamplingParams
+from engine.sampling_params import SamplingParams
 from engine.token_sampling import sample_tokens
 from engine.weights_loading import load_state_dict
 

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 from engine.errors import EngineError
-from engine.sampling import SamplingParams
+from engine.sampling_params import SamplingParams
 from engine.types import FinishReason, Generation
 
 __all__ = ["CatchesUpFromDisk", "Engine", "EngineError", "FinishReason", "Generation", "SamplingParams"]

@@ -6,14 +6,14 @@ Logprob convention (SGLang's): the logprob of a sampled token is
 greedy decoding, and its logprob is then taken under T = 1 (SGLang samples greedy rows as T = 1,
 top_k = 1, and reports the same).
 
-Imports only torch and ``engine.sampling`` (standard library only), so it runs on a bare GPU box.
+Imports only torch and ``engine.sampling_params`` (standard library only), so it runs on a bare GPU box.
 """
 
 from __future__ import annotations
 
 import torch
 
-from engine.sampling import SamplingParams
+from engine.sampling_params import SamplingParams
 
 __all__ = ["sample_tokens"]
 

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from engine.errors import EngineError
-from engine.sampling import SamplingParams
+from engine.sampling_params import SamplingParams
 
 __all__ = [
     "AbortRequest",

@@ -16,7 +16,7 @@ COMPUTE_MODULES = [
     "trainer.screening",
     "trainer.batch",
     "trainer.step",
-    "engine.sampling",
+    "engine.sampling_params",
     "engine.config",
     "engine.token_sampling",
     "engine.weights_loading",

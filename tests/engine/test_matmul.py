@@ -12,7 +12,7 @@ import torch
 
 from engine.batcher import BatchEngine, Sequence
 from engine.matmul import BF16Linear, matmul_in_bfloat16
-from engine.sampling import SamplingParams
+from engine.sampling_params import SamplingParams
 from tests.models import chat_prompt, forced_logprobs
 
 

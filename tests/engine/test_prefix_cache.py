@@ -7,7 +7,7 @@ import torch
 
 from engine.batcher import BatchEngine, Sequence
 from engine.prefix_cache import PrefixCache, common_prefix_len
-from engine.sampling import SamplingParams
+from engine.sampling_params import SamplingParams
 from tests.models import chat_prompt, forced_logprobs, max_abs_diff
 
 MAX_LOGPROB_DIFF = 1e-4

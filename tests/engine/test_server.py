@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from engine.config import EngineConfig, ServeConfig, add_serve_arguments
-from engine.sampling import SamplingParams
+from engine.sampling_params import SamplingParams
 from engine.serve_command import serve
 from engine.sglang import SGLangNotInstalled, launch_sglang, sglang_command
 from engine.token_sampling import sample_tokens
@@ -306,7 +306,7 @@ def test_compute_modules_import_without_web_stack():
         "import sys\n"
         "for name in ['fastapi', 'uvicorn', 'httpx', 'pydantic', 'starlette', 'redis', 'msgpack']:\n"
         "    sys.modules[name] = None\n"
-        "import engine.batcher, engine.scheduler, engine.sampling, engine.config\n"
+        "import engine.batcher, engine.scheduler, engine.sampling_params, engine.config\n"
         "print('ok')\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

@@ -11,7 +11,7 @@ import pytest
 from pydantic import ValidationError
 
 from engine.config import EngineConfig, ServeConfig, add_serve_arguments, serve_configs
-from engine.sampling import SamplingParams
+from engine.sampling_params import SamplingParams
 from engine.types import GenerateRequest
 from pqrl.model_cache import DEFAULT_MODEL
 
