@@ -1,9 +1,9 @@
 """Which groups in flight can no longer be trained: the trainer drops an episode whose oldest token is
-more than ``max_staleness`` versions behind its policy, and a group with fewer than two episodes
-left (``pqrl.staleness``). A group admitted within the staleness budget can still fall that far
-behind while a slow episode (a slow tool, a long turn) keeps it open. Generating the rest of it
-wastes the engine's time and holds a place in the staleness gate that a fresh group could use, so
-the manager cancels it.
+more than ``max_staleness`` versions behind its policy, and a group with fewer than
+``MIN_GROUP_EPISODES`` episodes left (both in ``pqrl.staleness``). A group admitted within the
+staleness budget can still fall that far behind while a slow episode (a slow tool, a long turn)
+keeps it open. Generating the rest of it wastes the engine's time and holds a place in the staleness
+gate that a fresh group could use, so the manager cancels it.
 
 ``VersionTap`` sits between one episode and the engine and notes the oldest weight version of the
 tokens it got back; ``GroupWatch`` holds a group's taps and says when the group is hopeless. The
@@ -53,7 +53,8 @@ class GroupWatch:
         self.culled = False
 
     def hopeless(self, policy_version: int, max_staleness: int) -> bool:
-        """True when fewer than two episodes could still be trained at ``policy_version`` or later."""
+        """True when fewer than ``MIN_GROUP_EPISODES`` episodes could still be trained at
+        ``policy_version`` or later."""
         trainable = sum(
             t.oldest is None or within_staleness(t.oldest, policy_version, max_staleness) for t in self.taps
         )

@@ -49,6 +49,7 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from pqrl.staleness import MIN_GROUP_EPISODES  # noqa: E402
 from pqrl.trajectory import Trajectory  # noqa: E402
 from trainer.advantages import grpo_advantages  # noqa: E402
 from trainer.config import StepConfig  # noqa: E402
@@ -98,7 +99,7 @@ def make_batches(n: int, args: argparse.Namespace, vocab: int) -> list[list[list
                 prompt_len=prompt, reward=float(i % 2),
             ))  # fmt: skip
         groups = [trajs[i : i + args.group_size] for i in range(0, len(trajs), args.group_size)]
-        if len(groups) > 1 and len(groups[-1]) < 2:  # a group of one carries no signal
+        if len(groups) > 1 and len(groups[-1]) < MIN_GROUP_EPISODES:  # the trainer would drop it
             groups[-2] += groups.pop()
         batches.append(groups)
     return batches

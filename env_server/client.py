@@ -86,7 +86,9 @@ class LocalEnvClient:
     async def step(
         self, session_id: str, tool_calls: list[ToolCall], request_id: str | None = None
     ) -> StepResult:
-        return await self.manager.step(session_id, tool_calls, request_id)
+        # through the wire model, so a call is held to the same limits as over HTTP
+        calls = [ToolCallRequest.of(c).to_call() for c in tool_calls]
+        return await self.manager.step(session_id, calls, request_id)
 
     async def evaluate(self, session_id: str) -> RewardResult:
         return await self.manager.evaluate(session_id)
@@ -236,13 +238,12 @@ def _error(url: str, r: httpx.Response) -> EnvServerError:
     code, detail = _body(r)
     if r.status_code == 429:
         return TooManySessions(f"{url}: {detail}", float(r.headers.get("Retry-After", "1")))
+    err: EnvServerError
     if r.status_code in (401, 403):
         err = AuthError(f"{url}: {r.status_code} {detail}")
-        err.status = r.status_code
-        return err
-    cls = _ERRORS.get(code)
-    if cls is None:
+    elif (cls := _ERRORS.get(code)) is not None:
+        return cls(f"{url}: {detail}")
+    else:
         err = EnvServerError(f"{url}: HTTP {r.status_code}: {detail}")
-        err.status = r.status_code
-        return err
-    return cls(f"{url}: {detail}")
+    err.status = r.status_code
+    return err

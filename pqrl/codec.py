@@ -1,6 +1,6 @@
 """Binary codec for Trajectory records: a msgpack header followed by raw numpy buffers.
 
-Layout (version 3), little-endian; one blob holds one or several records (a finished group)::
+Layout (version 4), little-endian; one blob holds one or several records (a finished group)::
 
     b"PQT" | version:u8 | header_len:u32 | header (msgpack) | zero pad to 8 bytes
     | tokens:i4[N] | behavior_logprobs:f4[N] | versions:i4[N] | generated:u1[N] | loss_mask:u1[N]
@@ -17,10 +17,12 @@ Values as stored: a turn is ``[start, end, finish_reason, [call, ...]]`` with a 
 ``[name, arguments, status]`` plus its ``id`` and ``error`` up to the last one set, a truncation
 ``[kind, at_token, detail]`` or nil, and enums their string values.
 
-The version byte selects the decoder, so blobs written by older releases stay readable: version 2
-had the same arrays after a header of ``lens`` and ``records``, one map of the fields per record;
-version 1 held exactly one record, its header that map plus ``T``, the token count. Add a decoder
-beside these when the layout changes again.
+The version byte selects the decoder, so blobs written by older releases stay readable, and a
+release meeting a newer blob says so instead of misreading it: version 3 had the same layout with
+every call stored as ``[name, arguments, status]`` (a version 3 reader cannot take the ``id`` a call
+now carries, hence the new number); version 2 had the same arrays after a header of ``lens`` and
+``records``, one map of the fields per record; version 1 held exactly one record, its header that
+map plus ``T``, the token count. Add a decoder beside these when the layout changes again.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from pqrl.trajectory import (
     _STRING_FIELDS,
     Status,
     ToolCall,
+    ToolStatus,
     Trajectory,
     TrajectoryError,
     Truncation,
@@ -58,7 +61,7 @@ from pqrl.trajectory import (
 __all__ = ["CURRENT_VERSION", "CodecError", "decode", "decode_many", "encode", "encode_many", "encode_parts"]
 
 MAGIC = b"PQT"
-CURRENT_VERSION = 3
+CURRENT_VERSION = 4
 _PREFIX = struct.Struct("<3sBI")  # magic, version, header length
 # The arrays in blob order; 4-byte ones first so they stay aligned after the padded header.
 _ARRAYS = (
@@ -234,6 +237,7 @@ _DECODERS: dict[int, Callable[[dict[str, Any]], tuple[list[int], dict[str, list[
     1: _decode_v1,
     2: _decode_v2,
     3: _decode_v3,
+    4: _decode_v3,  # the same columns; a call may add its id and error
 }
 
 # ---------------------------------------------------------------- shared by every version
@@ -280,7 +284,19 @@ def _turns(column: list[list[Any]]) -> list[tuple[Turn, ...]]:
 
 
 def _tool_calls(calls: list[Any]) -> tuple[ToolCall, ...]:
-    return tuple(ToolCall(*c) for c in calls)
+    return tuple(_tool_call(c) for c in calls)
+
+
+def _tool_call(c: Any) -> ToolCall:
+    """A stored call: ``[name, arguments, status]`` and optionally ``id``, ``error`` (strings or nil)."""
+    if type(c) is not list or not 3 <= len(c) <= 5:
+        raise ValueError(f"a tool call is stored as a list of 3 to 5 values, not {c!r:.80}")
+    name, arguments, status, *rest = c
+    if type(name) is not str or type(arguments) is not dict or type(status) is not str:
+        raise ValueError(f"tool call {c!r:.80} needs a string name and status and an arguments map")
+    if any(v is not None and type(v) is not str for v in rest):
+        raise ValueError(f"tool call {c!r:.80} has an id or error that is not a string")
+    return ToolCall(name, arguments, ToolStatus(status), *rest)
 
 
 def _truncations(column: list[list[Any] | None]) -> list[Truncation | None]:

@@ -345,6 +345,9 @@ def _check_turns(n: int, prompt_len: int, turns: tuple[Any, ...], truncation: Tr
                 f"turn {i} span [{turn.start}, {turn.end}) must be ordered, after the "
                 f"prompt/previous turn (>= {prev_end}) and within {n} tokens",
             )
+        for call in turn.tool_calls:
+            if not isinstance(call, ToolCall) or call.pending:
+                raise TrajectoryError("turns", f"turn {i} records {call!r:.80}, not a ToolCall that has run")
         prev_end = turn.end
     if truncation is not None and not 0 <= truncation.at_token <= n:
         raise TrajectoryError("truncation", f"at_token {truncation.at_token} outside 0..{n}")

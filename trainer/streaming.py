@@ -122,8 +122,9 @@ class StreamingStep:
         self.model.eval()  # no dropout: pi_prox is the training forward's own policy
         passes = batch.micro_batches(members)
         for row in passes:
-            micro_batch_backward(self.model, batch, row, self.mode, f, self.sums, version=self.version,
-                                  prox=None, ref=None)  # fmt: skip
+            micro_batch_backward(
+                self.model, batch, row, self.mode, f, self.sums, version=self.version, prox=None, ref=None
+            )
         self.micro_batches += len(passes)
         self.forward_tokens += sum(batch.row_tokens(m) for m in passes)
         self.n_tokens += [len(p) for p in batch.positions]

@@ -18,8 +18,8 @@ concern, each owning its keys of run ``R`` (the braces keep a run's keys in one 
 - ``.gate`` (AdmissionGate): ``pqrl:{R}:gate``, the staleness gate's counters, with
   ``pqrl:{R}:gate-running`` (places per rollout manager) and ``pqrl:{R}:alive:<manager>`` (beats)
 - ``.status`` (JobStatus): ``pqrl:{R}:status``, the job's latest figures for ``pqrl status``
-- ``.pins`` (RunPins): ``pqrl:{R}:pins``, what every process of the run must share (sampling,
-  group shape, model, task plan), pinned by the first process that joins it
+- ``.pins`` (RunPins): ``pqrl:{R}:settings`` (the key's first name), what every process of the run
+  must share (sampling, group shape, model, task plan), pinned by the first process that joins it
 
 Every write that must be atomic when several producers, managers and trainers share a run (acking
 with trimming, publishing a policy version, admission, claiming a sampler slot) is one Lua script.

@@ -121,8 +121,9 @@ class RunKeys:
 
     @property
     def pins(self) -> str:
-        """String: what every process of the run shares (JSON), pinned by the first to join."""
-        return f"{self.prefix}:pins"
+        """String: what every process of the run shares (JSON), pinned by the first to join. The key
+        keeps its first name, ``settings``, so runs started before the module's rename resume pinned."""
+        return f"{self.prefix}:settings"
 
 
 def redacted(url: str) -> str:

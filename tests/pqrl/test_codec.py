@@ -368,3 +368,28 @@ def test_a_calls_id_and_error_are_stored_only_when_set():
     # a call without them keeps the three values of records written before calls had ids
     plain = _header_and_body(encode(make_trajectory()))[0]["turns"][0][0][3]
     assert plain == [["calculator", {"expr": "0+1"}, "ok"]]
+
+
+def test_calls_with_ids_get_a_new_version_and_version_3_blobs_still_decode():
+    """A version 3 reader builds a call from exactly three values, so blobs whose calls carry an id
+    are version 4 (an old reader refuses them by number); version 3 blobs decode as before."""
+    t = make_trajectory()
+    assert encode(t)[3] == 4
+    header, body = _header_and_body(encode(t))
+    assert decode(_rebuild(header, body, version=3)) == t
+
+
+@pytest.mark.parametrize(
+    "call, why",
+    [
+        (["calculator", {}, "ok", 7], "not a string"),
+        (["calculator", {}, "ok", None, None, "x"], "3 to 5 values"),
+        (["calculator", [], "ok"], "arguments map"),
+        ("calculator", "3 to 5 values"),
+    ],
+)
+def test_a_malformed_stored_call_is_a_codec_error(call, why):
+    header, body = _header_and_body(encode(make_trajectory()))
+    header["turns"][0][0][3] = [call]
+    with pytest.raises(CodecError, match=why):
+        decode(_rebuild(header, body))

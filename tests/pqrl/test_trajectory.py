@@ -197,3 +197,14 @@ def test_records_built_from_columns_are_checked_as_one_record_is(label, changes,
     with pytest.raises(TrajectoryError) as err:
         _from_columns(arrays, lens, columns)
     assert err.value.field == field
+
+
+@pytest.mark.parametrize(
+    "call",
+    [ToolCall("calc", {"x": 1}), {"name": "calc", "arguments": {}, "status": "ok"}],
+    ids=["pending", "dict"],
+)
+def test_a_turn_records_only_tool_calls_that_have_run(call):
+    t = make_trajectory(turn_lens=((2, 1), (3, 0)))
+    with pytest.raises(TrajectoryError, match="turn 0 records .* not a ToolCall that has run"):
+        dataclasses.replace(t, turns=(dataclasses.replace(t.turns[0], tool_calls=(call,)), *t.turns[1:]))

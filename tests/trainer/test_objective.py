@@ -89,7 +89,7 @@ def test_entropy_kl_and_value_terms_hand_numbers():
         _loss(ppo, values=values)
 
 
-def test_gradient_flows_only_through_logp_and_values():
+def test_gradient_flows_only_through_logp():
     # unclipped tokens: d loss / d logp = -w A r times the aggregation weight; tok0 and tok1 are
     # clipped / dual clipped (0); tok2: -.25 * 2 * .5 / 3 (token level), -1.125 * 2 * .5 / 3 (sequence)
     for level, w2 in (("token", 0.25), ("sequence", 1.125)):
