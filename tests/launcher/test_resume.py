@@ -43,7 +43,9 @@ def _config(path: Path, model: Path, redis_url: str, out: Path) -> Path:
         "run": "r",
         "output_dir": str(out),
         "tensorboard": False,
-        "model": {"name": str(model)},
+        # float32 everywhere: these jobs are compared weight for weight (resumed against straight, two
+        # ranks against one), and ``auto`` would autocast to bfloat16 on a CPU that multiplies it
+        "model": {"name": str(model), "dtype": "float32"},
         "services": {"redis_url": redis_url},
         "tasks": {"suites": [{"generate": "calc", "n": 4}]},
         "rollout": {"max_staleness": 1000},  # versions jump on resume; keep every group trainable
