@@ -39,7 +39,7 @@ class GuardedH11Protocol(H11Protocol):
     read_timeout_s: float = _FROM_ENV.request_read_timeout_s
     max_connections: int = _FROM_ENV.max_connections
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:  # type: ignore[override]
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._read_timer: asyncio.TimerHandle | None = None
         super().connection_made(transport)  # type: ignore[arg-type]
         if len(self.connections) > self.max_connections:

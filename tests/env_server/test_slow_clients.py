@@ -8,7 +8,6 @@ import contextlib
 import socket
 import threading
 import time
-from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -41,24 +40,12 @@ def _wait_closed(sock: socket.socket, deadline: float) -> bool:
     return False
 
 
-@contextlib.contextmanager
-def _dripping(socks: list[socket.socket], chunk: bytes) -> Iterator[None]:
+def _drip(socks: list[socket.socket], chunk: bytes, stop: threading.Event) -> None:
     """Sends ``chunk`` on every socket every 0.1 s (a slowloris keeps its request alive this way)."""
-    stop = threading.Event()
-
-    def drip() -> None:
-        while not stop.wait(0.1):
-            for s in socks:
-                with contextlib.suppress(OSError):
-                    s.send(chunk)
-
-    thread = threading.Thread(target=drip, daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join()
+    while not stop.wait(0.1):
+        for s in socks:
+            with contextlib.suppress(OSError):
+                s.send(chunk)
 
 
 def test_slow_headers_and_bodies_are_cut_off_while_a_normal_client_is_served():
@@ -72,7 +59,10 @@ def test_slow_headers_and_bodies_are_cut_off_while_a_normal_client_is_served():
         for s in half_body:
             s.sendall(HALF_BODY)
         t0 = time.monotonic()
-        with _dripping(half_header, b"X-Slow: 1\r\n"), _dripping(half_body, b" "):
+        stop = threading.Event()
+        for socks, chunk in ((half_header, b"X-Slow: 1\r\n"), (half_body, b" ")):
+            threading.Thread(target=_drip, args=(socks, chunk, stop), daemon=True).start()
+        try:
             # served meanwhile, quickly, on connections of its own
             for _ in range(5):
                 started = time.monotonic()
@@ -82,14 +72,15 @@ def test_slow_headers_and_bodies_are_cut_off_while_a_normal_client_is_served():
                 assert reply.status_code == 201, reply.text
                 assert time.monotonic() - started < 0.5
             deadline = t0 + READ_TIMEOUT_S + 2.0
-            still_open = [
-                i for i, s in enumerate(silent + half_header + half_body) if not _wait_closed(s, deadline)
-            ]
+            slow = silent + half_header + half_body
+            still_open = [i for i, s in enumerate(slow) if not _wait_closed(s, deadline)]
+        finally:
+            stop.set()
         assert not still_open, (
             f"{len(still_open)} of 150 slow connections were still open after {deadline - t0:.1f}s"
         )
         assert time.monotonic() - t0 >= READ_TIMEOUT_S * 0.9  # not cut before the bound
-        for s in silent + half_header + half_body:
+        for s in slow:
             s.close()
         assert httpx.get(f"{server.url}/healthz").status_code == 200
 
