@@ -87,7 +87,7 @@ def _makedirs(path):
     """``os.makedirs(path, exist_ok=True)`` without recursion, so a path of thousands of components
     fails (or succeeds) as the call's own result instead of hitting the recursion limit."""
     missing = []
-    head = os.path.abspath(path)
+    head = os.path.join(os.getcwd(), path)  # not normalized: "link/.." means what the kernel says
     while not os.path.isdir(head):
         missing.append(head)
         parent = os.path.dirname(head)

@@ -54,6 +54,8 @@ async def _assert_call_error(call, sandbox) -> str:
 async def test_a_path_of_1500_components_is_created_without_recursion(sandbox):
     await sandbox.write_file(DEEP, b"deep")
     assert await sandbox.read_file(DEEP) == b"deep"
+    await sandbox.write_file("/workspace/p//q/../r/s", b"dots")  # as os.makedirs: p, p/q, p/r
+    assert await sandbox.read_file("/workspace/p/r/s") == b"dots"
     await assert_responsive(sandbox)
 
 
