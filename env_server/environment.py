@@ -45,6 +45,8 @@ from sandboxes.protocol import Sandbox, SandboxError
 
 __all__ = ["ToolEnvironment"]
 
+_ERROR_CHARS = 1000  # of a failed call's exception, in its tool message
+
 
 class ToolEnvironment:
     """Base class of tool environments. Subclasses implement ``reset``, tools and ``evaluate``.
@@ -116,16 +118,31 @@ class ToolEnvironment:
         spec = self.tools.get(call.name)
         if spec is None:
             available = ", ".join(self.tools)
-            return f"Error: unknown tool {call.name!r}; available tools: {available}", ToolStatus.INVALID
+            return (
+                f"Error: unknown tool {_clip(repr(call.name))}; available tools: {available}",
+                ToolStatus.INVALID,
+            )
         try:
             kwargs = spec.validate(call.arguments)
         except ValueError as e:
-            return f"Error: {e}", ToolStatus.INVALID
+            return f"Error: {_clip(str(e))}", ToolStatus.INVALID
         try:
             # Through the class: a tool may share its name with an attribute (e.g. ``done``).
             result = await getattr(type(self), spec.method_name)(self, **kwargs)
         except (SandboxError, asyncio.CancelledError):
             raise
         except Exception as e:  # the model's call failed, not the server
-            return f"Error: {call.name} failed: {type(e).__name__}: {e}", ToolStatus.ERROR
-        return ("" if result is None else str(result)), ToolStatus.OK
+            return f"Error: {call.name} failed: {type(e).__name__}: {_clip(str(e))}", ToolStatus.ERROR
+        return _encodable("" if result is None else str(result)), ToolStatus.OK
+
+
+def _clip(text: str) -> str:
+    """An error's text for the model: bounded (it may echo a huge argument) and encodable."""
+    if len(text) > _ERROR_CHARS:
+        text = f"{text[: _ERROR_CHARS - 40]}... ({len(text)} characters in all)"
+    return _encodable(text)
+
+
+def _encodable(text: str) -> str:
+    """Lone surrogates escaped: a reply that cannot be encoded would fail the whole step."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")

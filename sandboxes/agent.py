@@ -44,6 +44,8 @@ _POLL_S = 0.02  # while the command runs: how often to look whether it exited
 _EXIT_WAIT_S = 1.0  # after its pipes closed, how long a command may take to exit before it is killed
 _SETTLE_S = 0.5  # after a command, how long to wait for the processes killed with it to die
 _REAP_EVERY_S = 0.5  # how often orphaned zombies are reaped between commands
+_MESSAGE_CHARS = 400  # of an error message: it may echo a request's arguments (a 2 MB path)
+_PATH_MAX = 4096  # bytes, Linux's PATH_MAX: longer paths are refused before any walk over them
 
 
 def _send(msg):
@@ -55,6 +57,49 @@ def _send(msg):
 
 def _b64(data):
     return base64.b64encode(data).decode("ascii")
+
+
+def _clip(text):
+    """An error message short enough for any reply line, whatever the request echoed into it."""
+    if len(text) <= _MESSAGE_CHARS:
+        return text
+    return text[: _MESSAGE_CHARS - 40] + f"... ({len(text)} characters in all)"
+
+
+def _path(req, key="path"):
+    """The request's path, checked before use: a string the file system can name (no NUL, no
+    lone surrogate, at most PATH_MAX bytes). A bad one is the call's error, not the agent's."""
+    path = req.get(key)
+    if not isinstance(path, str) or not path:
+        raise ValueError(f"{key} must be a non-empty string")
+    try:
+        size = len(os.fsencode(path))
+    except UnicodeError:
+        raise ValueError(f"{key} is not valid UTF-8 text") from None
+    if "\0" in path:
+        raise ValueError(f"{key} contains a NUL character")
+    if size >= _PATH_MAX:
+        raise ValueError(f"{key} is {size} bytes long; at most {_PATH_MAX - 1} are allowed")
+    return path
+
+
+def _makedirs(path):
+    """``os.makedirs(path, exist_ok=True)`` without recursion, so a path of thousands of components
+    fails (or succeeds) as the call's own result instead of hitting the recursion limit."""
+    missing = []
+    head = os.path.join(os.getcwd(), path)  # not normalized: "link/.." means what the kernel says
+    while not os.path.isdir(head):
+        missing.append(head)
+        parent = os.path.dirname(head)
+        if parent == head:
+            break
+        head = parent
+    for d in reversed(missing):
+        try:
+            os.mkdir(d)
+        except FileExistsError:
+            if not os.path.isdir(d):
+                raise
 
 
 def _oom_kills():
@@ -261,7 +306,7 @@ def op_exec(req):
     except (OSError, ValueError) as e:
         return {
             "stdout": "",
-            "stderr": _b64(str(e).encode()),
+            "stderr": _b64(_clip(str(e)).encode("utf-8", "backslashreplace")),
             "exit_code": 127,
             "timed_out": False,
             "truncated": False,
@@ -309,8 +354,8 @@ def _open_regular(path, flags):
 
 
 def op_write_file(req):
-    path = req["path"]
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    path = _path(req)
+    _makedirs(os.path.dirname(path) or ".")
     fd = _open_regular(path, os.O_WRONLY | os.O_CREAT)
     with os.fdopen(fd, "wb") as f:
         f.truncate(0)
@@ -321,10 +366,11 @@ def op_write_file(req):
 
 def op_read_file(req):
     limit = int(req.get("max_bytes", 16 << 20))
-    with os.fdopen(_open_regular(req["path"], os.O_RDONLY), "rb") as f:
+    path = _path(req)
+    with os.fdopen(_open_regular(path, os.O_RDONLY), "rb") as f:
         data = f.read(limit + 1)
     if len(data) > limit:
-        raise ValueError(f"{req['path']} is larger than {limit} bytes")
+        raise ValueError(f"{path} is larger than {limit} bytes")
     return {"data": _b64(data)}
 
 
@@ -348,8 +394,8 @@ def op_upload(req):
     """Extracts a tar into ``dest``. Every member is checked before anything is written, and again
     just before it is written, against the tree as it is then, so a chain of symlinks planted by
     earlier members cannot lead outside (the image's Python may predate tarfile's filters)."""
-    dest = req["dest"]
-    os.makedirs(dest, exist_ok=True)
+    dest = _path(req, "dest")
+    _makedirs(dest)
     root = os.path.realpath(dest)
     with tarfile.open(fileobj=io.BytesIO(base64.b64decode(req["tar"]))) as tar:
         members = tar.getmembers()
@@ -366,7 +412,7 @@ def op_upload(req):
 
 
 def op_download(req):
-    path = req["path"]
+    path = _path(req)
     if not os.path.exists(path):
         raise FileNotFoundError(path)
     buf = io.BytesIO()
@@ -392,8 +438,8 @@ def handle(req):
     try:
         result = OPS[req["op"]](req)
         _send({"id": rid, "ok": True, **result})
-    except Exception as e:  # every failure goes back to the host, typed by name
-        _send({"id": rid, "ok": False, "error": type(e).__name__, "message": str(e)})
+    except Exception as e:  # every failure goes back to the host, typed by name, its message bounded
+        _send({"id": rid, "ok": False, "error": type(e).__name__, "message": _clip(str(e))})
 
 
 def _undumpable():

@@ -21,7 +21,7 @@ from typing import Any
 from sandboxes import agent
 from sandboxes.docker_api import AttachStream, DockerAPI
 from sandboxes.hardening import SandboxSettings
-from sandboxes.protocol import ExecResult, SandboxDied, SandboxError, SandboxFlooded
+from sandboxes.protocol import ExecResult, SandboxCallFailed, SandboxDied, SandboxError, SandboxFlooded
 
 __all__ = ["AGENT_SOURCE", "DockerSandbox", "owner_id"]
 
@@ -38,6 +38,7 @@ _ERRORS: dict[str, type[Exception]] = {
     "ValueError": ValueError,
     "OSError": OSError,  # read-only filesystem, disk full: the model's doing, not infrastructure
 }
+_MESSAGE_CHARS = 500  # of an agent's error message, as the call's exception carries it
 
 
 def _process_start_ticks(pid: int) -> str:
@@ -63,6 +64,14 @@ def _under_command(exc: Exception) -> Exception:
     if isinstance(exc, SandboxDied) and exc.exit_code is not None:
         return SandboxDied(str(exc), oom_killed=exc.oom_killed, exit_code=exc.exit_code, agent_caused=True)
     return exc
+
+
+def _call_error(op: str, reply: dict[str, Any]) -> str:
+    """The message of a failed call: bounded and encodable, whatever the agent echoed into it."""
+    text = f"{op} in sandbox: {reply.get('error')}: {reply.get('message')}"
+    if len(text) > _MESSAGE_CHARS:
+        text = f"{text[: _MESSAGE_CHARS - 40]}... ({len(text)} characters in all)"
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _reply_bound(op: str, fields: dict[str, Any], output_cap: int) -> int:
@@ -243,8 +252,8 @@ class DockerSandbox:
             self._pending.pop(rid, None)
             self._calls.pop(rid, None)
         if not reply.get("ok"):
-            kind = _ERRORS.get(reply.get("error", ""), SandboxError)
-            raise kind(f"{op} in sandbox: {reply.get('message', reply.get('error'))}")
+            # the agent is alive and answered: whatever failed is this call's, never the sandbox's
+            raise _ERRORS.get(str(reply.get("error")), SandboxCallFailed)(_call_error(op, reply))
         return reply
 
     async def _read_loop(self) -> None:

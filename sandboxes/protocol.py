@@ -15,6 +15,7 @@ __all__ = [
     "ExecResult",
     "ImageMissing",
     "Sandbox",
+    "SandboxCallFailed",
     "SandboxDied",
     "SandboxError",
     "SandboxUnavailable",
@@ -50,6 +51,12 @@ class SandboxError(RuntimeError):
     (the rollout records ``failed_infra``)."""
 
     agent_caused = False
+
+
+class SandboxCallFailed(Exception):
+    """The sandbox's agent answered that this one call failed (an error with no closer builtin
+    type: a path too deep, badly encoded). Not a ``SandboxError``: the sandbox is alive and serves
+    the next call, so the call's failure is its caller's, as an ``OSError`` or ``ValueError`` is."""
 
 
 class SandboxUnavailable(SandboxError):

@@ -123,7 +123,8 @@ def env_server_process(token: str, **env: Any) -> Iterator[LiveServer]:
     environ = {**os.environ, "PQRL_ENV_TOKEN": token, "PQRL_ENV_SANDBOX_POOL_SIZE": "0"}
     environ.update({f"PQRL_ENV_{k.upper()}": str(v) for k, v in env.items()})
     cmd = [sys.executable, "-m", "uvicorn", "--factory", "env_server.app:create_app", "--fd",
-           str(sock.fileno()), "--log-level", "warning", "--no-access-log", "--backlog", "2048"]  # fmt: skip
+           str(sock.fileno()), "--log-level", "warning", "--no-access-log", "--backlog", "2048",
+           "--http", "env_server.serving:GuardedH11Protocol"]  # fmt: skip
     proc = subprocess.Popen(cmd, cwd=ROOT, env=environ, pass_fds=(sock.fileno(),))
     url = f"http://{host}:{port}"
     try:

@@ -18,6 +18,7 @@ CHECKED = [
     "env_server/client.py",
     "env_server/sessions.py",
     "env_server/wrappers.py",
+    "env_server/serving.py",
     "agent_loop/tool_parser.py",
     "tasks/suite.py",
     "trainer/losses.py",

@@ -20,6 +20,7 @@ import uvicorn
 from env_server import registry as registry_module
 from env_server.app import ServerSettings, create_app
 from env_server.client import HttpEnvClient
+from env_server.serving import uvicorn_options
 from env_server.sessions import SessionManager
 from env_server.types import RewardResult, SessionInfo, StepResult, ToolCall
 from sandboxes.docker import owner_id
@@ -45,8 +46,9 @@ def serve_in_thread(token: str = TOKEN, **settings: Any) -> Iterator[LiveServer]
     app = create_app(s, manager=manager)
     sock = loopback_socket()
     config = uvicorn.Config(
-        app, log_level="warning", access_log=False, lifespan="on", timeout_graceful_shutdown=5, backlog=2048
-    )
+        app, log_level="warning", access_log=False, lifespan="on", timeout_graceful_shutdown=5, backlog=2048,
+        **uvicorn_options(s),
+    )  # fmt: skip
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
