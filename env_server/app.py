@@ -59,7 +59,7 @@ class ServerSettings(BaseSettings):
     max_body_bytes: int = Field(default=1 << 20, ge=1024)
     sandbox_pool_size: int = Field(default=2, ge=0)
     run: str = Field(default="env-server", description="the pqrl.run label of this server's sandboxes")
-    # how it is served (env_server.serving): a slow client cannot hold connections open
+    # how it is served (env_server.http_guard): a slow client cannot hold connections open
     request_read_timeout_s: float = Field(default=10.0, gt=0, description="a request's headers and body")
     max_connections: int = Field(default=2048, ge=1, description="open at once; more are answered 503")
     keep_alive_s: float = Field(default=30.0, gt=0, description="an idle keep-alive connection")

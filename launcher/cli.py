@@ -64,7 +64,7 @@ def _cmd_env_server(args: argparse.Namespace) -> int:
     import uvicorn
 
     from env_server.app import ServerSettings, create_app
-    from env_server.serving import uvicorn_options
+    from env_server.http_guard import uvicorn_options
 
     settings = ServerSettings(**({"insecure_local": True} if args.insecure_local else {}))
     try:

@@ -124,7 +124,7 @@ def env_server_process(token: str, **env: Any) -> Iterator[LiveServer]:
     environ.update({f"PQRL_ENV_{k.upper()}": str(v) for k, v in env.items()})
     cmd = [sys.executable, "-m", "uvicorn", "--factory", "env_server.app:create_app", "--fd",
            str(sock.fileno()), "--log-level", "warning", "--no-access-log", "--backlog", "2048",
-           "--http", "env_server.serving:GuardedH11Protocol"]  # fmt: skip
+           "--http", "env_server.http_guard:GuardedH11Protocol"]  # fmt: skip
     proc = subprocess.Popen(cmd, cwd=ROOT, env=environ, pass_fds=(sock.fileno(),))
     url = f"http://{host}:{port}"
     try:

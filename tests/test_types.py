@@ -18,7 +18,7 @@ CHECKED = [
     "env_server/client.py",
     "env_server/sessions.py",
     "env_server/wrappers.py",
-    "env_server/serving.py",
+    "env_server/http_guard.py",
     "agent_loop/tool_parser.py",
     "tasks/suite.py",
     "trainer/losses.py",

@@ -20,7 +20,7 @@ import uvicorn
 from env_server import registry as registry_module
 from env_server.app import ServerSettings, create_app
 from env_server.client import HttpEnvClient
-from env_server.serving import uvicorn_options
+from env_server.http_guard import uvicorn_options
 from env_server.sessions import SessionManager
 from env_server.types import RewardResult, SessionInfo, StepResult, ToolCall
 from sandboxes.docker import owner_id

@@ -9,7 +9,7 @@ the request's first byte, and answers 503 to, then closes, a connection beyond
 ``max_connections``. ASGI middleware cannot do this: the app is called only once the headers are in.
 
 ``pqrl env-server`` uses it (``uvicorn_options``); with the uvicorn command line, pass
-``--http env_server.serving:GuardedH11Protocol`` (the settings' defaults, or ``PQRL_ENV_*``).
+``--http env_server.http_guard:GuardedH11Protocol`` (the settings' defaults, or ``PQRL_ENV_*``).
 """
 
 from __future__ import annotations
