@@ -6,11 +6,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import httpx
 import pytest
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from env_server.app import ServerSettings
+from env_server.client import _error
 from env_server.environment import ToolEnvironment
+from env_server.sessions import TooManySessions
 from env_server.tools import tool
 from env_server.types import Message, Observation, RewardResult, ToolCall, ToolStatus
 from tests.env_server.conftest import ECHO_TASK, call, error_of
@@ -86,6 +89,14 @@ def test_a_nan_reward_and_non_finite_server_settings_are_refused():
     for field in ("session_ttl_s", "reap_interval_s"):
         with pytest.raises(ValidationError, match="finite number"):
             ServerSettings(insecure_local=True, **{field: INF})
+
+
+@pytest.mark.parametrize(("header", "seconds"), [("inf", 1.0), ("nan", 1.0), ("soon", 1.0), ("1e9", 3600.0),
+                                                  ("-3", 0.0), ("2.5", 2.5)])  # fmt: skip
+def test_the_clients_retry_after_is_a_finite_number_of_seconds(header, seconds):
+    body = {"error": "too_many_sessions", "detail": ""}
+    error = _error("u", httpx.Response(429, headers={"Retry-After": header}, json=body))
+    assert isinstance(error, TooManySessions) and error.retry_after == seconds
 
 
 # ---------------------------------------------------------------- over HTTP
