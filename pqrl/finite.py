@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+from decimal import Decimal
 from typing import Any
 
 __all__ = ["bounded", "finite", "loads_finite", "nonfinite_path"]
@@ -62,6 +63,8 @@ def _spelled(place: Any, path: str) -> str:
 def _nonfinite(v: Any) -> bool:
     if isinstance(v, float):
         return not math.isfinite(v)
+    if isinstance(v, Decimal):
+        return not v.is_finite()
     return isinstance(v, int) and not isinstance(v, bool) and abs(v) > sys.float_info.max
 
 

@@ -16,6 +16,7 @@ from env_server.environment import ToolEnvironment
 from env_server.sessions import TooManySessions
 from env_server.tools import tool
 from env_server.types import Message, Observation, RewardResult, ToolCall, ToolStatus
+from env_server.wrappers import ToolTimeout
 from tests.env_server.conftest import ECHO_TASK, call, error_of
 
 pytestmark = pytest.mark.timeout(60)
@@ -89,6 +90,8 @@ def test_a_nan_reward_and_non_finite_server_settings_are_refused():
     for field in ("session_ttl_s", "reap_interval_s"):
         with pytest.raises(ValidationError, match="finite number"):
             ServerSettings(insecure_local=True, **{field: INF})
+    with pytest.raises(ValueError, match="seconds must be a finite number"):
+        ToolTimeout(Waiter(), NAN)
 
 
 @pytest.mark.parametrize(("header", "seconds"), [("inf", 1.0), ("nan", 1.0), ("soon", 1.0), ("1e9", 3600.0),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from decimal import Decimal
 
 import pytest
 
@@ -62,6 +63,7 @@ def test_loads_finite_reads_ordinary_json_and_reports_bad_json_as_a_decode_error
 
 def test_nonfinite_path_names_where_the_number_sits():
     assert nonfinite_path({"a": [1, {"b": NAN}], "c": 2}) == "a[1].b"
+    assert nonfinite_path({"d": [Decimal("1.5"), Decimal("-Infinity")]}) == "d[1]"
     assert nonfinite_path([0, (1, -INF)]) == "[1][1]"
     assert nonfinite_path(INF) == "" and nonfinite_path(10**400, "seed") == "seed"
     assert nonfinite_path({"a": [1, 2.0, "inf", None, True, {"b": 10**300}]}) is None

@@ -13,6 +13,8 @@ import pytest
 from env_server.builtin import ShellEnv
 from env_server.types import ToolCall, ToolStatus
 from sandboxes.docker import DockerSandbox
+from sandboxes.hardening import SandboxSettings
+from sandboxes.pool import SandboxPool
 from tests.sandboxes.probing import assert_only_the_agent, assert_responsive
 
 pytestmark = pytest.mark.timeout(90)
@@ -33,6 +35,19 @@ async def test_a_huge_finite_timeout_is_cut_to_the_sandboxes_lifetime(make_sandb
     sb = await make_sandbox(lifetime_s=120.0)
     r = await sb.exec("echo fine", timeout=1e300)
     assert r.ok and r.stdout == b"fine\n"
+
+
+@pytest.mark.parametrize("field", ["cpus", "lifetime_s"])
+@pytest.mark.parametrize("value", [NAN, INF])
+def test_sandbox_settings_refuse_a_non_finite_cpu_share_or_lifetime(field, value):
+    with pytest.raises(ValueError, match="must be finite and > 0"):
+        SandboxSettings(**{field: value})
+
+
+@pytest.mark.parametrize("field", ["max_creates_per_s", "max_idle_s", "reap_interval_s"])
+async def test_a_pool_refuses_non_finite_rates_and_intervals(docker_api, field):
+    with pytest.raises(ValueError, match=f"{field} must be a finite number"):
+        SandboxPool(docker_api, size=0, run="pytest-finite", **{field: NAN})
 
 
 async def _raw_exec(sb: DockerSandbox, timeout_json: str) -> dict[str, Any]:
