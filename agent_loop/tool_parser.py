@@ -4,7 +4,8 @@ A parser is a function ``text -> list[ToolCall]`` (``ToolCallParser``), the call
 written; ``PARSERS`` holds them by name. Each call is still to run (``status`` None), except a
 block the parser could not read: that is ``ToolCall.malformed``, status ``invalid``, whose
 ``error`` is shown to the model as the tool result, so it can correct itself; it is never an
-exception in the agent loop.
+exception in the agent loop. Numbers must be finite: a ``NaN``, ``Infinity`` or ``1e999``
+anywhere in a call makes it malformed (no bound or comparison downstream could hold one).
 
 Hermes/Qwen (``hermes``)::
 
@@ -17,6 +18,7 @@ import json
 import re
 from collections.abc import Callable
 
+from pqrl.finite import loads_finite
 from pqrl.tool_calls import MAX_NAME_CHARS, ToolCall
 
 __all__ = ["PARSERS", "ToolCallParser", "parse_tool_calls"]
@@ -51,9 +53,11 @@ def _malformed(body: str, reason: str) -> ToolCall:
 
 def _parse_one(body: str) -> ToolCall:
     try:
-        obj = json.loads(body)
+        obj = loads_finite(body)
     except json.JSONDecodeError as e:
         return _malformed(body, f"invalid JSON: {e.msg} at column {e.colno}")
+    except ValueError as e:  # NaN, Infinity, 1e999: no bound or comparison can hold them
+        return _malformed(body, f"{e}; numbers must be finite")
     if not isinstance(obj, dict):
         return _malformed(body, "the call must be a JSON object")
     name, arguments = obj.get("name"), obj.get("arguments", {})
@@ -63,9 +67,11 @@ def _parse_one(body: str) -> ToolCall:
         return _malformed(body, f'"name" is longer than {MAX_NAME_CHARS} characters')
     if isinstance(arguments, str):  # some models emit the arguments as a JSON string
         try:
-            arguments = json.loads(arguments) if arguments.strip() else {}
+            arguments = loads_finite(arguments) if arguments.strip() else {}
         except json.JSONDecodeError:
             return _malformed(body, '"arguments" is a string that is not JSON')
+        except ValueError as e:
+            return _malformed(body, f"{e}; numbers must be finite")
     if not isinstance(arguments, dict):
         return _malformed(body, '"arguments" must be an object')
     return ToolCall(name, arguments)

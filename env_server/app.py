@@ -40,6 +40,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from env_server.sessions import EnvServerError, SessionManager, TooManySessions
 from env_server.types import ErrorBody, RewardResult, SessionInfo, StepResult, ToolCallRequest
+from pqrl.finite import nonfinite_path
 
 __all__ = ["ServerSettings", "create_app"]
 
@@ -49,7 +50,7 @@ log = logging.getLogger(__name__)
 class ServerSettings(BaseSettings):
     """Read from ``PQRL_ENV_*`` environment variables. The token is required unless insecure."""
 
-    model_config = SettingsConfigDict(env_prefix="PQRL_ENV_")
+    model_config = SettingsConfigDict(env_prefix="PQRL_ENV_", allow_inf_nan=False)
 
     token: str | None = Field(default=None, description="bearer token clients must send")
     insecure_local: bool = Field(default=False, description="allow running without a token")
@@ -89,15 +90,21 @@ def _utf8_only(value: Any) -> Any:
 
 
 class _In(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     @model_validator(mode="before")
     @classmethod
     def _encodable(cls, data: Any) -> Any:
         try:
-            return _utf8_only(data)
+            _utf8_only(data)
         except UnicodeEncodeError as e:
             raise ValueError(f"text must be valid UTF-8 (found {e.reason})") from None
+        # the JSON parser reads NaN, Infinity and 1e999 as floats; in a dict[str, Any] field (a tool
+        # call's arguments, a task) no float field's check would see them
+        where = nonfinite_path(data)
+        if where is not None:
+            raise ValueError(f"{where or 'body'}: numbers must be finite (no NaN or Infinity)")
+        return data
 
 
 class CreateSession(_In):

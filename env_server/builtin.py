@@ -9,6 +9,7 @@ from env_server.environment import ToolEnvironment
 from env_server.registry import register_environment
 from env_server.tools import tool
 from env_server.types import Message, Observation, RewardResult
+from pqrl.finite import bounded
 
 __all__ = ["EchoEnv", "ShellEnv", "register"]
 
@@ -66,7 +67,8 @@ class ShellEnv(ToolEnvironment):
             command: the command line, run by /bin/sh.
             timeout: seconds before the command is killed (at most 300).
         """
-        result = await self.sandbox.exec(command, timeout=min(max(timeout, 0.1), 300.0), cwd="/workspace")
+        seconds = bounded(timeout, 0.1, 300.0, "timeout")
+        result = await self.sandbox.exec(command, timeout=seconds, cwd="/workspace")
         status = "timed out" if result.timed_out else f"exit code {result.exit_code}"
         cut = " (output truncated)" if result.truncated else ""
         return f"[{status}{cut}]\n{result.text()}"

@@ -27,6 +27,7 @@ from env_server.sessions import (
     TooManySessions,
 )
 from env_server.types import RewardResult, SessionInfo, StepResult, ToolCall, ToolCallRequest
+from pqrl.finite import bounded
 
 __all__ = ["AuthError", "EnvClient", "EnvUnavailable", "HttpEnvClient", "LocalEnvClient"]
 
@@ -237,7 +238,7 @@ def _body(r: httpx.Response) -> tuple[str, str]:
 def _error(url: str, r: httpx.Response) -> EnvServerError:
     code, detail = _body(r)
     if r.status_code == 429:
-        return TooManySessions(f"{url}: {detail}", float(r.headers.get("Retry-After", "1")))
+        return TooManySessions(f"{url}: {detail}", _retry_after(r.headers.get("Retry-After", "1")))
     err: EnvServerError
     if r.status_code in (401, 403):
         err = AuthError(f"{url}: {r.status_code} {detail}")
@@ -247,3 +248,11 @@ def _error(url: str, r: httpx.Response) -> EnvServerError:
         err = EnvServerError(f"{url}: HTTP {r.status_code}: {detail}")
     err.status = r.status_code
     return err
+
+
+def _retry_after(header: str) -> float:
+    """The server's Retry-After in seconds, within an hour; 1 s when it is not a finite number."""
+    try:
+        return bounded(header, 0.0, 3600.0, "Retry-After")
+    except ValueError:
+        return 1.0

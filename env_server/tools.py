@@ -2,7 +2,9 @@
 
 The schema comes from the signature (pydantic builds it from the type hints and defaults) and the
 Google-style docstring (the summary describes the tool, ``Args:`` describe the parameters), so the
-model sees exactly what the code accepts. Arguments are validated before the method runs.
+model sees exactly what the code accepts. Arguments are validated before the method runs, and
+every number in them must be finite (NaN and infinities are refused, nested ones and ones a float
+field would make of ``"nan"`` or ``"1e999"`` too), so no tool's own bounds can be slipped past.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from typing import Any, TypeVar, get_type_hints, overload
 
 import docstring_parser
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+
+from pqrl.finite import nonfinite_path
 
 __all__ = ["ToolSpec", "collect_tools", "tool", "tool_call_text"]
 
@@ -58,6 +62,13 @@ class ToolSpec:
                 f"{'.'.join(str(p) for p in err['loc']) or 'arguments'}: {err['msg']}" for err in e.errors()
             )
             raise ValueError(f"invalid arguments for {self.name}: {problems}") from None
+        # also what the argument model let through: NaN in an Any field, or made by a nested model
+        # of the tool's own that allows it
+        where = nonfinite_path(arguments)
+        where = where if where is not None else nonfinite_path(model.model_dump())
+        if where is not None:
+            raise ValueError(f"invalid arguments for {self.name}: {where or 'arguments'}: "
+                             "Input should be a finite number")  # fmt: skip
         return {k: getattr(model, k) for k in type(model).model_fields}
 
 
@@ -106,7 +117,8 @@ def _spec(method: Callable[..., Any], name: str, final: bool) -> ToolSpec:
     description = " ".join(x for x in (doc.short_description, doc.long_description) if x)
     if not description:
         raise TypeError(f"@tool {method.__qualname__} needs a docstring: it is the tool's description")
-    model = create_model(f"{name}_args", __config__=ConfigDict(extra="forbid"), **fields)
+    config = ConfigDict(extra="forbid", allow_inf_nan=False)  # every float field of every tool is finite
+    model = create_model(f"{name}_args", __config__=config, **fields)
     return ToolSpec(
         name=name, description=description, args_model=model, method_name=method.__name__, final=final
     )

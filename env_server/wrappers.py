@@ -7,6 +7,7 @@ from typing import Any
 
 from env_server.environment import ToolEnvironment
 from env_server.types import Message, Observation, RewardResult, StepResult, ToolCall, ToolStatus
+from pqrl.finite import finite
 
 __all__ = ["ObservationCap", "ToolTimeout", "TurnLimit", "Wrapper"]
 
@@ -69,7 +70,7 @@ class ToolTimeout(Wrapper):
 
     def __init__(self, env: ToolEnvironment | Wrapper, seconds: float) -> None:
         super().__init__(env)
-        if seconds <= 0:
+        if finite(seconds, "seconds") <= 0:  # a NaN would pass "<= 0" and never time out
             raise ValueError("seconds must be > 0")
         self.seconds = seconds
 

@@ -291,11 +291,19 @@ def _reap(p, timed_out):
     return exit_code
 
 
+def _timeout(value):
+    """Seconds, refused unless a finite number > 0 (JSON's NaN fails both comparisons, Infinity and
+    1e999 the second): otherwise the command would never time out and ``_pump`` would spin."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+        raise ValueError(f"timeout must be a finite number of seconds > 0, got {value!r}")
+    return float(value)
+
+
 def op_exec(req):
     cmd = req["cmd"]
     argv = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
     cap = int(req.get("cap", 65536))
-    timeout = float(req.get("timeout", 30.0))
+    timeout = _timeout(req.get("timeout", 30.0))
     stdin = base64.b64decode(req["stdin"]) if req.get("stdin") else None
     env = dict(os.environ)
     env.update(req.get("env") or {})

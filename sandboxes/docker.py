@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from pqrl.finite import finite
 from sandboxes import agent
 from sandboxes.docker_api import AttachStream, DockerAPI
 from sandboxes.hardening import SandboxSettings
@@ -171,8 +172,10 @@ class DockerSandbox:
     ) -> ExecResult:
         if not isinstance(cmd, str) and (not cmd or not all(isinstance(a, str) for a in cmd)):
             raise ValueError(f"cmd must be a string or a non-empty list of strings, got {cmd!r}")
+        timeout = finite(timeout, "timeout")  # NaN passes every comparison: waits forever
         if timeout <= 0:
             raise ValueError(f"timeout must be > 0, got {timeout}")
+        timeout = min(timeout, self.settings.lifetime_s)  # no command outlives its container
         reply = await self._call(
             "exec",
             timeout + _REPLY_SLACK_S,
@@ -240,7 +243,8 @@ class DockerSandbox:
         self._pending[rid] = fut
         self._calls[rid] = (op, _reply_bound(op, fields, self.settings.output_cap))
         try:
-            await self._stream.write(json.dumps({"id": rid, "op": op, **fields}).encode() + b"\n")
+            line = json.dumps({"id": rid, "op": op, **fields}, allow_nan=False)  # the agent trusts numbers
+            await self._stream.write(line.encode() + b"\n")
             reply = await asyncio.wait_for(fut, wait)
         except TimeoutError:
             raise SandboxError(

@@ -4,6 +4,7 @@ filesystem, capped resources) that loosen only when asked by name."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,8 +60,8 @@ class SandboxSettings:
         for name in ("memory_mb", "pids_limit", "nofile", "tmp_mb", "workspace_mb", "shm_mb", "output_cap"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"SandboxSettings.{name} must be > 0")
-        if self.cpus <= 0 or self.lifetime_s <= 0:
-            raise ValueError("SandboxSettings.cpus and lifetime_s must be > 0")
+        if not (0 < self.cpus < math.inf and 0 < self.lifetime_s < math.inf):  # NaN fails both
+            raise ValueError("SandboxSettings.cpus and lifetime_s must be finite and > 0")
 
     def replace(self, **changes: Any) -> SandboxSettings:
         return dataclasses.replace(self, **changes)

@@ -16,6 +16,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
+from pqrl.finite import finite
 from sandboxes.docker import DockerSandbox
 from sandboxes.docker_api import DockerAPI
 from sandboxes.hardening import SandboxSettings
@@ -72,6 +73,10 @@ class SandboxPool:
     ) -> None:
         if size < 0 or max_creates_per_s <= 0 or max_concurrent_creates < 1:
             raise ValueError("size >= 0, max_creates_per_s > 0 and max_concurrent_creates >= 1 required")
+        for name, value in [("max_creates_per_s", max_creates_per_s), ("max_idle_s", max_idle_s),
+                            ("reap_interval_s", reap_interval_s)]:  # fmt: skip
+            if value is not None:
+                finite(value, name)  # NaN passes the comparisons above and below
         self.api = api
         self.settings = settings or SandboxSettings()
         self.size = size

@@ -110,7 +110,9 @@ class Sandbox(Protocol):
         env: Mapping[str, str] | None = None,
         stdin: bytes | None = None,
     ) -> ExecResult:
-        """Runs ``cmd`` (a string for the shell, or an argv list) in its own process group."""
+        """Runs ``cmd`` (a string for the shell, or an argv list) in its own process group.
+        ``timeout`` must be a finite number of seconds > 0 (ValueError otherwise, before anything
+        runs); a backend may cut it to the sandbox's lifetime."""
         ...
 
     async def write_file(self, path: str, data: bytes, *, mode: int = 0o644) -> None: ...

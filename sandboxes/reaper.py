@@ -14,6 +14,7 @@ import os
 import socket
 import time
 
+from pqrl.finite import finite
 from sandboxes.docker_api import DockerAPI
 
 __all__ = ["owner_alive", "reap"]
@@ -44,7 +45,7 @@ async def reap(api: DockerAPI, *, now: float | None = None) -> list[str]:
     for c in await api.list(["pqrl.owner"], all=True):
         labels = c.get("Labels") or {}
         try:
-            expired = now > float(labels.get("pqrl.expires", "0"))
+            expired = now > finite(labels.get("pqrl.expires", "0"))  # "nan" would never expire
         except ValueError:
             expired = True
         orphaned = not owner_alive(labels.get("pqrl.owner", ""))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from env_server import RewardResult, ToolEnvironment, tool
+from pqrl.finite import finite
 from tasks.graders import exact_number_match, shaped_reward
 
 __all__ = ["NumberAnswerEnv"]
@@ -31,7 +32,7 @@ class NumberAnswerEnv(ToolEnvironment):
     def grade(self, *, used: bool, results: list[str], **info: Any) -> RewardResult:
         score = exact_number_match(self.submitted, self.expected)
         grounded = any(exact_number_match(self.submitted, r) for r in results)
-        fmt = float(self.config.get("format_reward", 0.0))
+        fmt = finite(self.config.get("format_reward", 0.0), "format_reward")
         return RewardResult(
             reward=shaped_reward(score, fmt, used=used, grounded=grounded),
             info={"submitted": self.submitted, "expected": self.expected, "grounded": grounded, **info},

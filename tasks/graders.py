@@ -52,12 +52,13 @@ def qa_score(prediction: str | None, references: list[str]) -> tuple[float, dict
 
 
 def exact_number_match(prediction: str | None, answer: str) -> float:
-    """1 when the prediction is the same number as the answer ("1,200", "1200.0" and "1200" agree)."""
+    """1 when the prediction is the same number as the answer ("1,200", "1200.0" and "1200" agree).
+    "Infinity" and "NaN" are no number: an infinite result submitted must not match itself."""
     if prediction is None:
         return 0.0
     try:
-        cleaned = prediction.strip().replace(",", "").rstrip(".")
-        return float(Decimal(cleaned) == Decimal(answer))
+        cleaned = Decimal(prediction.strip().replace(",", "").rstrip("."))
+        return float(cleaned.is_finite() and cleaned == Decimal(answer))
     except InvalidOperation:
         return 0.0
 

@@ -20,6 +20,7 @@ from pydantic import Field
 from env_server import Message, RewardResult, ToolEnvironment, tool
 from env_server.tools import tool_call_text
 from env_server.types import Observation
+from pqrl.finite import finite
 from tasks.graders import normalize_answer, qa_score, shaped_reward
 from tasks.suite import QATask, Suite, SuiteManifest
 
@@ -254,7 +255,7 @@ class SearchEnv(ToolEnvironment):
         answered = self.submitted is not None
         found = answered and any(_mentions(text, ref) for text in self.found for ref in self.references)
         grounded = answered and any(_mentions(text, self.submitted) for text in self.found)
-        fmt = float(self.config.get("format_reward", 0.0))
+        fmt = finite(self.config.get("format_reward", 0.0), "format_reward")
         reward = shaped_reward(reward, fmt, used=found, grounded=grounded)
         return RewardResult(
             reward=reward, info={**info, "submitted": self.submitted, "found": found, "grounded": grounded}

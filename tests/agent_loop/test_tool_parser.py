@@ -60,3 +60,28 @@ def test_a_parser_is_text_to_calls_still_to_run():
 def test_a_name_the_env_server_would_refuse_is_malformed():
     (call,) = parse_tool_calls('<tool_call>{"name": "%s"}</tool_call>' % ("n" * 129))
     assert call.status is ToolStatus.INVALID and "longer than 128 characters" in (call.error or "")
+
+
+@pytest.mark.parametrize(
+    ("arguments", "says"),
+    [
+        ('{"command": "sleep 400", "timeout": NaN}', "NaN is not a finite number"),
+        ('{"timeout": Infinity}', "Infinity is not a finite number"),
+        ('{"timeout": -Infinity}', "-Infinity is not a finite number"),
+        ('{"timeout": 1e999}', "'1e999' is too large to be a number"),
+        ('{"timeout": %s}' % ("9" * 400), "too large to be a number"),
+        ('{"options": {"limits": [1, {"timeout": NaN}]}}', "NaN is not a finite number"),
+        ('"{\\"timeout\\": NaN}"', "NaN is not a finite number"),  # arguments as a JSON string
+        ('"{\\"timeout\\": 1e999}"', "too large to be a number"),
+    ],
+)
+def test_a_non_finite_number_anywhere_makes_the_call_malformed(arguments, says):
+    (call,) = parse_tool_calls('<tool_call>{"name": "run", "arguments": ' + arguments + "}</tool_call>")
+    assert call.name == MALFORMED and call.status is ToolStatus.INVALID and not call.pending
+    assert call.error is not None and says in call.error, call.error
+    assert "numbers must be finite" in call.error, call.error
+
+
+def test_finite_numbers_and_number_like_strings_still_parse():
+    text = '<tool_call>{"name": "run", "arguments": {"timeout": 1e300, "n": -2, "s": "NaN"}}</tool_call>'
+    assert parse_tool_calls(text) == [ToolCall("run", {"timeout": 1e300, "n": -2, "s": "NaN"})]

@@ -42,7 +42,8 @@ def test_no_answer_scores_zero():
 @pytest.mark.parametrize(
     "pred,answer,ok",
     [("1200", "1200", 1), ("1,200", "1200", 1), ("1200.0", "1200", 1), (" 1200. ", "1200", 1),
-     ("1201", "1200", 0), ("twelve hundred", "1200", 0), (None, "1200", 0), ("", "1200", 0)],
+     ("1201", "1200", 0), ("twelve hundred", "1200", 0), (None, "1200", 0), ("", "1200", 0),
+     ("Infinity", "Infinity", 0), ("-inf", "-inf", 0), ("NaN", "NaN", 0), ("sNaN", "1200", 0)],
 )  # fmt: skip
 def test_exact_number_match(pred, answer, ok):
     assert exact_number_match(pred, answer) == ok
