@@ -51,7 +51,7 @@ def _key(v):
 def _type_name(t):
     try:
         module = _MODULE(t)
-        return "%s.%s" % (module if type(module) is str else "?", _QUALNAME(t))
+        return f"{module if type(module) is str else '?'}.{_QUALNAME(t)}"
     except Exception:
         return "?"
 
@@ -69,10 +69,10 @@ def encode(v, depth=0, budget=None):
     if budget[0] < 0:
         return {"cut": True}
     if t is int:
-        digits = "%x" % v if v >= 0 else "-%x" % -v  # hex: no decimal conversion limit
+        digits = format(v, "x")  # hex: no decimal conversion limit
         if len(digits) > _MAX_STR:
             return {"int": digits[:_MAX_STR], "len": len(digits)}
-        return {"int": digits.replace("-", "-0x") if v < 0 else "0x" + digits}
+        return {"int": "-0x" + digits[1:] if v < 0 else "0x" + digits}
     if t is float:
         return v if math.isfinite(v) else {"float": repr(v)}
     if t is str:

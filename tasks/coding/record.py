@@ -22,8 +22,8 @@ __all__ = ["MAX_DEPTH", "BadRecord", "Opaque", "decode", "parse_record", "sendab
 MAX_DEPTH = 64
 MAX_INT_DIGITS = 4300  # CPython's own limit on int <-> decimal str conversions
 MAX_TEXT = 10_000  # the recorder's cut for strings, bytes and big ints
-_DECIMAL = re.compile(r"-?[0-9]{1,%d}" % MAX_INT_DIGITS)
-_HEX = re.compile(r"-?0x[0-9a-f]{1,%d}" % MAX_TEXT)
+_DECIMAL = re.compile(rf"-?[0-9]{{1,{MAX_INT_DIGITS}}}")
+_HEX = re.compile(rf"-?0x[0-9a-f]{{1,{MAX_TEXT}}}")
 _DECODE_ERRORS = (ValueError, TypeError, KeyError, IndexError, OverflowError, RecursionError, MemoryError)
 
 
