@@ -16,13 +16,13 @@ from sandboxes.hardening import SandboxSettings
 from tasks.coding.diffs import unified_diff
 from tasks.coding.grader import CodingGrader
 from tests.tasks.conftest import leftovers
-from tests.tasks.test_coding_hacks import SOURCE, TASK, module, play, run
+from tests.tasks.test_coding_hacks import SOURCE, TASK, play, run, write
 
 RUN = "pytest-coding-hostile"
 
 # from_roman returns a set holding a frozenset: no forgery at all, only a value whose decoding
 # once gave a tuple holding a (mutable, unhashable) set.
-FROZEN = "def from_roman(text):\n    return {(0, frozenset())}\n\n\n"
+FROZEN = "\n\ndef from_roman(text):\n    return {(0, frozenset())}\n"  # after the original: replaces it
 
 
 def forger(hostile: str) -> str:
@@ -80,7 +80,7 @@ async def test_a_hostile_record_scores_zero_with_a_reason(grader, hostile, why):
 async def test_a_frozenset_in_a_set_is_judged_in_a_real_episode(manager):
     """The function under test returns ``{(0, frozenset())}``: judged (0, the tests fail), not a
     grader failure."""
-    result, _ = await play(manager, [module(FROZEN)])
+    result, _ = await play(manager, [write("roman.py", SOURCE + FROZEN)])
     assert result.reward == 0.0
     assert "tests did not pass" in result.info["reason"], result.info["reason"]
     assert result.info["held_out_failures"]
