@@ -226,7 +226,7 @@ async def _list(sandbox: Sandbox, task: CodingTask, sources: list[str]) -> _List
     try:
         found = json.loads(listing.stdout)
         states = {p: (text(s[0], 20), text(s[1], 300)) for p, s in found["repo"].items() if p in task.repo}
-        others = [text(p, 300) for p in found["others"]][:_NAMES_BUDGET]
+        others = [text(p, 300) for p in found["others"][:_NAMES_BUDGET]]
         return _Listing(
             states, others, int(found["others_total"]), int(found["noise"]), bool(found["truncated"])
         )
