@@ -5,13 +5,18 @@ record kinds in real containers: tests/tasks/test_coding_hostile.py."""
 
 from __future__ import annotations
 
+import base64
 import json
 import math
+import threading
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tasks.coding import probe_runtime, probes, record
+from tasks.coding.grader import Reference, judge
+from tasks.coding.policy import check_source
+from tests.tasks.test_coding_grading import CANARY, TASK, _all, _report
 from tests.tasks.test_coding_probes import GOLD, judged, rewritten
 
 DEEP = "[" * 100_000 + "]" * 100_000
@@ -234,3 +239,41 @@ def _has_nan(v: object) -> bool:
     if isinstance(v, dict):
         return any(_has_nan(x) for x in v.values())
     return isinstance(v, probes.Opaque)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(_lines, max_size=6),
+    st.sampled_from(["good", "cut", "junk", "huge_attr"]),
+    st.binary(max_size=30),
+)
+def test_judge_gives_a_verdict_on_any_report(lines, xml_kind, junk):
+    """The grader's own entry point: every expected test has a gold record, so hostile lines
+    labelled with their ids reach the per-check comparison."""
+    expected = TASK.fail_to_pass + TASK.pass_to_pass
+    sites = rewritten().sites
+    reference = Reference({}, sites, {t: GOLD["t"] for t in expected}, set(), set())
+    relabelled = [line.replace(b'"t": "t"', json.dumps({"t": expected[0]})[1:-1].encode()) for line in lines]
+    report = _report(_all())
+    xml = base64.b64decode(report["xml"])
+    report["xml"] = base64.b64encode(
+        {"good": xml, "cut": xml[: len(xml) // 2], "junk": junk,
+         "huge_attr": xml.replace(b'failures="0"', b'failures="' + b"9" * 5000 + b'"')}[xml_kind]
+    ).decode()  # fmt: skip
+    report["probes"] = base64.b64encode(b"\n".join(relabelled)).decode()
+    result = judge(TASK, report, CANARY, reference)
+    assert result.reward in (0.0, 1.0)
+    json.dumps(record.sendable(result.info), ensure_ascii=False).encode("utf-8")
+
+
+def test_a_source_nested_past_the_parsers_limits_is_a_syntax_violation():
+    """ast.parse raises RecursionError or MemoryError on these (not SyntaxError); the grader parses
+    in a worker thread, as here."""
+    sources = [b"x = a" + b".b" * 100_000, b"x = f" + b"()" * 100_000, b"x = " + b"-" * 200_000 + b"1"]
+    found: list = []
+    worker = threading.Thread(target=lambda: found.extend(check_source("m.py", s) for s in sources))
+    worker.start()
+    worker.join()
+    assert len(found) == 3
+    for violations in found:
+        assert [v.rule for v in violations] == ["syntax"]
