@@ -77,6 +77,14 @@ async def test_a_hostile_record_scores_zero_with_a_reason(grader, hostile, why):
     json.dumps(result.info, ensure_ascii=False).encode("utf-8")
 
 
+async def test_a_source_nested_past_the_parsers_limits_does_not_parse(grader):
+    deep = SOURCE + "\n\nLIMIT = a" + ".b" * 100_000 + "\n"
+    grader.source_policy = True
+    result = await grader.grade_patch(TASK, unified_diff("roman.py", SOURCE, deep))
+    assert result.reward == 0.0 and result.info["reason"] == "a source file does not parse"
+    assert not result.info["tampered"]
+
+
 async def test_a_frozenset_in_a_set_is_judged_in_a_real_episode(manager):
     """The function under test returns ``{(0, frozenset())}``: judged (0, the tests fail), not a
     grader failure."""
