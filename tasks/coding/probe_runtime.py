@@ -30,7 +30,7 @@ COMPARISONS = {  # also the host's, when it evaluates an assert on recorded valu
 }
 
 
-_MAX_NODES = 100000  # values encoded per recorded operand: past it, the rest is cut (and marked)
+_MAX_NODES = 100000  # values encoded per operand (16 characters count as one): past it, cut and marked
 _NAME = type.__dict__["__name__"].__get__  # read a class's own fields, never a metaclass property
 _QUALNAME = type.__dict__["__qualname__"].__get__
 _MODULE = type.__dict__["__module__"].__get__
@@ -60,7 +60,8 @@ def encode(v, depth=0, budget=None):
     """A JSON value standing for ``v``. Builtin values by content; anything else by its type's
     name (with the value of an int/float/str base). No method of the code under test runs: types
     are read with ``type()`` and checked exactly, and a subclass's base value is taken through the
-    base's own C slot. Depth and the number of values encoded are bounded."""
+    base's own C slot. Depth and the number of values encoded (long strings count for more) are
+    bounded: past them, the rest is cut, the same way for the gold record."""
     budget = budget if budget is not None else [_MAX_NODES]
     budget[0] -= 1
     t = type(v)
@@ -70,12 +71,14 @@ def encode(v, depth=0, budget=None):
         return {"cut": True}
     if t is int:
         digits = format(v, "x")  # hex: no decimal conversion limit
+        budget[0] -= min(len(digits), _MAX_STR) // 16  # long text costs in proportion
         if len(digits) > _MAX_STR:
             return {"int": digits[:_MAX_STR], "len": len(digits)}
         return {"int": "-0x" + digits[1:] if v < 0 else "0x" + digits}
     if t is float:
         return v if math.isfinite(v) else {"float": repr(v)}
     if t is str:
+        budget[0] -= min(len(v), _MAX_STR) // 16
         return v if len(v) <= _MAX_STR else {"str": v[:_MAX_STR], "len": len(v)}
     if depth >= _MAX_DEPTH:
         return {"deep": _type_name(t)}
@@ -90,6 +93,7 @@ def encode(v, depth=0, budget=None):
                  for k, x in list(v.items())[:_MAX_ITEMS]]  # fmt: skip
         return {"dict": sorted(pairs, key=lambda p: p[0]), "len": len(v)}
     if t is bytes or t is bytearray:
+        budget[0] -= min(len(v), _MAX_STR) // 8
         return {"bytes": bytes(v[:_MAX_STR]).hex(), "len": len(v)}
     if t is complex:
         return {"complex": [encode(v.real), encode(v.imag)]}

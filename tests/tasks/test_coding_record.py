@@ -156,6 +156,8 @@ def test_the_recorder_bounds_what_it_encodes():
     encoded = probe_runtime.encode([wide, wide])
     text = json.dumps(encoded)
     assert '"cut": true' in text and len(text) < 2_000_000
+    long_strings = json.dumps(probe_runtime.encode([["x" * 10_000] * 1000] * 1000))
+    assert '"cut": true' in long_strings and len(long_strings) < 3_000_000
     deep: list = []
     for _ in range(100_000):
         deep = [deep]
