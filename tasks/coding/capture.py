@@ -25,6 +25,7 @@ from typing import Any
 
 from sandboxes.protocol import Sandbox
 from tasks.coding.diffs import filter_patch, is_protected, source_files, unified_diff
+from tasks.coding.record import sendable, text
 from tasks.suite import CodingTask
 
 __all__ = [
@@ -86,10 +87,13 @@ def repo_state(full, size, sha):
     same = data is not None and hashlib.sha256(data).hexdigest() == sha
     return ["same" if same else "changed", ""]
 
+def shown(path):  # a name that is not UTF-8 stays sendable
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
+
 def source_state(full, sha):
     real = os.path.realpath(full)
     if not real.startswith(root + "/"):
-        return ["rejected", "is a link out of the workspace (to %s)" % real[:200]]
+        return ["rejected", "is a link out of the workspace (to %s)" % shown(real)[:200]]
     try:
         st = os.stat(real)
         if not stat.S_ISREG(st.st_mode):
@@ -138,11 +142,11 @@ while stack and not truncated:
                 others.append(rel)
 names, used = [], 0
 for rel in sorted(others, key=lambda r: (r.count("/"), r)):
-    shown = os.fsencode(rel).decode("utf-8", "backslashreplace")  # a name that is not UTF-8 stays sendable
-    used += len(json.dumps(shown)) + 2
+    name = shown(rel)
+    used += len(json.dumps(name)) + 2
     if used > budget:
         break
-    names.append(shown)
+    names.append(name)
 states = {}
 for p, (size, sha) in repo.items():
     full = os.path.join(root, p)
@@ -173,14 +177,14 @@ class Ungradable(Exception):
     @property
     def info(self) -> dict[str, Any]:
         sub = self.submission
-        return {
+        return sendable({
             **sub.info,
             "reason": str(self),
             "rejected_sources": self.rejected,
             "dropped_paths": sub.dropped,
             "tampered": bool(sub.tampered_paths),
             "tamper_reasons": [f"changed protected path {p}" for p in sub.tampered_paths],
-        }
+        })  # fmt: skip
 
 
 @dataclass
@@ -217,13 +221,17 @@ async def _list(sandbox: Sandbox, task: CodingTask, sources: list[str]) -> _List
     listing = await sandbox.exec(
         ["python3", "-I", "-c", _LIST_SCRIPT], stdin=json.dumps(args).encode(), timeout=120
     )
+    # The reply comes out of the agent's container: every string in it is made sendable and
+    # bounded, and only the task's own paths are taken from it.
     try:
         found = json.loads(listing.stdout)
-        states = {p: (str(s[0]), str(s[1])) for p, s in found["repo"].items()}
-        return _Listing(states, list(found["others"]), int(found["others_total"]), int(found["noise"]),
-                        bool(found["truncated"]))  # fmt: skip
-    except (ValueError, KeyError, TypeError, IndexError):
-        raise RuntimeError(f"cannot list the workspace: {listing.text()[-500:]}") from None
+        states = {p: (text(s[0], 20), text(s[1], 300)) for p, s in found["repo"].items() if p in task.repo}
+        others = [text(p, 300) for p in found["others"][:_NAMES_BUDGET]]
+        return _Listing(
+            states, others, int(found["others_total"]), int(found["noise"]), bool(found["truncated"])
+        )
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError, RecursionError):
+        raise RuntimeError(f"cannot list the workspace: {text(listing.text()[-500:])}") from None
 
 
 async def _read_source(sandbox: Sandbox, path: str, digest: str) -> str:
@@ -275,7 +283,7 @@ async def capture_workspace(sandbox: Sandbox, task: CodingTask, base_commit: str
     dropped = sorted([p for p in changed if p not in sources] + found.others)  # noise was counted apart
     patch, rejected = await _source_diffs(sandbox, task, {p: changed[p] for p in changed_sources})
     head = await sandbox.exec(["git", "rev-parse", "--verify", "-q", "HEAD"], cwd=WORKSPACE, timeout=30)
-    head_sha = head.stdout.decode(errors="replace").strip() or None
+    head_sha = text(head.stdout.decode(errors="replace").strip(), 100) or None
     info = {
         "changed_sources": changed_sources,
         "ignored_noise_files": found.noise,

@@ -64,6 +64,7 @@ from tasks.coding.capture import WORKSPACE, Submission, capture_workspace, submi
 from tasks.coding.diffs import source_files
 from tasks.coding.junit import ReportError, parse_junit
 from tasks.coding.policy import MAX_SOURCE_BYTES, Violation, check_source
+from tasks.coding.record import sendable
 from tasks.suite import CodingTask
 
 __all__ = ["CodingGrader", "GradeResult", "grading_slots", "judge"]
@@ -298,7 +299,7 @@ class CodingGrader:
             "tamper_reasons": reasons + result.info.get("tamper_reasons", []),
             "timings": {**timings, "total_s": round(time.monotonic() - t0, 3)},
         }
-        return GradeResult(result.reward, info)
+        return GradeResult(result.reward, sendable(info))  # strings from the sandbox: made sendable
 
     async def _run(
         self,

@@ -66,7 +66,9 @@ def _int(suite: ET.Element, attr: str) -> int:
     try:
         return int(suite.get(attr, "0"))
     except ValueError:
-        raise ReportError(f"testsuite attribute {attr}={suite.get(attr)!r} is not an integer") from None
+        raise ReportError(
+            f"testsuite attribute {attr}={suite.get(attr, '')[:50]!r} is not an integer"
+        ) from None
 
 
 def parse_junit(xml: bytes, test_files: Iterable[str]) -> list[TestOutcome]:
@@ -88,7 +90,7 @@ def parse_junit(xml: bytes, test_files: Iterable[str]) -> list[TestOutcome]:
         raise ReportError(f"the report is not one well-formed XML document: {e}") from None
     suites = [root] if root.tag == "testsuite" else list(root) if root.tag == "testsuites" else None
     if not suites or any(s.tag != "testsuite" for s in suites):
-        raise ReportError(f"unexpected report structure (root <{root.tag}>)")
+        raise ReportError(f"unexpected report structure (root <{root.tag[:50]}>)")
     files = list(test_files)
     found: dict[str, TestOutcome] = {}
     for suite in suites:

@@ -232,7 +232,9 @@ def _parse(path: str, source: bytes) -> tuple[ast.Module | None, list[Violation]
     try:
         return ast.parse(text, filename=path), []
     except (SyntaxError, ValueError) as e:
-        return None, [Violation(path, getattr(e, "lineno", 0) or 0, "syntax", str(e))]
+        return None, [Violation(path, getattr(e, "lineno", 0) or 0, "syntax", str(e)[:500])]
+    except (RecursionError, MemoryError):  # nested past the parser's limits: Python cannot compile it either
+        return None, [Violation(path, 0, "syntax", "nested too deeply to parse")]
 
 
 def check_source(path: str, source: bytes, original: bytes | None = None) -> list[Violation]:

@@ -30,9 +30,16 @@ COMPARISONS = {  # also the host's, when it evaluates an assert on recorded valu
 }
 
 
+_MAX_NODES = 100000  # values encoded per operand (16 characters count as one): past it, cut and marked
+_NAME = type.__dict__["__name__"].__get__  # read a class's own fields, never a metaclass property
+_QUALNAME = type.__dict__["__qualname__"].__get__
+_MODULE = type.__dict__["__module__"].__get__
+_MRO = type.__dict__["__mro__"].__get__
+
+
 def _mro(cls):
     try:
-        return [c.__name__ for c in cls.__mro__]
+        return [_NAME(c) for c in _MRO(cls)]
     except Exception:
         return ["?"]
 
@@ -41,36 +48,59 @@ def _key(v):
     return json.dumps(v, sort_keys=True)
 
 
-def encode(v, depth=0):
+def _type_name(t):
+    try:
+        module = _MODULE(t)
+        return f"{module if type(module) is str else '?'}.{_QUALNAME(t)}"
+    except Exception:
+        return "?"
+
+
+def encode(v, depth=0, budget=None):
     """A JSON value standing for ``v``. Builtin values by content; anything else by its type's
-    name (with the value of an int/float/str base), so no method of the code under test runs."""
+    name (with the value of an int/float/str base). No method of the code under test runs: types
+    are read with ``type()`` and checked exactly, and a subclass's base value is taken through the
+    base's own C slot. Depth and the number of values encoded (long strings count for more) are
+    bounded: past them, the rest is cut, the same way for the gold record."""
+    budget = budget if budget is not None else [_MAX_NODES]
+    budget[0] -= 1
     t = type(v)
-    if v is None or t is bool or t is int and abs(v) < 2**53:
+    if v is None or t is bool or t is int and -(2**53) < v < 2**53:
         return v
+    if budget[0] < 0:
+        return {"cut": True}
     if t is int:
-        return {"int": str(v)}
+        digits = format(v, "x")  # hex: no decimal conversion limit
+        budget[0] -= min(len(digits), _MAX_STR) // 16  # long text costs in proportion
+        if len(digits) > _MAX_STR:
+            return {"int": digits[:_MAX_STR], "len": len(digits)}
+        return {"int": "-0x" + digits[1:] if v < 0 else "0x" + digits}
     if t is float:
         return v if math.isfinite(v) else {"float": repr(v)}
     if t is str:
+        budget[0] -= min(len(v), _MAX_STR) // 16
         return v if len(v) <= _MAX_STR else {"str": v[:_MAX_STR], "len": len(v)}
     if depth >= _MAX_DEPTH:
-        return {"deep": t.__name__}
-    if t in (list, tuple):
-        items = [encode(x, depth + 1) for x in v[:_MAX_ITEMS]]
-        return {t.__name__: items, "len": len(v)}
-    if t in (set, frozenset):
-        return {"set": sorted(_key(encode(x, depth + 1)) for x in list(v)[:_MAX_ITEMS]), "len": len(v)}
+        return {"deep": _type_name(t)}
+    if t is list or t is tuple:
+        items = [encode(x, depth + 1, budget) for x in v[:_MAX_ITEMS]]
+        return {_NAME(t): items, "len": len(v)}
+    if t is set or t is frozenset:
+        keys = sorted(_key(encode(x, depth + 1, budget)) for x in list(v)[:_MAX_ITEMS])
+        return {_NAME(t): keys, "len": len(v)}
     if t is dict:
-        pairs = [[_key(encode(k, depth + 1)), encode(x, depth + 1)] for k, x in list(v.items())[:_MAX_ITEMS]]
+        pairs = [[_key(encode(k, depth + 1, budget)), encode(x, depth + 1, budget)]
+                 for k, x in list(v.items())[:_MAX_ITEMS]]  # fmt: skip
         return {"dict": sorted(pairs, key=lambda p: p[0]), "len": len(v)}
-    if t in (bytes, bytearray):
+    if t is bytes or t is bytearray:
+        budget[0] -= min(len(v), _MAX_STR) // 8
         return {"bytes": bytes(v[:_MAX_STR]).hex(), "len": len(v)}
     if t is complex:
         return {"complex": [encode(v.real), encode(v.imag)]}
-    out = {"obj": f"{getattr(t, '__module__', '?')}.{getattr(t, '__qualname__', '?')}"}
-    for base in (bool, int, float, str):
-        if isinstance(v, base):
-            out["base"] = encode(base.__new__(base, v) if base is not bool else bool(int(v)), depth + 1)
+    out = {"obj": _type_name(t)}
+    for base, value in ((int, int.__int__), (float, float.__float__), (str, str.__str__)):
+        if issubclass(t, base):  # t's own MRO, read in C: no __class__, no __instancecheck__
+            out["base"] = encode(value(v), depth + 1, budget)
             break
     return out
 
@@ -154,8 +184,8 @@ class raises:
             _emit(self.site, [{"!raised": None}])
             return False
         self.type, self.value, self.tb = exc_type, exc, tb
-        try:
-            msg = str(exc)[:_MAX_STR]
+        try:  # the message, as pytest.raises's match reads it
+            msg = str.__str__(str(exc))[:_MAX_STR]
         except Exception:
             msg = "?"
         _emit(self.site, [{"!raised": _mro(exc_type), "msg": msg}])
