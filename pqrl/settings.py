@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import math
 import re
 import types
 import typing
@@ -53,7 +54,8 @@ class Settings:
     when a job config nests them.
     """
 
-    __pydantic_config__ = {"extra": "forbid"}
+    # a NaN passes every bound (each comparison is False) and an infinity is no bound at all
+    __pydantic_config__ = {"extra": "forbid", "allow_inf_nan": False}
 
     def __post_init__(self) -> None:
         cls: type = type(self)  # as a plain type: mypy takes type[Settings] for unhashable
@@ -63,6 +65,8 @@ class Settings:
             base, optional = _unwrap_optional(hints[f.name])
             if optional and value is None:
                 continue
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"{type(self).__name__}.{f.name} must be a finite number, got {value!r}")
             for key, (ok, sign) in _BOUNDS.items():
                 bound = f.metadata.get(key)
                 if bound is not None and isinstance(value, int | float) and not ok(value, bound):

@@ -177,3 +177,13 @@ def test_the_cpu_probe_reads_the_bfloat16_flags_of_this_machine():
 
     flags = set(Path("/proc/cpuinfo").read_text().split())
     assert cpu_has_bf16_matmul() is bool(flags & {"avx512_bf16", "amx_bf16"})
+
+
+@pytest.mark.parametrize("value", [".nan", ".inf", "-.inf"])
+def test_a_non_finite_number_is_refused_in_the_job_config_and_in_code(tmp_path, value):
+    # an infinity passes vf_clip's bound (> 0) and would clip nothing; every float setting refuses it
+    base = "run: x\ntasks:\n  suites: [{generate: calc}]\n"
+    with pytest.raises(ConfigInvalid, match="algorithm.vf_clip"):
+        load_config(_write(tmp_path, base + f"algorithm: {{vf_clip: {value}}}\n"))
+    with pytest.raises(ValueError, match="AlgorithmConfig.vf_clip must be a finite number"):
+        AlgorithmConfig(vf_clip=float(value.replace(".", "")))
