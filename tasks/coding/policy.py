@@ -82,7 +82,9 @@ _BANNED_NAMES = _words(
     "GeneratorExit"
 )
 # Reach the interpreter when looked up by string (``d["getattr"]`` on a builtins namespace).
-_BANNED_STRINGS = _words("eval exec compile globals locals vars getattr setattr delattr __import__ breakpoint builtins")
+_BANNED_STRINGS = _words(
+    "eval exec compile globals locals vars getattr setattr delattr __import__ breakpoint builtins"
+)
 _BUILTINS_MODULE = re.compile(r"builtins", re.IGNORECASE)
 _SAFE_DUNDER_ATTRS = frozenset({"__init__", "__name__", "__doc__", "__qualname__"})
 _SAFE_DUNDER_NAMES = frozenset({"__name__", "__all__", "__slots__"})

@@ -17,11 +17,13 @@ DUNDER_GLOBALS = "'_' * 2 + 'globals' + '_' * 2"
 BYPASSES = {
     # functools.wraps / update_wrapper copy attributes named at run time (module globals -> sys)
     "wraps_runtime_dunder": (
-        f"import functools\n\n\ndef _h():\n    pass\n\n\nfunctools.wraps(len, assigned=({DUNDER_GLOBALS},))(_h)\n"
+        "import functools\n\n\ndef _h():\n    pass\n\n\n"
+        f"functools.wraps(len, assigned=({DUNDER_GLOBALS},))(_h)\n"
     ),
     "wraps_from_import": "from functools import wraps\n",
     "update_wrapper": (
-        f"import functools\n\n\ndef _h():\n    pass\n\n\nfunctools.update_wrapper(_h, len, ({DUNDER_GLOBALS},), ())\n"
+        "import functools\n\n\ndef _h():\n    pass\n\n\n"
+        f"functools.update_wrapper(_h, len, ({DUNDER_GLOBALS},), ())\n"
     ),
     # a builtin taken as an attribute of a module object reached at run time
     "attribute_call_getattr": "def f(m, x):\n    return m.getattr(x, 'y')\n",
@@ -38,7 +40,8 @@ BYPASSES = {
     "dunder_builtins": "g = __builtins__['getattr']\n",
     "namespace_subscript": "def f(ns):\n    return ns['getattr'](1, 'real')\n",
     "namespace_get": "def f(ns):\n    return ns.get('eval')\n",
-    "class_pattern_attribute": "def f(m):\n    match m:\n        case object(getattr=g):\n            return g\n",
+    "class_pattern_attribute": "def f(m):\n    match m:\n        case object(getattr=g):\n"
+    "            return g\n",
 }
 STILL_ALLOWED = [
     "import re\nP = re.compile('a+')\n",

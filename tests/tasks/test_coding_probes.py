@@ -126,7 +126,11 @@ def judged(record: dict, unstable=frozenset()) -> dict[str, str]:
         # identity, not membership: the gold's very class, every base in order, modules included
         (6, entry(6, {"!raised": EVERY_NAME, "msg": "negative"}), False),
         (6, entry(6, {"!raised": ["m.NegativeError", *VALUE_ERROR], "msg": "negative"}), False),
-        (6, entry(6, {"!raised": ["ValueError", "Exception", "BaseException", "object"], "msg": "negative"}), False),
+        (
+            6,
+            entry(6, {"!raised": ["ValueError", "Exception", "BaseException", "object"], "msg": "negative"}),
+            False,
+        ),
         (6, entry(6, {"!raised": ["x.ValueError", *VALUE_ERROR[1:]], "msg": "negative"}), False),
         (6, entry(6, {"!raised": None}), False),
         (7, entry(7, 4, 4, {"!truth": True}), False),  # self-consistent but not the correct value
@@ -215,8 +219,12 @@ def test_the_recorder_writes_one_line_per_check(tmp_path, monkeypatch):
             2,
             [
                 1,
-                {"!raised": [f"builtins.{c}" for c in ("ZeroDivisionError", "ArithmeticError", "Exception")]
-                 + ["builtins.BaseException", "builtins.object"]},
+                {
+                    "!raised": [
+                        f"builtins.{c}" for c in ("ZeroDivisionError", "ArithmeticError", "Exception")
+                    ]
+                    + ["builtins.BaseException", "builtins.object"]
+                },
             ],
         ),
         (3, [{"!raised": VALUE_ERROR, "msg": "negative"}]),
