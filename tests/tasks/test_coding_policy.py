@@ -30,7 +30,7 @@ BYPASSES = {
     "attribute_call_eval": "def f(holder):\n    return holder._b.eval('1')\n",
     "attribute_open": "def f(m):\n    return m.open('/tmp/report.xml', 'w')\n",
     "attribute_setattr": "def f(m, o):\n    m.setattr(o, 'x', 1)\n",
-    "attribute_dunder_import": "def f(m):\n    return m.exec('import os')\n",
+    "attribute_exec": "def f(m):\n    return m.exec('import os')\n",
     # the builtins module under an alias
     "alias_builtins_module": "def f(holder):\n    b = holder.builtins\n    return b.len\n",
     "private_alias_builtins_module": "def f(h):\n    b = h._builtins\n    return b\n",
