@@ -34,8 +34,9 @@ verdict, whatever the policy missed (tests/tasks/test_coding_hacks.py plays such
 the policy on and off). The record it can forge too, but a forged record scores only with the
 values the correct code computes, which are not in the container. What this leaves open is
 listed in tasks/coding/probes.py and docs/security.md: expectations a test carries outside its asserts,
-guessable exception types, non-builtin objects recorded by type, and solutions that special-case
-the hidden inputs. A task without a gold patch is judged by pytest's outcomes alone.
+an exception class guessed exactly (a ``pytest.raises`` record must equal the gold's MRO),
+non-builtin objects recorded by type, and solutions that special-case the hidden inputs. A task
+without a gold patch is judged by pytest's outcomes alone.
 """
 
 from __future__ import annotations

@@ -10,8 +10,13 @@ patched code that steps outside plain computation. The rules, enforced on the AS
   (``ALLOWED_IMPORTS``); no relative, dotted or star imports. A module imported whole may only
   be used as ``module.name`` with a whitelisted name, never stored into or passed around;
 - builtins that reach the interpreter are banned by name (``eval``, ``exec``, ``open``,
-  ``getattr``, ``globals``, ``__import__``, ``breakpoint``, ``exit``...), and so is raising
-  ``SystemExit``/``KeyboardInterrupt``/``BaseException``/``GeneratorExit``;
+  ``getattr``, ``globals``, ``__import__``, ``breakpoint``, ``exit``...), as attributes of
+  anything (``m.getattr``: a module object reached at run time holds them too) but a whitelisted
+  ``module.name``, and as string constants (``ns["getattr"]``); so is any name or attribute that
+  spells ``builtins``, and raising ``SystemExit``/``KeyboardInterrupt``/``BaseException``/
+  ``GeneratorExit``. Nothing whitelisted reads or copies attributes named at run time
+  (``functools.wraps``/``update_wrapper`` would: ``__globals__`` spelled at run time reaches
+  ``sys``);
 - introspection: no dunder names or attributes beyond ``__init__``/``__name__``/``__doc__``/
   ``__qualname__``/``__all__``/``__slots__``, no frame/code/traceback attributes (``f_*``,
   ``tb_*``, ``gi_*``, ``co_*``...), no string constant that spells a dunder name, private
@@ -57,7 +62,7 @@ ALLOWED_IMPORTS: dict[str, frozenset[str]] = {
         "dataclasses": "dataclass field replace asdict astuple fields FrozenInstanceError InitVar KW_ONLY",
         "typing": "Any Callable ClassVar Dict Final FrozenSet Generic Hashable Iterable Iterator List "
         "Literal Mapping MutableMapping Optional Protocol Sequence Set Tuple TypeVar Union cast overload",
-        "functools": "total_ordering reduce lru_cache cache cached_property partial wraps",
+        "functools": "total_ordering reduce lru_cache cache cached_property partial",
         "itertools": "accumulate chain combinations combinations_with_replacement compress count cycle "
         "dropwhile filterfalse groupby islice pairwise permutations product repeat starmap takewhile tee "
         "zip_longest",
@@ -76,6 +81,11 @@ _BANNED_NAMES = _words(
     "exit quit help memoryview copyright credits license SystemExit KeyboardInterrupt BaseException "
     "GeneratorExit"
 )
+# Reach the interpreter when looked up by string (``d["getattr"]`` on a builtins namespace).
+_BANNED_STRINGS = _words(
+    "eval exec compile globals locals vars getattr setattr delattr __import__ breakpoint builtins"
+)
+_BUILTINS_MODULE = re.compile(r"builtins", re.IGNORECASE)
 _SAFE_DUNDER_ATTRS = frozenset({"__init__", "__name__", "__doc__", "__qualname__"})
 _SAFE_DUNDER_NAMES = frozenset({"__name__", "__all__", "__slots__"})
 _VALUE_DUNDERS = _words(
@@ -156,7 +166,9 @@ class _Checker(ast.NodeVisitor):
 
     def visit_MatchClass(self, node: ast.MatchClass) -> None:
         for attr in node.kwd_attrs:  # `case C(attr=x)` reads x.attr without an Attribute node
-            if self._attribute_name(node, attr) and attr.startswith("_"):
+            if attr in _BANNED_NAMES or _BUILTINS_MODULE.search(attr):
+                self.bad(node, "builtin", f"attribute {attr!r} in a class pattern")
+            elif self._attribute_name(node, attr) and attr.startswith("_"):
                 self.bad(node, "introspection", f"private attribute {attr!r} in a class pattern")
 
     def visit_Call(self, node: ast.Call) -> None:
@@ -179,6 +191,8 @@ class _Checker(ast.NodeVisitor):
                 self.bad(node, "import", f"{module}.{attr} is not allowed")
             if not isinstance(node.ctx, ast.Load):
                 self.bad(node, "monkeypatch", f"assignment to {module}.{attr}")
+        elif attr in _BANNED_NAMES or _BUILTINS_MODULE.search(attr):
+            self.bad(node, "builtin", f"attribute {attr!r} (a builtin reached through an object)")
         elif self._attribute_name(node, attr) and attr.startswith("_") and not _DUNDER.fullmatch(attr):
             plain = isinstance(base, ast.Name) and base.id not in self.imported
             if not plain:
@@ -193,6 +207,8 @@ class _Checker(ast.NodeVisitor):
             self.bad(node, "builtin", f"{node.id!r} is not allowed")
         elif _DUNDER.fullmatch(node.id) and node.id not in _SAFE_DUNDER_NAMES:
             self.bad(node, "introspection", f"name {node.id!r}")
+        elif _BUILTINS_MODULE.search(node.id):
+            self.bad(node, "builtin", f"{node.id!r} (the builtins module under some name)")
         elif node.id in self.modules and id(node) not in self.allowed_module_uses:
             self.bad(node, "import", f"module {node.id!r} may only be used as {node.id}.<name>")
 
@@ -201,6 +217,8 @@ class _Checker(ast.NodeVisitor):
             text = node.value if isinstance(node.value, str) else node.value.decode("latin-1")
             if _DUNDER.search(text):
                 self.bad(node, "introspection", f"string constant spelling a dunder name: {text[:60]!r}")
+            elif text.strip() in _BANNED_STRINGS:
+                self.bad(node, "builtin", f"string constant naming a builtin: {text.strip()!r}")
 
     def visit_ClassDef(self, node: ast.ClassDef) -> None:
         if node.keywords:

@@ -38,8 +38,9 @@ _MRO = type.__dict__["__mro__"].__get__
 
 
 def _mro(cls):
+    """The class's identity: module and qualified name of every class in its MRO."""
     try:
-        return [_NAME(c) for c in _MRO(cls)]
+        return [_type_name(c) for c in _MRO(cls)]
     except Exception:
         return ["?"]
 
@@ -158,7 +159,8 @@ def _safe_encode(v):
 
 
 class raises:
-    """``with raises(site)``: records what the block raised (type MRO and message) and swallows it,
+    """``with raises(site)``: records what the block raised (its MRO as ``module.qualname`` and its
+    message) and swallows it,
     so the test goes on as it would after ``pytest.raises``."""
 
     def __init__(self, site):

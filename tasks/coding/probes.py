@@ -12,7 +12,10 @@ the tests passed. It rewrites every hidden test on the host before upload (``ins
 - ``assert X`` and ``assert not X`` both become ``_probe(site, (), lambda: X)``: the polarity
   stays on the host, so the recorded truth value cannot be guessed from the rewritten source.
 - ``with pytest.raises(E, match=...)`` becomes ``with _raises(site):``, which records the type
-  (its MRO names) and message of what the body raised; ``E`` and ``match`` stay on the host.
+  (its whole MRO, each class as ``module.qualname``) and message of what the body raised; ``E``
+  and ``match`` stay on the host. The recorded MRO must equal the one the gold solution recorded
+  at that site of that test, list for list: a record naming every exception class there is
+  matches no site.
 - assert messages are dropped (they often spell the expected value out);
 - an assert using ``await``, ``yield``, ``:=`` or ``super()`` means something else inside a lambda:
   it is left as it is (an in-process check, its expectation visible).
@@ -25,7 +28,8 @@ computes for every recorded call: the values that are not in the container.
 
 What the record does not protect: values a test carries outside its asserts (module constants,
 parametrize tables, fixtures, data files, expected values the test computes itself) are in the
-container and can be copied by a forger that emulates the test; exception types are guessable;
+container and can be copied by a forger that emulates the test; an exception type a site expects
+can still be guessed (one exact class per site, from the names in the code);
 and recorded objects that are neither builtin values nor exceptions are compared by type only
 (their comparison's truth, which the process reports, carries the rest).
 """
@@ -54,7 +58,7 @@ __all__ = [
     "unstable_entries",
 ]
 
-SCHEME = "4"  # bump when the rewriting or the record changes: cached gold records are keyed by it
+SCHEME = "5"  # bump when the rewriting or the record changes: cached gold records are keyed by it
 PROBE, RAISES, MODULE = "_pqrl_probe", "_pqrl_raises", "pqrl_probe_runtime"
 _OPS = {
     ast.Eq: "==", ast.NotEq: "!=", ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=",
@@ -237,10 +241,16 @@ def _close(a: float, b: float) -> bool:
         return False
 
 
-def _raised_ok(site: Site, got: list[Any]) -> bool:
+def _raised_ok(site: Site, gold: list[Any], got: list[Any]) -> bool:
+    """The block raised the very class the gold solution raised there (identity: the whole MRO,
+    by module and qualified name, never membership of a name), one ``E`` names, and a message
+    that ``match`` finds."""
     entry = got[0] if len(got) == 1 and isinstance(got[0], dict) else {}
-    mro = entry.get("!raised") or []
-    if not (isinstance(mro, list) and any(name in mro for name in site.raises)):
+    want = gold[0] if len(gold) == 1 and isinstance(gold[0], dict) else {}
+    mro = entry.get("!raised")
+    if not (isinstance(mro, list) and mro and mro == want.get("!raised")):
+        return False
+    if not any(isinstance(c, str) and c.rsplit(".", 1)[-1] in site.raises for c in mro):
         return False
     msg = entry.get("msg", "")
     if not isinstance(msg, str):
@@ -294,13 +304,14 @@ def _raised_in(got: list[Any]) -> bool:
     return any(isinstance(v, dict) and "!raised" in v for v in got)
 
 
-def _entry_ok(site: Site | None, want: list[Any] | None, got: list[Any]) -> bool:
+def _entry_ok(site: Site | None, want: list[Any] | None, got: list[Any], gold: list[Any]) -> bool:
     """One recorded check against the host's expectation (``want``: the gold entry, None when it
-    varies between gold runs)."""
+    varies between gold runs; ``gold``: the gold entry all the same, whose raised class is kept
+    even where its message varies)."""
     if site is None:
         return False
     if site.kind == "raises":
-        return _raised_ok(site, got)
+        return _raised_ok(site, gold, got)
     if _raised_in(got):
         return False  # the original assert would have raised: the test fails
     if site.kind == "value":
@@ -341,7 +352,7 @@ def compare(
                 break
             want_values = None if (test, i) in unstable else w_values
             try:
-                ok = _entry_ok(site, want_values, h_values)
+                ok = _entry_ok(site, want_values, h_values, w_values)
             except BadRecord:  # forged or corrupted: the check fails, the grading goes on
                 problems[test] = f"the check at {where} recorded a value the recorder cannot write"
                 break

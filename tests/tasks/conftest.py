@@ -1,4 +1,5 @@
-"""Fixtures of the coding-suite tests: a session manager whose sandboxes must all be gone after."""
+"""Fixtures of the coding-suite tests: a session manager and graders whose sandboxes must all be
+gone after."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ from collections.abc import AsyncIterator
 import pytest
 
 from env_server.sessions import SessionManager
-from sandboxes.docker import owner_id
+from sandboxes.docker import DockerSandbox, owner_id
 from sandboxes.docker_api import DockerAPI
+from sandboxes.hardening import SandboxSettings
+from tasks.coding.grader import CodingGrader
 
 
 async def leftovers(api: DockerAPI, run: str, timeout: float = 15.0) -> list[dict]:
@@ -40,3 +43,19 @@ async def manager(request) -> AsyncIterator[SessionManager]:
                 await api.remove(c["Id"])
         await api.close()
         assert not left, f"containers left behind: {[c['Names'] for c in left]}"
+
+
+@pytest.fixture
+async def graders(request) -> AsyncIterator[dict[bool, CodingGrader]]:
+    """Coding graders with the source policy on (True) and off (False), their sandboxes labelled
+    with the test module's ``RUN``; fails the test if one is left behind."""
+    run = request.module.RUN
+    api = DockerAPI()
+
+    async def make() -> DockerSandbox:
+        return await DockerSandbox.create(api, SandboxSettings(memory_mb=512), run=run)
+
+    yield {policy: CodingGrader(make, source_policy=policy, test_timeout=30) for policy in (True, False)}
+    left = await leftovers(api, run)
+    await api.close()
+    assert left == []

@@ -9,20 +9,14 @@ held-out expectations (tasks/coding/probes.py), so none of them scores with eith
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import pytest
 
 from env_server.sessions import SessionManager
 from env_server.types import Message, RewardResult, ToolCall, ToolStatus
-from sandboxes.docker import DockerSandbox
-from sandboxes.docker_api import DockerAPI
-from sandboxes.hardening import SandboxSettings
 from tasks.coding.diffs import unified_diff
 from tasks.coding.env import builtin_suite
-from tasks.coding.grader import CodingGrader
-from tests.tasks.conftest import leftovers
 
 RUN = "pytest-coding-hacks"
 TASK = builtin_suite().task("roman-03")
@@ -245,19 +239,6 @@ FORGERS = [  # name, code run when roman.py is imported, what the runtime layer 
     ("forged_probe_record", PROBE_FORGER, None),
     ("forged_exec_channel_replies", CHANNEL_FORGER, None),
 ]
-
-
-@pytest.fixture
-async def graders() -> AsyncIterator[dict[bool, CodingGrader]]:
-    api = DockerAPI()
-
-    async def make() -> DockerSandbox:
-        return await DockerSandbox.create(api, SandboxSettings(memory_mb=512), run=RUN)
-
-    yield {policy: CodingGrader(make, source_policy=policy, test_timeout=30) for policy in (True, False)}
-    left = await leftovers(api, RUN)
-    await api.close()
-    assert left == []
 
 
 @pytest.mark.parametrize("policy", [True, False], ids=["policy_on", "policy_off"])
