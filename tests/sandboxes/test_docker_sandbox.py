@@ -128,7 +128,8 @@ async def test_write_read_file_round_trip_binary_and_mode(sandbox):
     assert await sandbox.read_file("/workspace/deep/er/blob.bin") == data
     await sandbox.write_file("/tmp/run.sh", b"#!/bin/sh\necho hi\n", mode=0o755)
     r = await sandbox.exec("stat -c '%a %u' /workspace/deep/er/blob.bin /tmp/run.sh")
-    assert r.stdout.split(b"\n")[:2] == [b"600 1000", b"755 1000"], r
+    uid = str(sandbox.uid).encode()
+    assert r.stdout.split(b"\n")[:2] == [b"600 " + uid, b"755 " + uid], r
     await sandbox.write_file("/workspace/empty", b"")
     assert await sandbox.read_file("/workspace/empty") == b""
 
@@ -157,7 +158,7 @@ async def test_upload_directory_and_download_round_trip(sandbox, tmp_path):
     await sandbox.upload(src, "/workspace/proj")
     assert await sandbox.read_file("/workspace/proj/pkg/data.bin") == bytes(range(256))
     r = await sandbox.exec("stat -c %u /workspace/proj/README")
-    assert r.stdout.strip() == b"1000", "uploaded files must belong to the sandbox user"
+    assert r.stdout.strip() == str(sandbox.uid).encode(), "uploaded files must belong to the sandbox user"
 
     files = tar_files(await sandbox.download("/workspace/proj"))
     assert files == {"proj/README": b"hello\n", "proj/pkg/data.bin": bytes(range(256))}, files
@@ -331,7 +332,9 @@ async def test_container_host_config_is_hardened(make_sandbox, docker_api):
     assert host["Privileged"] is False and not host.get("Binds") and not host.get("Mounts")
     assert {"Name": "nofile", "Soft": 512, "Hard": 512} in host["Ulimits"]
     assert "size=32m" in host["Tmpfs"]["/tmp"] and "size=48m" in host["Tmpfs"]["/workspace"]
-    assert config["User"] == "1000:1000"
+    assert config["User"] == f"{sb.uid}:{sb.uid}" and config["Labels"]["pqrl.uid"] == str(sb.uid)
+    assert {"Name": "nproc", "Soft": 64, "Hard": 64} in host["Ulimits"]
+    assert f"uid={sb.uid},gid={sb.uid}" in host["Tmpfs"]["/workspace"]
     assert host["Init"] is False and not config["Entrypoint"], "the exec agent must be pid 1"
     assert info["State"]["Running"] is True
 
