@@ -239,7 +239,7 @@ def test_settings_network_needs_loosen():
     with pytest.raises(ValueError, match="network"):
         SandboxSettings(network=True)
     opened = SandboxSettings(network=True, loosen=frozenset({"network"}))
-    config = opened.container_config(cmd=["x"], labels={})
+    config = opened.container_config(cmd=["x"], labels={}, uid=200_000)
     assert config["HostConfig"]["NetworkMode"] == "bridge" and config["NetworkDisabled"] is False
 
 
@@ -263,7 +263,21 @@ def test_settings_weakening_any_security_field_needs_loosen(change):
 
 def test_settings_tightening_needs_no_loosen():
     s = SandboxSettings(pids_limit=16, memory_mb=64, cpus=0.5, tmp_mb=8, workspace_mb=8, output_cap=100)
-    assert s.container_config(cmd=["x"], labels={})["HostConfig"]["PidsLimit"] == 16
+    assert s.container_config(cmd=["x"], labels={}, uid=200_000)["HostConfig"]["PidsLimit"] == 16
+
+
+def test_settings_uid_pool_needs_a_leased_uid_and_a_fixed_user_needs_loosen():
+    with pytest.raises(ValueError, match="leased uid"):
+        SandboxSettings().container_config(cmd=["x"], labels={})
+    with pytest.raises(ValueError, match="user"):
+        SandboxSettings(user="1000:1000")  # one uid for every sandbox shares per-uid kernel limits
+    for bad in [(0, 10), (1000, 2000), (300_000, 300_000), (300_000, 1 << 32)]:
+        with pytest.raises(ValueError, match="uid_range"):
+            SandboxSettings(uid_range=bad)
+    fixed = SandboxSettings(user="1000:1000", loosen=frozenset({"user"})).container_config(
+        cmd=["x"], labels={}
+    )
+    assert fixed["User"] == "1000:1000" and "uid=1000,gid=1000" in fixed["HostConfig"]["Tmpfs"]["/workspace"]
 
 
 def test_settings_reject_unknown_loosen_and_non_positive_limits():
