@@ -4,6 +4,7 @@ range across every process of the host, so one exhausting a per-uid counter star
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 import subprocess
@@ -61,6 +62,28 @@ print(len(kids), err, full, freed)
 """
 
 
+def _processes_of(uid: int) -> int:
+    """How many processes of this host run as ``uid`` (the test shares the containers' kernel)."""
+    n = 0
+    for status in Path("/proc").glob("[0-9]*/status"):
+        with contextlib.suppress(OSError):  # exited meanwhile
+            n += f"Uid:\t{uid}\t" in status.read_text()
+    return n
+
+
+async def _until_steady(uid: int) -> None:
+    """Waits until the uid's process count stops growing (a hog at its limit)."""
+    last, steady = -1, 0
+    for _ in range(120):
+        await asyncio.sleep(0.25)
+        n = _processes_of(uid)
+        steady = steady + 1 if n == last and n > 10 else 0
+        if steady >= 4:
+            return
+        last = n
+    raise AssertionError(f"uid {uid}'s processes never settled (last {last})")
+
+
 def small_range() -> tuple[int, int]:
     """A range of 2 uids few other test runs will pick (a clash shows as a wrong count, not a leak)."""
     lo = random.randrange(1 << 20, 1 << 30)
@@ -100,8 +123,8 @@ async def test_process_limit_is_per_sandbox(make_sandbox):
     r = await a.exec(["sh", "-c", "grep -i 'max processes' /proc/self/limits"])
     assert r.stdout.split()[2:4] == [b"48", b"48"], r
     await a.write_file("/tmp/hog.py", FORK_HOG.encode())
-    hog = asyncio.create_task(a.exec(["python3", "/tmp/hog.py", "10"], timeout=40))
-    await asyncio.sleep(4)
+    hog = asyncio.create_task(a.exec(["python3", "/tmp/hog.py", "15"], timeout=60))
+    await _until_steady(a.uid)
     started = time.time()
     r = await b.exec(["sh", "-c", "for i in 1 2 3 4 5 6 7 8; do sleep 0.2 & done; wait; echo forked"])
     ended = time.time()
