@@ -23,6 +23,7 @@ from sandboxes import agent
 from sandboxes.docker_api import AttachStream, DockerAPI
 from sandboxes.hardening import SandboxSettings
 from sandboxes.protocol import ExecResult, SandboxCallFailed, SandboxDied, SandboxError, SandboxFlooded
+from sandboxes.uids import UID_LABEL, UidLease, lease_uid
 
 __all__ = ["AGENT_SOURCE", "DockerSandbox", "owner_id"]
 
@@ -96,13 +97,32 @@ def _unsafe_agent(ready: dict[str, Any]) -> str | None:
     return None
 
 
+async def _lease_uid(api: DockerAPI, settings: SandboxSettings) -> UidLease:
+    """A uid no live sandbox holds: unlocked on this host, and on no container of the engine
+    (an orphan whose owner died still runs as its uid until the reaper removes it)."""
+    taken = set()
+    for c in await api.list([UID_LABEL], all=True):
+        with contextlib.suppress(ValueError, TypeError):
+            taken.add(int((c.get("Labels") or {}).get(UID_LABEL, "")))
+    lo, hi = settings.uid_range
+    return lease_uid(lo, hi, skip=taken)
+
+
 class DockerSandbox:
     """A running container with the exec agent attached. Create with ``DockerSandbox.create``."""
 
-    def __init__(self, api: DockerAPI, cid: str, stream: AttachStream, settings: SandboxSettings) -> None:
+    def __init__(
+        self,
+        api: DockerAPI,
+        cid: str,
+        stream: AttachStream,
+        settings: SandboxSettings,
+        uid_lease: UidLease | None = None,
+    ) -> None:
         self.api = api
         self.id = cid
         self.settings = settings
+        self._uid_lease = uid_lease  # returned to the pool once the container is gone
         self._stream = stream
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
@@ -132,20 +152,33 @@ class DockerSandbox:
             "pqrl.owner": owner_id(),
             "pqrl.expires": str(int(time.time() + settings.lifetime_s)),
         }
-        config = settings.container_config(cmd=["python3", "-u", "-c", AGENT_SOURCE], labels=labels)
-        cid = await api.create(f"pqrl-{uuid.uuid4().hex[:16]}", config)
+        lease = await _lease_uid(api, settings) if not settings.user else None
+        try:
+            if lease is not None:
+                labels[UID_LABEL] = str(lease.uid)
+            uid = lease.uid if lease is not None else None
+            config = settings.container_config(
+                cmd=["python3", "-u", "-c", AGENT_SOURCE], labels=labels, uid=uid
+            )
+            cid = await api.create(f"pqrl-{uuid.uuid4().hex[:16]}", config)
+        except BaseException:
+            if lease is not None:
+                lease.release()
+            raise
         sandbox = None
         try:
             stream = await api.attach(cid)
-            sandbox = cls(api, cid, stream, settings)
+            sandbox = cls(api, cid, stream, settings, lease)
             await api.start(cid)
             await asyncio.wait_for(asyncio.shield(sandbox._ready), ready_timeout)
         except BaseException:
             with contextlib.suppress(Exception):
                 if sandbox is not None:
-                    await sandbox.close()  # stream, reader task and container
+                    await sandbox.close()  # stream, reader task, container and uid
                 else:
                     await api.remove(cid)
+            if sandbox is None and lease is not None:
+                lease.release()
             raise
         return sandbox
 
@@ -154,6 +187,11 @@ class DockerSandbox:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+    @property
+    def uid(self) -> int | None:
+        """The uid leased to this sandbox (None when ``settings.user`` names a fixed user)."""
+        return self._uid_lease.uid if self._uid_lease is not None else None
 
     @property
     def alive(self) -> bool:
@@ -229,7 +267,12 @@ class DockerSandbox:
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await self._reader
         self._fail_pending(SandboxError("sandbox closed"))
-        await self.api.remove(self.id)
+        try:
+            await self.api.remove(self.id)
+        finally:
+            # a container that failed to go keeps its pqrl.uid label: later leases skip that uid
+            if self._uid_lease is not None:
+                self._uid_lease.release()
 
     # ---------------------------------------------------------------- agent protocol
 

@@ -271,13 +271,15 @@ async def test_host_files_and_docker_socket_are_not_visible(sandbox):
 
 
 async def test_user_is_unprivileged(sandbox):
-    """uid/gid 1000 with every capability set empty and no_new_privs set."""
+    """Its leased uid (never root) as uid and gid, every capability set empty, no_new_privs set."""
+    uid = str(sandbox.uid)
+    assert sandbox.uid >= 65536, sandbox.uid
     r = await sandbox.exec("id -u; id -g")
-    assert r.stdout.split() == [b"1000", b"1000"], r
+    assert r.stdout.split() == [uid.encode()] * 2, r
     status = dict(
         line.split(":\t", 1) for line in (await sandbox.read_file("/proc/self/status")).decode().splitlines()
     )
-    assert status["Uid"].split() == ["1000"] * 4, status["Uid"]
+    assert status["Uid"].split() == [uid] * 4, status["Uid"]
     for cap in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
         assert status[cap] == "0000000000000000", f"{cap} = {status[cap]}"
     assert status["NoNewPrivs"] == "1", "no_new_privs not set"
@@ -300,13 +302,15 @@ print(json.dumps({"setuid_root": bool(st.st_mode & stat.S_ISUID) and st.st_uid =
 
 
 async def test_setuid_binaries_do_not_escalate(sandbox):
-    """no-new-privileges: a setuid-root binary runs with euid 1000, and su cannot become root."""
+    """no-new-privileges: a setuid-root binary runs with the sandbox's euid, and su cannot become root."""
     found = await sandbox.exec("find / -xdev -perm -4000 -type f 2>/dev/null", timeout=20)
     setuid = found.stdout.decode().split()
     assert "/usr/bin/su" in setuid, f"the image's setuid binaries changed: {setuid}; adapt this test"
     res = json.loads((await run_python(sandbox, SETUID_PROBE)).stdout)
     assert res["setuid_root"], "precondition: /usr/bin/su is setuid root"
-    assert res["uid"] == ["1000"] * 4, f"su ran with uids (real, effective, saved, fs) = {res['uid']}"
+    assert res["uid"] == [str(sandbox.uid)] * 4, (
+        f"su ran with uids (real, effective, saved, fs) = {res['uid']}"
+    )
     assert res["rc"] != 0 and res["out"].strip() != "0", f"su succeeded: {res}"
 
 

@@ -128,7 +128,8 @@ async def test_write_read_file_round_trip_binary_and_mode(sandbox):
     assert await sandbox.read_file("/workspace/deep/er/blob.bin") == data
     await sandbox.write_file("/tmp/run.sh", b"#!/bin/sh\necho hi\n", mode=0o755)
     r = await sandbox.exec("stat -c '%a %u' /workspace/deep/er/blob.bin /tmp/run.sh")
-    assert r.stdout.split(b"\n")[:2] == [b"600 1000", b"755 1000"], r
+    uid = str(sandbox.uid).encode()
+    assert r.stdout.split(b"\n")[:2] == [b"600 " + uid, b"755 " + uid], r
     await sandbox.write_file("/workspace/empty", b"")
     assert await sandbox.read_file("/workspace/empty") == b""
 
@@ -157,7 +158,7 @@ async def test_upload_directory_and_download_round_trip(sandbox, tmp_path):
     await sandbox.upload(src, "/workspace/proj")
     assert await sandbox.read_file("/workspace/proj/pkg/data.bin") == bytes(range(256))
     r = await sandbox.exec("stat -c %u /workspace/proj/README")
-    assert r.stdout.strip() == b"1000", "uploaded files must belong to the sandbox user"
+    assert r.stdout.strip() == str(sandbox.uid).encode(), "uploaded files must belong to the sandbox user"
 
     files = tar_files(await sandbox.download("/workspace/proj"))
     assert files == {"proj/README": b"hello\n", "proj/pkg/data.bin": bytes(range(256))}, files
@@ -238,7 +239,7 @@ def test_settings_network_needs_loosen():
     with pytest.raises(ValueError, match="network"):
         SandboxSettings(network=True)
     opened = SandboxSettings(network=True, loosen=frozenset({"network"}))
-    config = opened.container_config(cmd=["x"], labels={})
+    config = opened.container_config(cmd=["x"], labels={}, uid=200_000)
     assert config["HostConfig"]["NetworkMode"] == "bridge" and config["NetworkDisabled"] is False
 
 
@@ -262,7 +263,21 @@ def test_settings_weakening_any_security_field_needs_loosen(change):
 
 def test_settings_tightening_needs_no_loosen():
     s = SandboxSettings(pids_limit=16, memory_mb=64, cpus=0.5, tmp_mb=8, workspace_mb=8, output_cap=100)
-    assert s.container_config(cmd=["x"], labels={})["HostConfig"]["PidsLimit"] == 16
+    assert s.container_config(cmd=["x"], labels={}, uid=200_000)["HostConfig"]["PidsLimit"] == 16
+
+
+def test_settings_uid_pool_needs_a_leased_uid_and_a_fixed_user_needs_loosen():
+    with pytest.raises(ValueError, match="leased uid"):
+        SandboxSettings().container_config(cmd=["x"], labels={})
+    with pytest.raises(ValueError, match="user"):
+        SandboxSettings(user="1000:1000")  # one uid for every sandbox shares per-uid kernel limits
+    for bad in [(0, 10), (1000, 2000), (300_000, 300_000), (300_000, 1 << 32)]:
+        with pytest.raises(ValueError, match="uid_range"):
+            SandboxSettings(uid_range=bad)
+    fixed = SandboxSettings(user="1000:1000", loosen=frozenset({"user"})).container_config(
+        cmd=["x"], labels={}
+    )
+    assert fixed["User"] == "1000:1000" and "uid=1000,gid=1000" in fixed["HostConfig"]["Tmpfs"]["/workspace"]
 
 
 def test_settings_reject_unknown_loosen_and_non_positive_limits():
@@ -331,7 +346,9 @@ async def test_container_host_config_is_hardened(make_sandbox, docker_api):
     assert host["Privileged"] is False and not host.get("Binds") and not host.get("Mounts")
     assert {"Name": "nofile", "Soft": 512, "Hard": 512} in host["Ulimits"]
     assert "size=32m" in host["Tmpfs"]["/tmp"] and "size=48m" in host["Tmpfs"]["/workspace"]
-    assert config["User"] == "1000:1000"
+    assert config["User"] == f"{sb.uid}:{sb.uid}" and config["Labels"]["pqrl.uid"] == str(sb.uid)
+    assert {"Name": "nproc", "Soft": 64, "Hard": 64} in host["Ulimits"]
+    assert f"uid={sb.uid},gid={sb.uid}" in host["Tmpfs"]["/workspace"]
     assert host["Init"] is False and not config["Entrypoint"], "the exec agent must be pid 1"
     assert info["State"]["Running"] is True
 

@@ -113,13 +113,14 @@ async def test_reaper_removes_expired_and_stuck_created_containers_but_not_live_
             "pqrl.expires": "9e12",
         }
         stuck = await api.create(
-            "pqrl-stuck-" + str(time.time_ns()), settings.container_config(cmd=["true"], labels=labels)
+            "pqrl-stuck-" + str(time.time_ns()),
+            settings.container_config(cmd=["true"], labels=labels, uid=200_000),
         )
         # One with a live owner (us) but long expired.
         expired_labels = {**labels, "pqrl.owner": owner_id(), "pqrl.expires": str(int(time.time()) - 10)}
         expired = await api.create(
             "pqrl-expired-" + str(time.time_ns()),
-            settings.container_config(cmd=["true"], labels=expired_labels),
+            settings.container_config(cmd=["true"], labels=expired_labels, uid=200_000),
         )
         removed = await reap(api)
         assert stuck in removed and expired in removed
