@@ -40,6 +40,7 @@ from typing import Any, ClassVar
 
 from env_server.tools import ToolSpec, collect_tools
 from env_server.types import Message, Observation, RewardResult, StepResult, ToolCall, ToolStatus
+from pqrl.text import clipped, encodable
 from sandboxes.hardening import SandboxSettings
 from sandboxes.protocol import Sandbox, SandboxError
 
@@ -119,30 +120,21 @@ class ToolEnvironment:
         if spec is None:
             available = ", ".join(self.tools)
             return (
-                f"Error: unknown tool {_clip(repr(call.name))}; available tools: {available}",
+                f"Error: unknown tool {clipped(repr(call.name), _ERROR_CHARS)}; available tools: {available}",
                 ToolStatus.INVALID,
             )
         try:
             kwargs = spec.validate(call.arguments)
         except ValueError as e:
-            return f"Error: {_clip(str(e))}", ToolStatus.INVALID
+            return f"Error: {clipped(str(e), _ERROR_CHARS)}", ToolStatus.INVALID
         try:
             # Through the class: a tool may share its name with an attribute (e.g. ``done``).
             result = await getattr(type(self), spec.method_name)(self, **kwargs)
         except (SandboxError, asyncio.CancelledError):
             raise
         except Exception as e:  # the model's call failed, not the server
-            return f"Error: {call.name} failed: {type(e).__name__}: {_clip(str(e))}", ToolStatus.ERROR
-        return _encodable("" if result is None else str(result)), ToolStatus.OK
-
-
-def _clip(text: str) -> str:
-    """An error's text for the model: bounded (it may echo a huge argument) and encodable."""
-    if len(text) > _ERROR_CHARS:
-        text = f"{text[: _ERROR_CHARS - 40]}... ({len(text)} characters in all)"
-    return _encodable(text)
-
-
-def _encodable(text: str) -> str:
-    """Lone surrogates escaped: a reply that cannot be encoded would fail the whole step."""
-    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+            return (
+                f"Error: {call.name} failed: {type(e).__name__}: {clipped(str(e), _ERROR_CHARS)}",
+                ToolStatus.ERROR,
+            )
+        return encodable("" if result is None else str(result)), ToolStatus.OK

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from pqrl.finite import finite
+from pqrl.text import clipped
 from sandboxes import agent
 from sandboxes.docker_api import AttachStream, DockerAPI
 from sandboxes.hardening import SandboxSettings
@@ -70,10 +71,7 @@ def _under_command(exc: Exception) -> Exception:
 
 def _call_error(op: str, reply: dict[str, Any]) -> str:
     """The message of a failed call: bounded and encodable, whatever the agent echoed into it."""
-    text = f"{op} in sandbox: {reply.get('error')}: {reply.get('message')}"
-    if len(text) > _MESSAGE_CHARS:
-        text = f"{text[: _MESSAGE_CHARS - 40]}... ({len(text)} characters in all)"
-    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return clipped(f"{op} in sandbox: {reply.get('error')}: {reply.get('message')}", _MESSAGE_CHARS)
 
 
 def _reply_bound(op: str, fields: dict[str, Any], output_cap: int) -> int:

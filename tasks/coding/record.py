@@ -15,6 +15,8 @@ import re
 from collections import defaultdict
 from typing import Any
 
+from pqrl.text import encodable
+
 __all__ = ["MAX_DEPTH", "BadRecord", "Opaque", "decode", "parse_record", "sendable", "text"]
 
 # JSON nesting of one recorded value. The recorder's values are at most 20 containers deep (two
@@ -37,7 +39,7 @@ def text(value: object, limit: int = 2000) -> str:
     s = value if type(value) is str else repr(value) if isinstance(value, (int, float, bool)) else "?"
     if len(s) > limit:
         s = s[:limit] + f"... ({len(s) - limit} more characters)"
-    return s.encode("utf-8", "backslashreplace").decode("utf-8")
+    return encodable(s)
 
 
 def sendable(info: Any, limit: int = 4000, depth: int = 0) -> Any:
