@@ -18,16 +18,16 @@ def _forge_f6_odd_class():
     return cls()
 
 
-_FORGE_F6_VALUES = [
-    lambda: {frozenset({1, frozenset({2})}), frozenset()},
-    lambda: _forge_f6_deep(100_000),
-    lambda: 10**5000 - 1,
-    lambda: -(2**70000),
-    lambda: "\udcff\ud800 not UTF-8",
-    lambda: bytes(range(256)),
-    _forge_f6_odd_class,
-    lambda: float("nan"),
-    lambda: {(1, frozenset()): {frozenset(): [float("inf")]}},
+_FORGE_F6_VALUES = [  # built once: a test may call the code thousands of times
+    {frozenset({1, frozenset({2})}), frozenset()},
+    _forge_f6_deep(100_000),
+    10**5000 - 1,
+    -(2**70000),
+    "\udcff\ud800 not UTF-8",
+    bytes(range(256)),
+    _forge_f6_odd_class(),
+    float("nan"),
+    {(1, frozenset()): {frozenset(): [float("inf")]}},
 ]
 _FORGE_F6_ENCODED = [
     {"int": "9" * 5000},
@@ -50,7 +50,7 @@ def _forge_f6_call(fn, args, kwargs):
     n = _FORGE_STATE["calls"]
     if n % 3 == 0:
         raise ValueError("\udcff" * 100)
-    return _FORGE_F6_VALUES[n % len(_FORGE_F6_VALUES)]()
+    return _FORGE_F6_VALUES[n % len(_FORGE_F6_VALUES)]
 
 
 def _forge_f6_hook_emit():
