@@ -36,7 +36,7 @@ async def main(forgers: list[str]) -> None:
     for forger in forgers:
         for policy in (False, True):
             key = "policy_on" if policy else "policy_off"
-            rows = {t.id: results[(forger, policy, t.id)] for t in TASKS}
+            rows = {t.id: results[(forger, policy, t.id)] for t in TASKS if (forger, policy, t.id) in results}
             scored = sorted(t for t, r in rows.items() if not isinstance(r, BaseException) and r.reward > 0)
             raised = sorted(t for t, r in rows.items() if isinstance(r, BaseException))
             flagged = sum(
@@ -44,8 +44,11 @@ async def main(forgers: list[str]) -> None:
                 for r in rows.values()
             )
             counts.setdefault(forger, {})[key] = len(scored) + len(raised)
-            print(f"{forger} {key}: {len(scored)} scored > 0 {scored}; {len(raised)} raised {raised}; "
-                  f"{flagged} flagged by the policy", flush=True)  # fmt: skip
+            print(
+                f"{forger} {key}: of {len(rows)} tasks it changes, {len(scored)} scored > 0 {scored}; "
+                f"{len(raised)} raised {raised}; {flagged} flagged by the policy",
+                flush=True,
+            )
             for t in raised:
                 print(f"  {t}: {rows[t]!r}", flush=True)
     total = sum(v for c in counts.values() for v in c.values())
@@ -57,7 +60,7 @@ async def main(forgers: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    chosen = sys.argv[1:] or list(FORGERS)
+    chosen = sys.argv[1:] or FORGERS
     commit = short_commit(ROOT)
     print(f"# python bench/forgers.py {' '.join(sys.argv[1:])}".rstrip(), flush=True)
     print(f"# commit {commit}, load {os.getloadavg()[0]:.2f}, {os.cpu_count()} cores", flush=True)

@@ -1,7 +1,7 @@
 """Generic forgers of the probe record (tests/tasks/forgers/: code an agent could append to the task's
-source module with its own write_file, knowing nothing of the task) on every built-in coding task:
-none scores, with the source policy off (the code runs freely) or on, and none makes the grading
-fail instead of scoring 0.
+source module with its own write_file, knowing nothing of the task; and one source edit the policy
+allows) on every built-in coding task: none scores, with the source policy off (the code runs
+freely) or on, and none makes the grading fail instead of scoring 0.
 
 With the policy off every forger is graded on all 66 tasks in real containers. With it on, the
 policy's verdict is a pure function of the patched file: it is computed here for every task, and
@@ -25,15 +25,11 @@ from sandboxes.hardening import SandboxSettings
 from tasks.coding.grader import PROBE_RUNTIME_SOURCE, GradeResult
 from tasks.coding.policy import check_source
 from tests.tasks.conftest import leftovers
-from tests.tasks.forgery import FORGERS, KIT, TASKS, forged_source, grade_all
+from tests.tasks.forgery import APPENDED, EDITS, FORGERS, KIT, TASKS, applies, forged_source, grade_all
 
 RUN = "pytest-coding-forgers"
 pytestmark = pytest.mark.timeout(600)
-SPREAD = [
-    t
-    for i, t in enumerate(TASKS)
-    if t.id.rsplit("-", 1)[0] not in {u.id.rsplit("-", 1)[0] for u in TASKS[:i]}
-]
+SPREAD = {t.id.rsplit("-", 1)[0] + "-00" for t in TASKS}  # one task per repository
 # Scores with every host-side fix of the record in place: the block raised nothing and the forger
 # guessed the one exception class the module defines (docs/security.md: "an exception type a site
 # expects can still be guessed"). Listed so that the battery stays strict about everything else.
@@ -57,18 +53,21 @@ def _let_through(task, forger: str) -> bool:
     return not check_source(path, patched.encode(), original.encode())
 
 
-@pytest.mark.parametrize("forger", list(FORGERS))
+@pytest.mark.parametrize("forger", FORGERS)
 async def test_forger_scores_zero_on_every_task(graders, forger):
-    evading = {t.id for t in TASKS if _let_through(t, forger)}
-    on = [t for t in TASKS if t in SPREAD or t.id in evading]
-    results = await grade_all(graders, [(forger, False, t) for t in TASKS] + [(forger, True, t) for t in on])
+    tasks = [t for t in TASKS if applies(t, forger)]
+    evading = {t.id for t in tasks if _let_through(t, forger)}
+    on = [t for t in tasks if t.id in SPREAD or t.id in evading]
+    results = await grade_all(graders, [(forger, False, t) for t in tasks] + [(forger, True, t) for t in on])
+    assert len(tasks) >= 6 and results
     broken = {k: why for k, r in results.items() if (why := _sound(r))}
     assert not broken, broken
-    scored = {k: r.info["reason"] for k, r in results.items() if r.reward != 0.0}  # type: ignore[union-attr]
+    graded = {k: r for k, r in results.items() if isinstance(r, GradeResult)}
+    scored = {k: r.info["reason"] for k, r in graded.items() if r.reward != 0.0}
     assert {k: why for k, why in scored.items() if (k[0], k[2]) not in KNOWN_OPEN} == {}
-    for (_, policy, task), r in results.items():
+    for (_, policy, task), r in graded.items():
         if policy and task not in evading:  # refused before anything ran, and flagged
-            assert r.info.get("policy_violations") and r.info["tampered"], (task, r.info["reason"])  # type: ignore[union-attr]
+            assert r.info.get("policy_violations") and r.info["tampered"], (task, r.info["reason"])
 
 
 # A module with a bug in each of double and Box.grow, and the checks a rewritten test would make
@@ -134,6 +133,7 @@ FORGED = {  # forger -> what it must have made the recorder write
     "f1_expected_swap": lambda r: r[0][1] == [8, 8, {"!truth": True}] and r[2][1][0]["!raised"] == MINI_ERROR,
     "f2_frame_locals": lambda r: r[0][1] == [8, 8, {"!truth": True}],
     "f3_always_equal": lambda r: r[1][1][-1] == {"!truth": True},
+    "f3_eq_edit": lambda r: r[1][1][-1] == {"!truth": True},
     "f4_raise_guess": lambda r: r[2][1][0]["!raised"] == MINI_ERROR,
     "f4_mro_union": lambda r: {"mini.MiniError", "builtins.KeyError"} <= set(r[2][1][0]["!raised"]),
     "f5_recorder_trap": lambda r: r[3][1] == [{"obj": "builtins.int", "base": 2}],
@@ -144,7 +144,8 @@ FORGED = {  # forger -> what it must have made the recorder write
 async def test_the_forgers_really_forge():
     assert set(FORGED) == set(FORGERS)
     files = {"lib/pqrl_probe_runtime.py": PROBE_RUNTIME_SOURCE, "driver.py": DRIVER, "honest/mini.py": MINI}
-    files |= {f"{name}/mini.py": f"{MINI}\n\n{KIT}\n\n{source}" for name, source in FORGERS.items()}
+    files |= {f"{name}/mini.py": f"{MINI}\n\n{KIT}\n\n{source}" for name, source in APPENDED.items()}
+    files |= {f"{name}/mini.py": edit(MINI) for name, edit in EDITS.items()}
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
         for path, text in files.items():

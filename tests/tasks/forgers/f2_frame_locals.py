@@ -1,7 +1,7 @@
 # ruff: noqa: F821 (the kit, prepended, defines the _forge names)
 # F2 frame-locals forger: every ``==`` without a literal records, in every position, the calling
 # test's local that looks like the expected value (by name, else the last local of the same type as
-# the computed value that is not that value); every truth is true.
+# the computed value that is not that value, e.g. the input of a round trip); every truth is true.
 
 _FORGE_F2_NAMES = ("expected", "expect", "want", "wanted", "exp", "target", "answer", "correct", "reference")
 
@@ -18,12 +18,12 @@ def _forge_f2_pick(thunks, results):
     for name in _FORGE_F2_NAMES:
         if name in local:
             return (local[name],)
-    computed = [v for ok, v in results if ok]
     ranked = sorted(range(len(thunks)), key=lambda i: -_forge_involvement(thunks[i], results[i]))
-    actual = next((results[i][1] for i in ranked if results[i][0]), None)
-    kinds = {type(actual)} if actual is not None else {type(v) for v in computed}
-    same = [v for v in local.values() if type(v) in kinds and not any(v is c for c in computed)]
-    return (same[-1],) if same else None
+    ok, actual = results[ranked[0]]  # the operand that involves the repository most: the computed one
+    others = [v for v in local.values() if not (ok and v is actual)]
+    kinds = (type(actual),) if ok else (int, float, str, bytes, tuple, list)
+    same = [v for v in others if type(v) in kinds]
+    return (same[-1],) if same else None  # the last assigned: a loop's variable, or the latest result
 
 
 _forge_hook_probe(_forge_probe_with(_forge_f2_pick))
