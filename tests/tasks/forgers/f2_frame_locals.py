@@ -21,7 +21,8 @@ def _forge_f2_pick(thunks, results):
     ranked = sorted(range(len(thunks)), key=lambda i: -_forge_involvement(thunks[i], results[i]))
     ok, actual = results[ranked[0]]  # the operand that involves the repository most: the computed one
     others = [v for v in local.values() if not (ok and v is actual)]
-    kinds = (type(actual),) if ok else (int, float, str, bytes, tuple, list)
+    kinds = {type(actual)} if ok else {type(v) for good, v in results if good}  # else: the expected's
+    kinds = kinds or {int, float, str, bytes, tuple, list}
     same = [v for v in others if type(v) in kinds]
     return (same[-1],) if same else None  # the last assigned: a loop's variable, or the latest result
 
