@@ -14,8 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tasks.coding import probe_runtime, probes, record
-from tasks.coding.grader import Reference, judge
 from tasks.coding.policy import check_source
+from tasks.coding.verdict import Reference, judge
 from tests.tasks.test_coding_grading import CANARY, TASK, _all, _report
 from tests.tasks.test_coding_probes import GOLD, judged, rewritten
 
