@@ -134,6 +134,37 @@ def _pure(node: ast.expr) -> bool:
     return not any(isinstance(n, _EFFECTFUL) for n in ast.walk(node))
 
 
+def _drop_dead_assignments(func: ast.FunctionDef | ast.AsyncFunctionDef, names: set[str]) -> None:
+    """``expected = Money(5)`` whose value only held operands read: with them gone, the statement
+    would still compute the expected value in the container, for code that reads the test's frame.
+    Such assignments (one plain name, an effect-free value, read nowhere else) become ``pass``."""
+    read = {n.id for n in ast.walk(func) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Store)}
+    dead = (
+        names
+        - read
+        - {n for g in ast.walk(func) if isinstance(g, (ast.Global, ast.Nonlocal)) for n in g.names}
+    )
+
+    def prune(body: list[ast.stmt]) -> None:
+        for i, stmt in enumerate(body):
+            if (
+                isinstance(stmt, ast.Assign)
+                and len(stmt.targets) == 1
+                and isinstance(stmt.targets[0], ast.Name)
+                and stmt.targets[0].id in dead
+                and _pure(stmt.value)
+            ):
+                body[i] = ast.copy_location(ast.Pass(), stmt)
+            elif not isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                for block in ("body", "orelse", "finalbody"):
+                    prune(getattr(stmt, block, None) or [])
+                for handler in getattr(stmt, "handlers", None) or []:
+                    prune(handler.body)
+
+    if dead:
+        prune(func.body)
+
+
 def _raised_names(node: ast.expr) -> tuple[str, ...]:
     """``E``, ``mod.E`` or ``(A, B)`` -> the class names the block must raise (one of)."""
     items = node.elts if isinstance(node, ast.Tuple) else [node]
@@ -143,6 +174,7 @@ def _raised_names(node: ast.expr) -> tuple[str, ...]:
 class _Rewriter(ast.NodeTransformer):
     def __init__(self, path: str, sites: dict[int, Site], held: Mapping[int, tuple[int, ...]]) -> None:
         self.path, self.sites, self.scope, self.held = path, sites, [], held
+        self.held_names: list[set[str]] = [set()]  # per function: names read by held operands
 
     def _site(self, node: ast.stmt, kind: str, strong: bool, **extra: Any) -> int:
         site = len(self.sites)
@@ -152,10 +184,15 @@ class _Rewriter(ast.NodeTransformer):
 
     def _scoped(self, node: ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) -> ast.AST:
         self.scope.append(node.name)
+        self.held_names.append(set())
         try:
-            return self.generic_visit(node)
+            out = self.generic_visit(node)
+            if self.held_names[-1] and not isinstance(node, ast.ClassDef):
+                _drop_dead_assignments(node, self.held_names[-1])
+            return out
         finally:
             self.scope.pop()
+            self.held_names.pop()
 
     visit_FunctionDef = visit_AsyncFunctionDef = visit_ClassDef = _scoped
 
@@ -172,6 +209,9 @@ class _Rewriter(ast.NodeTransformer):
             literals = tuple((i, v) for i, v in enumerate(values) if v is not _NOT_LITERAL)
             pure = () if literals else tuple(i for i, o in enumerate(operands) if _pure(o))
             held = self.held.get(len(self.sites), ())  # expected operands the gold's value stands for
+            self.held_names[-1] |= {
+                n.id for i in held for n in ast.walk(operands[i]) if isinstance(n, ast.Name)
+            }
             kept = [
                 o
                 for i, (o, v) in enumerate(zip(operands, values, strict=True))

@@ -93,3 +93,19 @@ def test_settle_keeps_what_is_stable_and_refuses_a_run_that_changed():
     broke = {TEST: [(0, [GOLD_5]), (1, [7, 8, {"!truth": False}])]}  # leaving Money(5) out changed a check
     assert settle(sites, first, broke, [TEST]) is None
     assert settle(full, first, first, [TEST]) is not None
+
+
+def test_an_expected_value_kept_in_a_variable_is_not_computed_either():
+    source = (
+        "from m import Money, total\n\n\n"
+        "def test_sum():\n"
+        "    expected = Money(5, 'EUR')\n"
+        "    other = Money(1, 'EUR')\n"
+        "    assert total([2, 3]) == expected\n"
+        "    assert total([1]) == other\n"
+        "    assert other.amount == 1\n"
+    )
+    rewritten = probes.instrument({"tests/test_m.py": source}, {0: (1,), 1: (1,)}).files["tests/test_m.py"]
+    assert "Money(5" not in rewritten  # read only by a held operand: the assignment is gone
+    assert "other = Money(1" in rewritten  # read by another check too: it stays
+    compile(rewritten, "test_m.py", "exec")
