@@ -129,7 +129,7 @@ def encode(v, depth=0, budget=None):
         budget[0] -= min(len(v), _MAX_STR) // 16
         return v if len(v) <= _MAX_STR else {"str": v[:_MAX_STR], "len": len(v)}
     if depth >= _MAX_DEPTH:
-        return {"deep": _type_name(t)}
+        return {"deep": _name(t, budget)}
     if t is list or t is tuple or t is set or t is frozenset or t is dict:
         return _container(t, v, len(v), depth, budget)
     if t is bytes or t is bytearray:
@@ -213,7 +213,9 @@ def _cached(kind, t, budget, make):
 
 
 def _name(t, budget):
-    return _cached("name", t, budget, _type_name)
+    name = _cached("name", t, budget, _type_name)
+    budget[0] -= len(name) // 16  # as the str it is
+    return name
 
 
 def _layout(t):
@@ -256,13 +258,16 @@ def _owned(d, name, c):
 
 
 def _python_defined(c, slots):
-    """Whether ``c`` was made by a class statement (or ``type()``): a mutable heap type that adds
-    no C fields to its base beyond its slots, instance dict and weakref pointers."""
+    """Whether ``c`` adds no state that its slots, instance dict and weakref pointers do not hold:
+    made by a class statement (or ``type()``: a mutable heap type) adding no more to its base's
+    size, or a C class adding nothing at all (e.g. ``datetime.tzinfo``)."""
     flags, base = _FLAGS(c), _BASE(c)
-    if not flags & _HEAPTYPE or flags & _IMMUTABLETYPE or base is None:
+    if base is None or _ITEMSIZE(c) != _ITEMSIZE(base):
         return False
     extra = _BASICSIZE(c) - _BASICSIZE(base)
-    return _ITEMSIZE(c) == _ITEMSIZE(base) and 0 <= extra <= (slots + 2) * _PTR
+    if not flags & _HEAPTYPE or flags & _IMMUTABLETYPE:
+        return extra == 0 and _DICTOFFSET(c) == _DICTOFFSET(base)
+    return 0 <= extra <= (slots + 2) * _PTR
 
 
 def _attribute(k, slot_names, depth, budget):

@@ -11,6 +11,7 @@ is done on them; sets decode to sets of hashable values, frozensets to frozenset
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections import defaultdict
 from typing import Any
@@ -226,6 +227,8 @@ def faithful(encoded: Any) -> bool:
 
 def _faithful(v: Any) -> bool:
     """``v``: a value ``decode`` accepts (so bounded in depth), read in decode's tag order."""
+    if type(v) is float:
+        return math.isfinite(v)  # the recorder tags the others: a raw one is forged
     if type(v) is not dict:
         return True
     if "int" in v:
