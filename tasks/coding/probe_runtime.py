@@ -6,6 +6,20 @@ Each rewritten assert calls ``probe(site, ops, *thunks)``; each ``pytest.raises`
 the runner reads): ``{"t": test id, "s": site, "v": [encoded values]}``. Nothing is compared here:
 the expected values are on the host. The code under test can write into this pipe too; that gains
 it nothing unless it knows the values the correct code computes.
+
+What a value is recorded as (``encode``): builtin values by content; a class by its module and
+qualified name (``{"class": ...}``); an exact ``datetime`` date/datetime/time/timedelta/timezone or
+``decimal.Decimal`` by the text its own C method writes (``{"obj": name, "state": text}``, a
+tzinfo encoded apart); any other object by its type's name and its state: the instance dict and
+the slots that are set, each value encoded in turn (``{"obj": name, "state": {name: value}}``),
+with a builtin base's value (``"base"``) for a subclass of int, str, list, dict, ... Where the
+state is out of reach (an ancestor is a C class holding its own fields, e.g. a deque, a function,
+a module; or a class hides its instance dict's getset), ``"state"`` is left out: the object is
+opaque. What runs while a value is encoded: only C code of the interpreter (``type()``, the C
+slots of builtin base types, the C getsets and member descriptors of ``type``, of the descriptors
+and of the classes that define the state, iterating dicts and class dicts without looking a key
+up). Nothing the code under test defines runs: no ``__eq__``, ``__hash__``, ``__repr__``,
+``__getattribute__``, property, metaclass attribute or ``__class__``.
 """
 
 import collections
@@ -285,22 +299,40 @@ def _object(t, v, depth, budget):
     """Any other object: ``{"obj": type name, "state": {name: encoded value}}``, the state being
     the instance dict (read through its class's C getset, iterated in C) and the slots that are
     set (through their member descriptors), sorted by name. With a builtin base (``class M(list)``)
-    the base value too. Without ``"state"`` when the layout is out of reach (``_layout``);
-    with ``"len"`` (the number of entries) when entries were cut."""
+    the base value too. Without ``"state"`` when it is out of reach (``_layout``, or reading it
+    failed); with ``"len"`` (the number of entries) when entries were cut."""
     out = {"obj": _name(t, budget)}
     for base, read in _BASES_READ:
         if issubclass(t, base):  # t's own MRO, read in C: no __class__, no __instancecheck__
             out["base"] = read(v, depth + 1, budget)
             break
-    layout = _cached("layout", t, budget, _layout)
-    if layout is None:
+    try:
+        layout = _cached("layout", t, budget, _layout)
+        read = layout and _entries(t, v, layout, depth, budget)
+    except Exception:  # e.g. the dict changed size: another thread of the code under test
+        read = None
+    if not read:
         return out
+    entries, total, cut = read
+    state = {}
+    for name, x in sorted(entries, key=lambda e: e[0]):
+        cut = cut or name in state  # two keys whose encodings are alike
+        state[name] = encode(x, depth + 1, budget)
+    out["state"] = state
+    if cut or len(entries) < total:
+        out["len"] = total
+    return out
+
+
+def _entries(t, v, layout, depth, budget):
+    """(name, value) of the instance dict's items and the set slots, at most ``_MAX_ITEMS``; their
+    total; whether a name was cut. None when the instance dict is not a dict."""
     getset, slots, slot_names = layout
     entries, total, cut = [], 0, False
     if getset is not None:
         d = _GETSET_GET(getset, v, t)
         if not issubclass(type(d), dict):  # C MRO (isinstance may read __class__)
-            return out
+            return None
         total = dict.__len__(d)
         for k, x in itertools.islice(dict.items(d), _MAX_ITEMS):
             name, clipped = _attribute(k, slot_names, depth, budget)
@@ -314,14 +346,7 @@ def _object(t, v, depth, budget):
         total += 1
         if len(entries) < _MAX_ITEMS:
             entries.append((name, x))
-    state = {}
-    for name, x in sorted(entries, key=lambda e: e[0]):
-        cut = cut or name in state  # two keys whose encodings are alike
-        state[name] = encode(x, depth + 1, budget)
-    out["state"] = state
-    if cut or len(entries) < total:
-        out["len"] = total
-    return out
+    return entries, total, cut
 
 
 def _test_id():

@@ -6,6 +6,11 @@ into the probe pipe. So nothing here may raise on what it reads (a crash would m
 entry makes the record malformed (``BadRecord``, a ``ValueError``), and a value that does not
 decode makes that check fail. Nesting, int digits and string lengths are bounded before any work
 is done on them; sets decode to sets of hashable values, frozensets to frozensets.
+
+Objects (``{"obj": name, "state": ..., "base": ..., "tzinfo": ..., "len": ...}``) and classes
+(``{"class": name}``) decode to ``Opaque``: no Python ``==`` of theirs is evaluated here. Their
+shape is checked all the same (a malformed one is a BadRecord), and ``faithful`` says whether a
+recorded value stands for the whole value, so that comparing encodings compares contents.
 """
 
 from __future__ import annotations
