@@ -22,8 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from tasks.coding import probe_runtime, record
+from tasks.coding import probe_runtime, probes, record
 from tasks.coding.record import BadRecord
+from tests.tasks.test_coding_probes import GOLD, entry, rewritten
 
 RUNTIME = Path(probe_runtime.__file__)
 
@@ -396,3 +397,26 @@ def test_faithful_on_each_shape():
         object(),
     ):
         assert record.faithful(weird) is False
+
+
+def test_the_host_tells_objects_apart_by_state_and_tolerates_state_that_varies():
+    """Site 7 of the probes' test is ``assert a == b``, both computed: the process reports the
+    truth, the states are compared with the gold run's. A ``__eq__`` that says "equal" no longer
+    carries a wrong value; a state that varies between the two gold runs is tolerated."""
+
+    def record_with(a, b):
+        return {"t": [e if e[0] != 7 else entry(7, enc(a), enc(b), {"!truth": True}) for e in GOLD["t"]]}
+
+    def judge(gold, got, unstable=frozenset()):
+        return probes.compare(gold, got, rewritten().sites, ["t"], unstable)
+
+    gold = record_with(Matrix([[1, 2]]), Matrix([[1, 2]]))
+    assert judge(gold, record_with(Matrix([[1, 2]]), Matrix([[1, 2]]))) == {}
+    assert judge(gold, record_with(Matrix([[9, 9]]), Matrix([[1, 2]]))) == {
+        "t": "the check at tests/test_m.py:21 failed"
+    }
+    second_gold = record_with(Matrix([[1, 3]]), Matrix([[1, 2]]))  # e.g. a timestamp in the state
+    unstable, tests = probes.unstable_entries(gold, second_gold)
+    assert unstable == {("t", 7)} and tests == set()
+    assert judge(gold, record_with(Matrix([[9, 9]]), Matrix([[1, 2]])), unstable) == {}
+    assert probes.unstable_entries(gold, record_with(Matrix([[1, 2]]), Matrix([[1, 2]]))) == (set(), set())
