@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tasks.coding.probes import Site, compare, same, unstable_entries
+from tasks.coding.record import faithful
 
 __all__ = ["Record", "Settled", "held_operands", "kept_values", "project", "settle"]
 
@@ -35,19 +36,6 @@ Record = dict[str, list[tuple[int, list[Any]]]]
 
 def _raised(v: Any) -> bool:
     return isinstance(v, dict) and "!raised" in v
-
-
-def faithful(v: Any, depth: int = 0) -> bool:
-    """An encoded value compared by content: no object recorded by its type alone."""
-    if depth > 64:
-        return False
-    if isinstance(v, list):
-        return all(faithful(x, depth + 1) for x in v)
-    if isinstance(v, dict):
-        if "obj" in v and "state" not in v:
-            return False
-        return all(faithful(x, depth + 1) for x in v.values())
-    return True
 
 
 def _candidate(site: Site | None) -> bool:

@@ -21,8 +21,8 @@ SOURCE = (
     "    assert total([4]) == [m for m in [Money(4, 'EUR')]]\n"
 )
 FILES = {"tests/test_m.py": SOURCE}
-GOLD_5 = {"obj": "m.Money", "state": {"dict": [['"amount"', 5], ['"currency"', "EUR"]], "len": 2}}
-BUGGY_4 = {"obj": "m.Money", "state": {"dict": [['"amount"', 4], ['"currency"', "EUR"]], "len": 2}}
+GOLD_5 = {"obj": "m.Money", "state": {"amount": 5, "currency": "EUR"}}
+BUGGY_4 = {"obj": "m.Money", "state": {"amount": 4, "currency": "EUR"}}
 TRUE = {"!truth": True}
 
 
