@@ -62,7 +62,7 @@ from sandboxes.protocol import Sandbox, SandboxDied
 from tasks.coding import probes
 from tasks.coding.capture import WORKSPACE, Submission, capture_workspace, submission_from_patch
 from tasks.coding.diffs import source_files
-from tasks.coding.held import Record, held_operands, settle
+from tasks.coding.held import Record, base_fails, held_operands, settle
 from tasks.coding.policy import MAX_SOURCE_BYTES, Violation, check_source
 from tasks.coding.record import BadRecord, sendable
 from tasks.coding.verdict import GradeResult, Reference, judge
@@ -368,7 +368,8 @@ class CodingGrader:
         if settled is None:
             raise GoldReferenceError(f"task {task.id}: the gold patch fails its own rewritten checks")
         final = await _ast_work(probes.instrument, task.hidden_tests, settled.held) if settled.held else full
-        return Reference(final.files, final.sites, first, settled.unstable, settled.unstable_tests)
+        fails = base_fails(first, base) if base is not None else None
+        return Reference(final.files, final.sites, first, settled.unstable, settled.unstable_tests, fails)
 
     async def _base_record(
         self, task: CodingTask, sandbox: Sandbox, gdir: str, files: Mapping[str, str]

@@ -29,7 +29,7 @@ from typing import Any
 from tasks.coding.probes import Site, compare, same, unstable_entries
 from tasks.coding.record import faithful
 
-__all__ = ["Record", "Settled", "held_operands", "kept_values", "project", "settle"]
+__all__ = ["Record", "Settled", "base_fails", "held_operands", "kept_values", "project", "settle"]
 
 Record = dict[str, list[tuple[int, list[Any]]]]
 
@@ -84,6 +84,21 @@ def held_operands(sites: dict[int, Site], gold: Record, base: Record) -> dict[in
         if held and kept & changed[site_id] and not kept & unfaithful[site_id]:
             out[site_id] = held
     return out
+
+
+def base_fails(gold: Record, base: Record) -> frozenset[tuple[str, int]]:
+    """The gold entries (test, index) the unfixed code does not reproduce, paired by position as
+    in ``held_operands``: the checks a submission that leaves the bug in place must forge."""
+    out = set()
+    for test, entries in gold.items():
+        others = base.get(test, [])
+        for i, (site_id, values) in enumerate(entries):
+            if i >= len(others) or others[i][0] != site_id:
+                out |= {(test, k) for k in range(i, len(entries))}
+                break
+            if not same(others[i][1], values):
+                out.add((test, i))
+    return frozenset(out)
 
 
 def kept_values(site: Site | None, values: list[Any]) -> list[Any]:

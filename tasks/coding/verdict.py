@@ -27,13 +27,16 @@ class GradeResult:
 @dataclass(frozen=True)
 class Reference:
     """What the host keeps about a task's rewritten tests: the files sent into the container, the
-    sites (with the expectations that never leave the host) and the gold record."""
+    sites (with the expectations that never leave the host) and the gold record; ``base_fails``:
+    the gold entries the unfixed repository does not reproduce (the checks a forger must forge;
+    None when the unfixed code left no record)."""
 
     files: dict[str, str]
     sites: dict[int, probes.Site]
     gold: dict[str, list[tuple[int, list[Any]]]]
     unstable: set[tuple[str, int]]
     unstable_tests: set[str]
+    base_fails: frozenset[tuple[str, int]] | None = None
 
 
 def _held_out_failures(reference: Reference, report: dict[str, Any], tests: list[str]) -> dict[str, str]:
