@@ -27,16 +27,18 @@ must, pytest's exit status is 1 (the failing canary), nothing outlived pytest, t
 ids equals FAIL_TO_PASS + PASS_TO_PASS exactly with every one passing, and (with a gold patch)
 every test's probe record satisfies the original asserts on the host and follows the gold
 solution's record (``CodingGrader.reference``: computed once per task and process, in a fresh
-container, twice, so values that vary between runs are known).
+container: the rewritten tests on the unfixed repository, to learn which operands the fix changes
+(tasks/coding/held.py), then twice on the gold solution, so values that vary between runs are
+known). The verdict itself is tasks/coding/verdict.py.
 
 Why the record and not pytest's word: code in the test process can rewrite that process's
 verdict, whatever the policy missed (tests/tasks/test_coding_hacks.py plays such forgers with
 the policy on and off). The record it can forge too, but a forged record scores only with the
 values the correct code computes, which are not in the container. What this leaves open is
-listed in tasks/coding/probes.py and docs/security.md: expectations a test carries outside its asserts,
-an exception class guessed exactly (a ``pytest.raises`` record must equal the gold's MRO),
-non-builtin objects recorded by type, and solutions that special-case the hidden inputs. A task
-without a gold patch is judged by pytest's outcomes alone.
+listed in tasks/coding/probes.py and docs/security.md: expectations a test carries outside its
+asserts, an exception class guessed exactly (a ``pytest.raises`` record must equal the gold's
+MRO), and solutions that special-case the hidden inputs. A task without a gold patch is judged by
+pytest's outcomes alone.
 """
 
 from __future__ import annotations

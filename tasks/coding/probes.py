@@ -6,9 +6,15 @@ the tests passed. It rewrites every hidden test on the host before upload (``ins
 
 - ``assert A == <literal>`` becomes ``_probe(site, ops, lambda: A)``: the literal is dropped, and
   the value ``A`` computed by the code under test is recorded (encoded by
-  tasks/coding/probe_runtime.py) into a pipe the runner reads. Every ``Compare`` is rewritten
-  this way; operands that are not literals are all recorded, and when none is a literal the truth
-  of the comparison is recorded too (``pytest.approx(<literal>)`` counts as a literal).
+  tasks/coding/probe_runtime.py, objects by their state) into a pipe the runner reads. Every
+  ``Compare`` is rewritten this way; operands that are not literals are all recorded, and when
+  none is a literal the truth of the comparison is recorded too (``pytest.approx(<literal>)``
+  counts as a literal).
+- ``assert A == B`` where the test computes ``B`` itself (``Matrix([[6, 8]])``, ``expected``): the
+  operand the fix does not change is *held* (tasks/coding/held.py finds it by running the same
+  tests on the unfixed repository): the rewritten test sent to a submission no longer computes it
+  (nor a plain assignment only it reads), and the host requires the kept operands to equal the
+  gold's values in the same position.
 - ``assert X`` and ``assert not X`` both become ``_probe(site, (), lambda: X)``: the polarity
   stays on the host, so the recorded truth value cannot be guessed from the rewritten source.
 - ``with pytest.raises(E, match=...)`` becomes ``with _raises(site):``, which records the type
@@ -20,18 +26,17 @@ the tests passed. It rewrites every hidden test on the host before upload (``ins
 - an assert using ``await``, ``yield``, ``:=`` or ``super()`` means something else inside a lambda:
   it is left as it is (an in-process check, its expectation visible).
 
-The same rewritten tests run once on the gold solution, on the host's behalf and in a fresh
-container (twice, to find values that vary between runs). ``compare`` then checks, test by test,
-that the submission's record equals the gold record entry by entry. A forger that takes over the
-test process can write any record it likes, but to match it must know what the correct code
-computes for every recorded call: the values that are not in the container.
+The same rewritten tests run on the gold solution, on the host's behalf and in a fresh container
+(twice, to find values that vary between runs). ``compare`` then checks, test by test, that the
+submission's record equals the gold record entry by entry. A forger that takes over the test
+process can write any record it likes, but to match it must know what the correct code computes
+for every recorded call: the values that are not in the container.
 
 What the record does not protect: values a test carries outside its asserts (module constants,
-parametrize tables, fixtures, data files, expected values the test computes itself) are in the
-container and can be copied by a forger that emulates the test; an exception type a site expects
-can still be guessed (one exact class per site, from the names in the code);
-and recorded objects that are neither builtin values nor exceptions are compared by type only
-(their comparison's truth, which the process reports, carries the rest).
+parametrize tables, fixtures, data files) are in the container and can be copied by a forger that
+emulates the test; an exception type a site expects can still be guessed (one exact class per
+site, from the names in the code); a ``!=``, ``<`` or ``in`` between two computed values is
+judged by the truth the container reports.
 """
 
 from __future__ import annotations
