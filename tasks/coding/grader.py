@@ -64,7 +64,7 @@ from sandboxes.protocol import Sandbox, SandboxDied
 from tasks.coding import probes
 from tasks.coding.capture import WORKSPACE, Submission, capture_workspace, submission_from_patch
 from tasks.coding.diffs import source_files
-from tasks.coding.held import Record, base_fails, held_operands, settle
+from tasks.coding.held import Record, base_fails, could_hold, held_operands, settle
 from tasks.coding.policy import MAX_SOURCE_BYTES, Violation, check_source
 from tasks.coding.record import BadRecord, sendable
 from tasks.coding.verdict import GradeResult, Reference, judge
@@ -344,7 +344,9 @@ class CodingGrader:
         async with self.slots or grading_slots():
             sandbox = await self.make_sandbox()
             try:
-                base = await self._base_record(task, sandbox, gdir, full.files)
+                base = None
+                if could_hold(full.sites):
+                    base = await self._base_record(task, sandbox, gdir, full.files)
                 if not getattr(sandbox, "alive", True):  # the unfixed code took the container down
                     await sandbox.close()
                     sandbox = await self.make_sandbox()

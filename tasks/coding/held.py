@@ -29,7 +29,16 @@ from typing import Any
 from tasks.coding.probes import Site, compare, same, unstable_entries
 from tasks.coding.record import faithful
 
-__all__ = ["Record", "Settled", "base_fails", "held_operands", "kept_values", "project", "settle"]
+__all__ = [
+    "Record",
+    "Settled",
+    "base_fails",
+    "could_hold",
+    "held_operands",
+    "kept_values",
+    "project",
+    "settle",
+]
 
 Record = dict[str, list[tuple[int, list[Any]]]]
 
@@ -47,6 +56,11 @@ def _candidate(site: Site | None) -> bool:
         and set(site.ops) == {"=="}
         and bool(site.pure)
     )
+
+
+def could_hold(sites: dict[int, Site]) -> bool:
+    """Whether any site could have an operand held (else the base run has nothing to decide)."""
+    return any(_candidate(site) for site in sites.values())
 
 
 def held_operands(sites: dict[int, Site], gold: Record, base: Record) -> dict[int, tuple[int, ...]]:
