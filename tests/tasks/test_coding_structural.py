@@ -280,6 +280,29 @@ def test_stdlib_value_types_by_their_own_text_subclasses_opaque():
     assert all(record.faithful(enc(v)) for v in (when, utc, zoned, decimal.Decimal(3)))
 
 
+def test_an_ordered_dict_by_its_order_only_when_its_keys_are_plain():
+    first, second = collections.OrderedDict(a=1, b=2), collections.OrderedDict(a=1, b=2)
+    second.move_to_end("a")
+    assert enc(first) != enc(second) and record.faithful(enc(second))
+    assert enc(second)["base"]["list"][0] == {"tuple": ["b", 2], "len": 2}
+    ran = []
+
+    class Key:
+        def __hash__(self):
+            ran.append("__hash__")
+            return 1  # every key collides: a lookup would compare them with __eq__
+
+        def __eq__(self, other):
+            ran.append("__eq__")
+            return self is other
+
+    hostile = collections.OrderedDict([(Key(), 1), (Key(), 2)])
+    big = collections.OrderedDict.fromkeys(range(2000))
+    ran.clear()
+    assert enc(hostile) == {"obj": "collections.OrderedDict"} and ran == []
+    assert enc(big) == {"obj": "collections.OrderedDict"} and not record.faithful(enc(big))
+
+
 class Node:
     def __init__(self):
         self.next = self
