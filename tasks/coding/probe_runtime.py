@@ -216,7 +216,7 @@ def _ordered(v, depth, budget):
 def _value_type(t, v, depth, budget):
     """The stdlib's C value types, exactly: their own C methods write their state as text. A
     tzinfo is encoded apart (its utcoffset never runs: it may be the code under test's)."""
-    out = {"obj": _type_name(t)}
+    out = {"obj": _name(t, budget)}
     if t is _DATETIME or t is _TIME:
         out["state"] = t.isoformat(t.replace(v, tzinfo=None)) + (" fold=1" if v.fold else "")
         if v.tzinfo is not None:
@@ -263,7 +263,7 @@ def _layout(t):
         if items is None:
             return None
         members = [(k, d) for k, d in items if type(d) is _MEMBER and _owned(d, k, c)]
-        if id(c) not in _KNOWN and not _python_defined(c, len(members)):
+        if id(c) not in _KNOWN and not _adds_no_hidden_state(c, len(members)):
             return None
         for k, d in items:
             if getset is None and k == "__dict__" and type(d) is _GETSET and _owned(d, k, c):
@@ -283,7 +283,7 @@ def _owned(d, name, c):
     return type(own_name) is str and own_name == name and _DESCR_OWNER[type(d)](d) is c
 
 
-def _python_defined(c, slots):
+def _adds_no_hidden_state(c, slots):
     """Whether ``c`` adds no state that its slots, instance dict and weakref pointers do not hold:
     made by a class statement (or ``type()``: a mutable heap type) adding no more to its base's
     size, or a C class adding nothing at all (e.g. ``datetime.tzinfo``)."""

@@ -296,6 +296,18 @@ def test_an_ordered_dict_by_its_order_only_when_its_keys_are_plain():
             ran.append("__eq__")
             return self is other
 
+    class Sub(collections.OrderedDict):  # none of its overrides runs: the C iteration reads it
+        def _hook(self, *args, **kwargs):
+            ran.append("override")
+            raise RuntimeError
+
+        __getitem__ = __iter__ = keys = items = values = __len__ = get = __contains__ = __eq__ = _hook
+
+    sub = Sub()
+    for key in "ab":
+        collections.OrderedDict.__setitem__(sub, key, 1)
+    collections.OrderedDict.move_to_end(sub, "a")
+    assert enc(sub)["base"] == enc(collections.OrderedDict(b=1, a=1))["base"] and ran == []
     hostile = collections.OrderedDict([(Key(), 1), (Key(), 2)])
     big = collections.OrderedDict.fromkeys(range(2000))
     ran.clear()
