@@ -326,6 +326,13 @@ def test_cycles_and_wide_objects_stay_bounded():
     text = json.dumps(loop)
     assert '"deep"' in text or '"cut"' in text
     assert len(text) < 3_000_000 and not record.faithful(loop)
+    chain = None
+    for _ in range(40):  # the most JSON nesting per level: an object holding an OrderedDict
+        node = Node()
+        node.next = collections.OrderedDict(k=chain)
+        chain = node
+    line = json.dumps({"t": "t", "s": 0, "v": [enc(chain), loop]}).encode()
+    assert len(probes.parse_record(line)["t"]) == 1  # within the host's nesting bound
     wide = Matrix(None)
     for i in range(100_000):
         setattr(wide, f"a{i}", i)
