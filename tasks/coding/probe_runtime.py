@@ -12,7 +12,8 @@ qualified name (``{"class": ...}``); an exact ``datetime`` date/datetime/time/ti
 ``decimal.Decimal`` by the text its own C method writes (``{"obj": name, "state": text}``, a
 tzinfo encoded apart); any other object by its type's name and its state: the instance dict and
 the slots that are set, each value encoded in turn (``{"obj": name, "state": {name: value}}``),
-with a builtin base's value (``"base"``) for a subclass of int, str, list, dict, ... Where the
+with a builtin base's value (``"base"``) for a subclass of int, str, list, dict, ... (an
+OrderedDict's: its items in order, when its keys are plain builtin values). Where the
 state is out of reach (an ancestor is a C class holding its own fields, e.g. a deque, a function,
 a module; or a class hides its instance dict's getset), ``"state"`` is left out: the object is
 opaque. What runs while a value is encoded: only C code of the interpreter (``type()``, the C
@@ -76,7 +77,8 @@ _PTR = tuple.__itemsize__
 _REAL, _IMAG = complex.__dict__["real"].__get__, complex.__dict__["imag"].__get__
 # C classes whose instances hold nothing but a base value read below and member descriptors
 _KNOWN = {id(c) for c in (object, int, float, str, complex, bytes, bytearray, list, tuple, dict, set,
-                          frozenset, collections.defaultdict)}  # fmt: skip
+                          frozenset, collections.defaultdict, collections.OrderedDict)}  # fmt: skip
+_SAFE_KEYS = {id(c) for c in (str, int, float, bytes, bool, type(None))}  # whose == and hash are C
 _DATE, _DATETIME, _TIME = datetime.date, datetime.datetime, datetime.time
 _TIMEDELTA, _TIMEZONE, _DECIMAL = datetime.timedelta, datetime.timezone, decimal.Decimal
 
@@ -195,16 +197,26 @@ _BASES_READ = (
         tuple,
         lambda v, d, b: _container(tuple, tuple.__getitem__(v, slice(0, _MAX_ITEMS)), tuple.__len__(v), d, b),
     ),
+    (collections.OrderedDict, lambda v, d, b: _ordered(v, d, b)),
     (dict, lambda v, d, b: _container(dict, v, dict.__len__(v), d, b)),
     (set, lambda v, d, b: _container(set, set.__iter__(v), set.__len__(v), d, b)),
     (frozenset, lambda v, d, b: _container(frozenset, frozenset.__iter__(v), frozenset.__len__(v), d, b)),
 )
 
 
+def _ordered(v, depth, budget):
+    """An OrderedDict's (key, value) pairs in its order (which its == compares), read in C. The
+    C iteration looks keys up: only when every key's == is C code and there are few; else None."""
+    n = dict.__len__(v)
+    if n > _MAX_ITEMS or not all(id(type(k)) in _SAFE_KEYS for k in dict.keys(v)):
+        return None
+    return _container(list, [(k, x) for k, x in collections.OrderedDict.items(v)], n, depth, budget)
+
+
 def _value_type(t, v, depth, budget):
     """The stdlib's C value types, exactly: their own C methods write their state as text. A
     tzinfo is encoded apart (its utcoffset never runs: it may be the code under test's)."""
-    out = {"obj": _type_name(t)}
+    out = {"obj": _name(t, budget)}
     if t is _DATETIME or t is _TIME:
         out["state"] = t.isoformat(t.replace(v, tzinfo=None)) + (" fold=1" if v.fold else "")
         if v.tzinfo is not None:
@@ -251,7 +263,7 @@ def _layout(t):
         if items is None:
             return None
         members = [(k, d) for k, d in items if type(d) is _MEMBER and _owned(d, k, c)]
-        if id(c) not in _KNOWN and not _python_defined(c, len(members)):
+        if id(c) not in _KNOWN and not _adds_no_hidden_state(c, len(members)):
             return None
         for k, d in items:
             if getset is None and k == "__dict__" and type(d) is _GETSET and _owned(d, k, c):
@@ -271,7 +283,7 @@ def _owned(d, name, c):
     return type(own_name) is str and own_name == name and _DESCR_OWNER[type(d)](d) is c
 
 
-def _python_defined(c, slots):
+def _adds_no_hidden_state(c, slots):
     """Whether ``c`` adds no state that its slots, instance dict and weakref pointers do not hold:
     made by a class statement (or ``type()``: a mutable heap type) adding no more to its base's
     size, or a C class adding nothing at all (e.g. ``datetime.tzinfo``)."""
@@ -305,6 +317,8 @@ def _object(t, v, depth, budget):
     for base, read in _BASES_READ:
         if issubclass(t, base):  # t's own MRO, read in C: no __class__, no __instancecheck__
             out["base"] = read(v, depth + 1, budget)
+            if out["base"] is None:  # out of reach: opaque
+                return {"obj": out["obj"]}
             break
     try:
         layout = _cached("layout", t, budget, _layout)

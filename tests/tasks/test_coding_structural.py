@@ -280,6 +280,41 @@ def test_stdlib_value_types_by_their_own_text_subclasses_opaque():
     assert all(record.faithful(enc(v)) for v in (when, utc, zoned, decimal.Decimal(3)))
 
 
+def test_an_ordered_dict_by_its_order_only_when_its_keys_are_plain():
+    first, second = collections.OrderedDict(a=1, b=2), collections.OrderedDict(a=1, b=2)
+    second.move_to_end("a")
+    assert enc(first) != enc(second) and record.faithful(enc(second))
+    assert enc(second)["base"]["list"][0] == {"tuple": ["b", 2], "len": 2}
+    ran = []
+
+    class Key:
+        def __hash__(self):
+            ran.append("__hash__")
+            return 1  # every key collides: a lookup would compare them with __eq__
+
+        def __eq__(self, other):
+            ran.append("__eq__")
+            return self is other
+
+    class Sub(collections.OrderedDict):  # none of its overrides runs: the C iteration reads it
+        def _hook(self, *args, **kwargs):
+            ran.append("override")
+            raise RuntimeError
+
+        __getitem__ = __iter__ = keys = items = values = __len__ = get = __contains__ = __eq__ = _hook
+
+    sub = Sub()
+    for key in "ab":
+        collections.OrderedDict.__setitem__(sub, key, 1)
+    collections.OrderedDict.move_to_end(sub, "a")
+    assert enc(sub)["base"] == enc(collections.OrderedDict(b=1, a=1))["base"] and ran == []
+    hostile = collections.OrderedDict([(Key(), 1), (Key(), 2)])
+    big = collections.OrderedDict.fromkeys(range(2000))
+    ran.clear()
+    assert enc(hostile) == {"obj": "collections.OrderedDict"} and ran == []
+    assert enc(big) == {"obj": "collections.OrderedDict"} and not record.faithful(enc(big))
+
+
 class Node:
     def __init__(self):
         self.next = self
@@ -291,6 +326,13 @@ def test_cycles_and_wide_objects_stay_bounded():
     text = json.dumps(loop)
     assert '"deep"' in text or '"cut"' in text
     assert len(text) < 3_000_000 and not record.faithful(loop)
+    chain = None
+    for _ in range(40):  # the most JSON nesting per level: an object holding an OrderedDict
+        node = Node()
+        node.next = collections.OrderedDict(k=chain)
+        chain = node
+    line = json.dumps({"t": "t", "s": 0, "v": [enc(chain), loop]}).encode()
+    assert len(probes.parse_record(line)["t"]) == 1  # within the host's nesting bound
     wide = Matrix(None)
     for i in range(100_000):
         setattr(wide, f"a{i}", i)
