@@ -79,7 +79,7 @@ async def main() -> None:
             unprotected.append(task.id)
         totals.update(counts)
         print(task.id, "protected" if protected else "UNPROTECTED", dict(counts), flush=True)
-    print(f"# commit {short_commit()}, load {os.getloadavg()[0]:.2f}, {os.cpu_count()} cores")
+    print(f"# commit {short_commit(ROOT)}, load {os.getloadavg()[0]:.2f}, {os.cpu_count()} cores")
     summary = {"tasks": len(tasks), "protected": len(tasks) - len(unprotected), "unprotected": unprotected}
     print(json.dumps({**summary, "checks_by_kind": dict(totals)}))
 
