@@ -1,0 +1,248 @@
+"""The source policy's rule against building a class at run time.
+
+A class statement is checked statically (its dunder methods are in the source), but a class built
+at run time takes its namespace from data: ``type('X', (), {'_'*2 + 'eq' + '_'*2: f})`` gives it any
+dunder. Every such construction goes through a class factory called with a name, bases and a
+namespace: ``type`` itself (a three-argument call reaches ``type.__new__``), any metaclass (which
+only ``type(x)`` can hand out: ``x.__class__``, ``ABCMeta`` and ``EnumType`` are unreachable), or
+the enum functional API (``Enum('X', names)``, on ``Enum``/``IntEnum``/``Flag``/``IntFlag`` or an
+enum class without members; one with members refuses to be extended). ``__build_class__``,
+``types.new_class`` and ``metaclass=`` are refused by the other rules.
+
+So a factory may only be used where it cannot build a class: called with the one argument that
+looks a type up (``type(x)``) or makes an instance (``type(self)(v)``, ``Color(3)``), compared,
+given to ``isinstance``/``issubclass``, read an attribute from, named in an annotation that is
+never evaluated, or stored in a plain local name whose every use obeys the same rules. Passed to
+anything else (``map(type, ...)``, ``partial(type, ...)``), returned, subclassed (``class M(type)``),
+subscripted (``type[int](...)`` calls ``type``) or stored elsewhere, it is flagged.
+"""
+
+from __future__ import annotations
+
+import ast
+
+__all__ = ["dynamic_class_uses"]
+
+_ENUM_FACTORIES = frozenset({"Enum", "IntEnum", "Flag", "IntFlag"})
+_SCOPES = (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
+TYPE, METACLASS, ENUM = "type", "type(...)", "enum"
+
+
+def _enum_names(tree: ast.Module) -> tuple[set[str], set[str]]:
+    """Local names of the enum factories imported from ``enum``, and of ``enum`` imported whole."""
+    names, modules = set(), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module == "enum" and node.level == 0:
+            names |= {a.asname or a.name for a in node.names if a.name in _ENUM_FACTORIES}
+        elif isinstance(node, ast.Import):
+            modules |= {a.asname or a.name for a in node.names if a.name == "enum"}
+    return names, modules
+
+
+def _bound_names(tree: ast.Module) -> set[str]:
+    names: set[str] = set()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load):
+            names.add(n.id)
+        elif isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(n.name)
+        elif isinstance(n, ast.arg):
+            names.add(n.arg)
+        elif isinstance(n, ast.alias):
+            names.add(n.asname or n.name)
+        elif isinstance(n, ast.ExceptHandler | ast.MatchAs | ast.MatchStar) and n.name:
+            names.add(n.name)
+        elif isinstance(n, ast.MatchMapping) and n.rest:
+            names.add(n.rest)
+        elif isinstance(n, ast.Global | ast.Nonlocal):
+            names.update(n.names)
+    return names
+
+
+def _is_member(stmt: ast.stmt) -> bool:
+    """A statement of an enum body that surely makes a member (a constant or ``auto()``); a
+    descriptor (a function, a lambda) makes none, so anything unsure counts as no member."""
+    if isinstance(stmt, ast.Assign):
+        targets, value = stmt.targets, stmt.value
+    elif isinstance(stmt, ast.AnnAssign) and stmt.value is not None:
+        targets, value = [stmt.target], stmt.value
+    else:
+        return False
+    if not all(isinstance(t, ast.Name) and not t.id.startswith("_") for t in targets):
+        return False
+    if isinstance(value, ast.UnaryOp):
+        value = value.operand
+    if isinstance(value, ast.Tuple):
+        return all(isinstance(v, ast.Constant) for v in value.elts)
+    if isinstance(value, ast.Call) and not value.args and not value.keywords:
+        func = value.func
+        return (isinstance(func, ast.Name) and func.id == "auto") or (
+            isinstance(func, ast.Attribute) and func.attr == "auto"
+        )
+    return isinstance(value, ast.Constant)
+
+
+class _Analysis:
+    def __init__(self, tree: ast.Module) -> None:
+        self.parents = {c: p for p in ast.walk(tree) for c in ast.iter_child_nodes(p)}
+        self.found: list[tuple[ast.AST, str]] = []
+        self.future = any(
+            isinstance(n, ast.ImportFrom)
+            and n.module == "__future__"
+            and any(a.name == "annotations" for a in n.names)
+            for n in tree.body
+        )
+        self.unevaluated = self._unevaluated_annotations(tree)
+        self.globals = {
+            name for n in ast.walk(tree) if isinstance(n, ast.Global | ast.Nonlocal) for name in n.names
+        }
+        self.loads: list[ast.Name] = [
+            n for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
+        ]
+        self.tainted: set[tuple[str, int]] = set()  # (name, id of the scope it was bound in)
+        # isinstance and issubclass only test against a class, unless the file rebinds them
+        self.checks = {"isinstance", "issubclass"} - _bound_names(tree)
+
+    def _unevaluated_annotations(self, tree: ast.Module) -> set[int]:
+        """Nodes of annotations nothing can read back: a function's (only ``__annotations__``,
+        a dunder, holds them), a local variable's, and every one under ``annotations``."""
+        roots: list[ast.AST] = []
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                every = node.args.posonlyargs + node.args.args + node.args.kwonlyargs
+                every += [a for a in (node.args.vararg, node.args.kwarg) if a is not None]
+                roots += [a.annotation for a in every if a.annotation is not None]
+                roots += [node.returns] if node.returns is not None else []
+                if self.future:
+                    continue
+                roots += [
+                    n.annotation
+                    for n in ast.walk(node)
+                    if isinstance(n, ast.AnnAssign)
+                    and isinstance(self.scope(n), ast.FunctionDef | ast.AsyncFunctionDef)
+                ]
+            elif self.future and isinstance(node, ast.AnnAssign):
+                roots.append(node.annotation)
+        return {id(n) for root in roots for n in ast.walk(root)}
+
+    def scope(self, node: ast.AST) -> ast.AST:
+        node = self.parents[node]
+        while not isinstance(node, _SCOPES):
+            node = self.parents[node]
+        return node
+
+    def within(self, node: ast.AST, scope: ast.AST) -> bool:
+        while node is not scope:
+            if node not in self.parents:
+                return False
+            node = self.parents[node]
+        return True
+
+    def flag(self, node: ast.AST, kind: str, how: str) -> None:
+        self.found.append((node, f"{kind} {how}: a class factory that could build a class at run time"))
+
+    def taint(self, target: ast.Name, kind: str, pending: list[tuple[ast.expr, str]]) -> None:
+        scope = self.scope(target)
+        whole_file = target.id in self.globals or isinstance(scope, ast.Module)
+        if (target.id, id(scope)) in self.tainted:
+            return
+        self.tainted.add((target.id, id(scope)))
+        pending += [
+            (n, kind) for n in self.loads if n.id == target.id and (whole_file or self.within(n, scope))
+        ]
+
+    def check(self, node: ast.expr, kind: str, pending: list[tuple[ast.expr, str]]) -> None:
+        if id(node) in self.unevaluated:
+            return
+        parent = self.parents[node]
+        if isinstance(parent, ast.Call) and parent.func is node:
+            starred = any(isinstance(a, ast.Starred) for a in parent.args) or any(
+                k.arg is None for k in parent.keywords
+            )
+            count = len(parent.args) + len(parent.keywords)
+            if kind == TYPE and not starred and len(parent.args) == 1 and not parent.keywords:
+                pending.append((parent, METACLASS))  # type(x) may be a metaclass
+            # an instance needs fewer than the name, bases and namespace (or the enum's names)
+            elif (
+                not starred
+                and count < {METACLASS: 3, ENUM: 2, TYPE: 0}[kind]
+                and not (kind == ENUM and parent.keywords)
+            ):
+                return
+            else:
+                self.flag(parent, kind, f"called with {count} argument(s){' unpacked' if starred else ''}")
+        elif isinstance(parent, ast.Compare | ast.Attribute | ast.MatchClass):
+            return
+        elif (
+            isinstance(parent, ast.Call)
+            and node in parent.args
+            or (
+                isinstance(parent, ast.Tuple)
+                and isinstance(self.parents[parent], ast.Call)
+                and parent in self.parents[parent].args
+            )
+        ):
+            call = parent if isinstance(parent, ast.Call) else self.parents[parent]
+            if not (isinstance(call.func, ast.Name) and call.func.id in self.checks):
+                self.flag(node, kind, "passed as an argument")
+        elif kind == ENUM and (
+            isinstance(parent, ast.ClassDef) and node in parent.bases or isinstance(parent, ast.Subscript)
+        ):
+            return
+        elif isinstance(parent, ast.Assign | ast.NamedExpr | ast.AnnAssign) and parent.value is node:
+            targets = parent.targets if isinstance(parent, ast.Assign) else [parent.target]
+            if isinstance(self.scope(parent), ast.ClassDef):  # a class attribute: read back as C.m, self.m
+                self.flag(node, kind, "stored as a class attribute")
+            elif all(isinstance(t, ast.Name) for t in targets):
+                for t in targets:
+                    self.taint(t, kind, pending)  # type: ignore[arg-type]
+            else:
+                self.flag(node, kind, "stored in something other than a plain name")
+        else:
+            self.flag(node, kind, f"used in a {type(parent).__name__}")
+
+    def run(self, tree: ast.Module) -> list[tuple[ast.AST, str]]:
+        names, modules = _enum_names(tree)
+        classes = [n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)]
+        enum_classes: set[str] = set()
+        while True:  # enum classes of this file, whatever their depth of subclassing
+            found = {
+                c.name
+                for c in classes
+                if any(
+                    (isinstance(b, ast.Name) and b.id in names | enum_classes)
+                    or (
+                        isinstance(b, ast.Attribute)
+                        and isinstance(b.value, ast.Name)
+                        and b.value.id in modules
+                    )
+                    for b in c.bases
+                )
+            }
+            if found <= enum_classes:
+                break
+            enum_classes |= found
+        memberless = {c.name for c in classes if c.name in enum_classes and not any(map(_is_member, c.body))}
+        pending: list[tuple[ast.expr, str]] = []
+        pending += [(n, TYPE) for n in self.loads if n.id == "type"]
+        pending += [(n, ENUM) for n in self.loads if n.id in names | memberless]
+        pending += [
+            (n, ENUM)
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Attribute)
+            and n.attr in _ENUM_FACTORIES
+            and isinstance(n.value, ast.Name)
+            and n.value.id in modules
+        ]
+        seen: set[int] = set()
+        while pending:
+            node, kind = pending.pop()
+            if id(node) not in seen:
+                seen.add(id(node))
+                self.check(node, kind, pending)
+        return self.found
+
+
+def dynamic_class_uses(tree: ast.Module) -> list[tuple[ast.AST, str]]:
+    """Each use of a class factory that could build a class at run time, with why."""
+    return _Analysis(tree).run(tree)
