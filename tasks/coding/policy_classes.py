@@ -10,8 +10,9 @@ enum class without members; one with members refuses to be extended). ``__build_
 ``types.new_class`` and ``metaclass=`` are refused by the other rules.
 
 So a factory may only be used where it cannot build a class: called with the one argument that
-looks a type up (``type(x)``) or makes an instance (``type(self)(v)``, ``Color(3)``), compared,
-given to ``isinstance``/``issubclass``, read an attribute from, named in an annotation that is
+looks a type up (``type(x)``) or makes an instance (``type(self)(v)``, ``Color(3)``), compared by
+identity or with a builtin class or constant (``v == type`` hands it to ``v.__eq__``), given to
+``isinstance``/``issubclass``, read an attribute from, named in an annotation that is
 never evaluated, or stored in a plain local name whose every use obeys the same rules. Passed to
 anything else (``map(type, ...)``, ``partial(type, ...)``), returned, subclassed (``class M(type)``),
 subscripted (``type[int](...)`` calls ``type``) or stored elsewhere, it is flagged.
@@ -24,6 +25,26 @@ import ast
 __all__ = ["dynamic_class_uses"]
 
 _ENUM_FACTORIES = frozenset({"Enum", "IntEnum", "Flag", "IntFlag"})
+_BUILTIN_CLASSES = frozenset(
+    [
+        "bool",
+        "bytearray",
+        "bytes",
+        "complex",
+        "dict",
+        "float",
+        "frozenset",
+        "int",
+        "list",
+        "object",
+        "range",
+        "set",
+        "slice",
+        "str",
+        "tuple",
+        "type",
+    ]
+)
 _SCOPES = (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
 TYPE, METACLASS, ENUM = "type", "type(...)", "enum"
 
@@ -101,7 +122,9 @@ class _Analysis:
         ]
         self.tainted: set[tuple[str, int]] = set()  # (name, id of the scope it was bound in)
         # isinstance and issubclass only test against a class, unless the file rebinds them
-        self.checks = {"isinstance", "issubclass"} - _bound_names(tree)
+        bound = _bound_names(tree)
+        self.checks = {"isinstance", "issubclass"} - bound
+        self.classes = _BUILTIN_CLASSES - bound  # builtin classes, unless the file rebinds the name
 
     def _unevaluated_annotations(self, tree: ast.Module) -> set[int]:
         """Nodes of annotations nothing can read back: a function's (only ``__annotations__``,
@@ -124,6 +147,15 @@ class _Analysis:
             elif self.future and isinstance(node, ast.AnnAssign):
                 roots.append(node.annotation)
         return {id(n) for root in roots for n in ast.walk(root)}
+
+    def inert(self, node: ast.expr) -> bool:
+        """A value whose comparisons run no code of the file: a constant, a builtin class,
+        ``type(x)`` (a class: its metaclass compares identities), or a literal tuple of them."""
+        if isinstance(node, ast.Tuple | ast.List | ast.Set):
+            return all(map(self.inert, node.elts))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "type":
+            return len(node.args) == 1 and not node.keywords and not isinstance(node.args[0], ast.Starred)
+        return isinstance(node, ast.Constant) or (isinstance(node, ast.Name) and node.id in self.classes)
 
     def scope(self, node: ast.AST) -> ast.AST:
         node = self.parents[node]
@@ -171,8 +203,16 @@ class _Analysis:
                 return
             else:
                 self.flag(parent, kind, f"called with {count} argument(s){' unpacked' if starred else ''}")
-        elif isinstance(parent, ast.Compare | ast.Attribute | ast.MatchClass):
+        elif isinstance(parent, ast.Attribute | ast.MatchClass):
             return
+        elif isinstance(parent, ast.Compare):
+            # == and in call the other side's __eq__/__contains__ with it (a user class's, which
+            # could call it); `is` compares identities, a builtin class or a constant runs nothing
+            others = [o for o in (parent.left, *parent.comparators) if o is not node]
+            if not all(isinstance(op, ast.Is | ast.IsNot) for op in parent.ops) and not all(
+                map(self.inert, others)
+            ):
+                self.flag(node, kind, "compared with something whose comparison could receive it")
         elif (
             isinstance(parent, ast.Call)
             and node in parent.args

@@ -114,6 +114,10 @@ CLASS_BUILDERS = {
     "type_decorator": "@type\ndef f():\n    pass\n",
     "dataclass_field_type": "from dataclasses import dataclass\n\n\n@dataclass\nclass C:\n"
     "    k: type = int\n",
+    "compared_with_user_value": "def f(v):\n    return v == type or type(v) in [v]\n",
+    "contained_in_user_value": "def f(c):\n    return type in c\n",
+    "shadowed_int": "int = None\n\n\ndef f(x):\n    return type(x) == int\n",
+    "default_argument": "def f(t=type):\n    return t\n",
     "shadowed_isinstance": "def isinstance(a, b):\n    return b('A', (), {})\n\n\nisinstance(1, type)\n",
     "enum_functional": f"from enum import Enum\n\nE = Enum('E', {{{EQ}: lambda s, o: True}})\n",
     "enum_module_functional": "import enum\n\nE = enum.Enum('E', 'a b')\n",
@@ -132,6 +136,8 @@ CLASS_BUILDERS = {
 CLASS_USES_ALLOWED = {
     "isinstance_type": "def f(x):\n    return isinstance(x, type) or isinstance(x, (int, type))\n",
     "compare_types": "def f(a, b):\n    return type(a) is type(b) and type(a) == int\n",
+    "type_in_builtins": "def f(a):\n    return type(a) in (list, tuple, 'x')\n",
+    "identity_with_anything": "def f(a, b):\n    return type(a) is b or type is not b\n",
     "isinstance_own_type": "def same(a, b):\n    return isinstance(b, type(a))\n",
     "instance_of_own_type": "class V:\n    def __init__(self, v):\n        self.v = v\n\n"
     "    def twice(self):\n        return type(self)(self.v * 2)\n",
