@@ -415,15 +415,16 @@ class SessionManager:
 def _sendable(result: Any) -> RewardResult:
     """The grader's answer if it can be sent and trained on: a RewardResult with a finite reward
     and JSON-encodable info (otherwise it fails here, as the grader's fault, not in the reply)."""
-    if not isinstance(result, RewardResult):
-        raise TypeError(f"evaluate returned {type(result).__name__}, not a RewardResult")
     _replyable(result, "evaluate")
     return result
 
 
-def _replyable(reply: Observation | StepResult | RewardResult, what: str) -> None:
+def _replyable(reply: Any, what: str) -> None:
     """ValueError naming the field unless ``reply`` can be sent as it is: JSON would carry a NaN
     as ``NaN`` (not JSON) or pydantic as ``null`` (silently), and a NaN reward trains on garbage."""
+    expected = {"reset": Observation, "step": StepResult, "evaluate": RewardResult}[what]
+    if not isinstance(reply, expected):
+        raise ValueError(f"{what} returned {type(reply).__name__}, not {expected.__name__}")
     where = nonfinite_path(reply.model_dump())  # the fields as set, assignments after validation too
     if where is not None:
         raise ValueError(f"{what} replied a number that is not finite (NaN or infinite) at {where}")
