@@ -35,6 +35,8 @@ def uid_lock_dir() -> Path:
     naming the fix when it cannot be used safely."""
     path = Path(os.environ.get("PQRL_SANDBOX_UID_DIR") or DEFAULT_LOCK_DIR)
     fix = "set PQRL_SANDBOX_UID_DIR to a directory of your own, the same for every pqrl process of the host"
+    if not path.is_absolute():  # relative to each process's own working directory: not one place
+        raise SandboxError(f"the sandbox uid lock directory {path} is not an absolute path; {fix}")
     try:
         path.mkdir(mode=0o700, parents=True, exist_ok=True)
         st = path.lstat()

@@ -120,7 +120,17 @@ class _Analysis:
         self.loads: list[ast.Name] = [
             n for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
         ]
-        self.tainted: set[tuple[str, int]] = set()  # (name, id of the scope it was bound in)
+        # indexes, so following a stored factory costs its uses, not the file (a file may store many)
+        self.loads_by_name: dict[str, list[ast.Name]] = {}
+        self.loads_in: dict[tuple[str, int], list[ast.Name]] = {}  # (name, id of innermost scope)
+        for n in self.loads:
+            self.loads_by_name.setdefault(n.id, []).append(n)
+            self.loads_in.setdefault((n.id, id(self.scope(n))), []).append(n)
+        self.inner_scopes: dict[int, list[ast.AST]] = {}
+        for n in ast.walk(tree):
+            if isinstance(n, _SCOPES) and n is not tree:
+                self.inner_scopes.setdefault(id(self.scope(n)), []).append(n)
+        self.tainted: set[tuple[str, int, str]] = set()  # (name, id of its scope or 0: the file, kind)
         # isinstance and issubclass only test against a class, unless the file rebinds them
         bound = _bound_names(tree)
         self.checks = {"isinstance", "issubclass"} - bound
@@ -136,15 +146,9 @@ class _Analysis:
                 every += [a for a in (node.args.vararg, node.args.kwarg) if a is not None]
                 roots += [a.annotation for a in every if a.annotation is not None]
                 roots += [node.returns] if node.returns is not None else []
-                if self.future:
-                    continue
-                roots += [
-                    n.annotation
-                    for n in ast.walk(node)
-                    if isinstance(n, ast.AnnAssign)
-                    and isinstance(self.scope(n), ast.FunctionDef | ast.AsyncFunctionDef)
-                ]
-            elif self.future and isinstance(node, ast.AnnAssign):
+            elif isinstance(node, ast.AnnAssign) and (
+                self.future or isinstance(self.scope(node), ast.FunctionDef | ast.AsyncFunctionDef)
+            ):
                 roots.append(node.annotation)
         return {id(n) for root in roots for n in ast.walk(root)}
 
@@ -163,25 +167,24 @@ class _Analysis:
             node = self.parents[node]
         return node
 
-    def within(self, node: ast.AST, scope: ast.AST) -> bool:
-        while node is not scope:
-            if node not in self.parents:
-                return False
-            node = self.parents[node]
-        return True
-
     def flag(self, node: ast.AST, kind: str, how: str) -> None:
         self.found.append((node, f"{kind} {how}: a class factory that could build a class at run time"))
 
     def taint(self, target: ast.Name, kind: str, pending: list[tuple[ast.expr, str]]) -> None:
         scope = self.scope(target)
         whole_file = target.id in self.globals or isinstance(scope, ast.Module)
-        if (target.id, id(scope)) in self.tainted:
+        key = (target.id, 0 if whole_file else id(scope), kind)
+        if key in self.tainted:
             return
-        self.tainted.add((target.id, id(scope)))
-        pending += [
-            (n, kind) for n in self.loads if n.id == target.id and (whole_file or self.within(n, scope))
-        ]
+        self.tainted.add(key)
+        if whole_file:
+            pending += [(n, kind) for n in self.loads_by_name.get(target.id, [])]
+            return
+        scopes = [scope]  # its scope and every scope nested in it (a closure reads it too)
+        while scopes:
+            inner = scopes.pop()
+            pending += [(n, kind) for n in self.loads_in.get((target.id, id(inner)), [])]
+            scopes += self.inner_scopes.get(id(inner), [])
 
     def check(self, node: ast.expr, kind: str, pending: list[tuple[ast.expr, str]]) -> None:
         if id(node) in self.unevaluated:
@@ -274,11 +277,11 @@ class _Analysis:
             and isinstance(n.value, ast.Name)
             and n.value.id in modules
         ]
-        seen: set[int] = set()
+        seen: set[tuple[int, str]] = set()  # a node may hold factories of two kinds
         while pending:
             node, kind = pending.pop()
-            if id(node) not in seen:
-                seen.add(id(node))
+            if (id(node), kind) not in seen:
+                seen.add((id(node), kind))
                 self.check(node, kind, pending)
         return self.found
 

@@ -203,7 +203,8 @@ def test_pools_in_two_processes_never_share_a_uid(tmp_path, monkeypatch):
 
 def test_an_unsafe_lock_directory_is_refused_with_the_fix(tmp_path, monkeypatch):
     """A lock directory someone else could change is never used: another user's, writable by
-    others, a link, or not creatable; each is a SandboxError that names the fix."""
+    others, a link, not creatable, or relative (each process would have its own); each is a
+    SandboxError that names the fix."""
     other = tmp_path / "other"
     other.mkdir(mode=0o700)
     os.chown(other, 54321, 54321)  # the tests run as root; a non-root run cannot set this up
@@ -220,6 +221,7 @@ def test_an_unsafe_lock_directory_is_refused_with_the_fix(tmp_path, monkeypatch)
         (shared, "writable by others"),
         (link, "not a directory"),
         (a_file / "locks", "cannot create"),
+        (Path("relative/locks"), "not an absolute path"),
     ]:
         monkeypatch.setenv("PQRL_SANDBOX_UID_DIR", str(path))
         with pytest.raises(SandboxError, match=why) as raised:
