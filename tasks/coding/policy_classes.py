@@ -80,6 +80,20 @@ def _bound_names(tree: ast.Module) -> set[str]:
     return names
 
 
+def _has_members(cls: ast.ClassDef) -> bool:
+    """Whether an enum class surely has members, so the functional API refuses to extend it. An
+    ``_ignore_`` list or a ``del`` in the body can take a member away: then it may have none."""
+    names = {t.id for n in cls.body if isinstance(n, ast.Assign | ast.AnnAssign) for t in _targets(n)}
+    if "_ignore_" in names or any(isinstance(n, ast.Delete) for n in ast.walk(cls)):
+        return False
+    return any(map(_is_member, cls.body))
+
+
+def _targets(stmt: ast.Assign | ast.AnnAssign) -> list[ast.Name]:
+    targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+    return [t for t in targets if isinstance(t, ast.Name)]
+
+
 def _is_member(stmt: ast.stmt) -> bool:
     """A statement of an enum body that surely makes a member (a constant or ``auto()``); a
     descriptor (a function, a lambda) makes none, so anything unsure counts as no member."""
@@ -265,7 +279,7 @@ class _Analysis:
             if found <= enum_classes:
                 break
             enum_classes |= found
-        memberless = {c.name for c in classes if c.name in enum_classes and not any(map(_is_member, c.body))}
+        memberless = {c.name for c in classes if c.name in enum_classes and not _has_members(c)}
         pending: list[tuple[ast.expr, str]] = []
         pending += [(n, TYPE) for n in self.loads if n.id == "type"]
         pending += [(n, ENUM) for n in self.loads if n.id in names | memberless]
