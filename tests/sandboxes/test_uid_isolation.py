@@ -7,9 +7,11 @@ import asyncio
 import contextlib
 import os
 import random
+import shutil
 import stat
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -241,3 +243,35 @@ def test_a_planted_link_as_lock_file_is_not_followed(tmp_path):
     with pytest.raises(SandboxError, match="7.lock"):
         lease_uid(7, 8, lock_dir=locks)
     assert not target.exists()
+
+
+LEASE_ONE = """
+from sandboxes.protocol import SandboxError
+from sandboxes.uids import lease_uid
+try:
+    lease_uid(1 << 30, (1 << 30) + 2)
+except SandboxError as e:
+    print(e)
+"""
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not Path("/usr/bin/python3").exists(), reason="needs root and a system Python"
+)
+def test_a_lock_directory_its_user_cannot_write_is_refused():
+    """A process of an unprivileged user (a system Python: the tests' own lives under /root) whose
+    lock directory is its own but read-only gets the error that names the fix."""
+    base = Path(tempfile.mkdtemp(prefix="pqrl-uid-test-"))
+    try:
+        base.chmod(0o711)
+        locks = base / "locks"
+        locks.mkdir(mode=0o500)
+        os.chown(locks, 65534, 65534)
+        env = {"PQRL_SANDBOX_UID_DIR": str(locks), "PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
+        out = subprocess.run(["/usr/bin/python3", "-c", LEASE_ONE], env=env, user=65534, group=65534,
+                             extra_groups=[], capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        assert "is not writable" in out.stdout and "PQRL_SANDBOX_UID_DIR" in out.stdout, out.stdout
+        assert list(locks.iterdir()) == []
+    finally:
+        shutil.rmtree(base)
