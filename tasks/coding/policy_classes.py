@@ -10,12 +10,14 @@ enum class without members; one with members refuses to be extended). ``__build_
 ``types.new_class`` and ``metaclass=`` are refused by the other rules.
 
 So a factory may only be used where it cannot build a class: called with the one argument that
-looks a type up (``type(x)``) or makes an instance (``type(self)(v)``, ``Color(3)``), compared by
-identity or with a builtin class or constant (``v == type`` hands it to ``v.__eq__``), given to
-``isinstance``/``issubclass``, read an attribute from, named in an annotation that is
-never evaluated, or stored in a plain local name whose every use obeys the same rules. Passed to
-anything else (``map(type, ...)``, ``partial(type, ...)``), returned, subclassed (``class M(type)``),
-subscripted (``type[int](...)`` calls ``type``) or stored elsewhere, it is flagged.
+looks a type up (``type(x)``) or makes an instance (``Color(3)``; ``type(self)(v)`` is ``type(v)``
+when ``self`` is a class, so its result is held to these rules too unless ``v`` is a literal, as
+in ``type(self)([...])``), compared by identity or with a builtin class or a constant (``v ==
+type`` hands it to ``v.__eq__``), given to ``isinstance``, ``issubclass``, ``str`` or ``repr``,
+formatted, read an attribute from, written as a signature's annotation or in one never
+evaluated, or stored in a plain local name whose every use obeys the same rules. Passed to
+anything else (``map(type, ...)``, ``partial(type, ...)``), returned, subclassed (``class
+M(type)``), subscripted (``type[int](...)`` calls ``type``) or stored elsewhere, it is flagged.
 """
 
 from __future__ import annotations
@@ -45,6 +47,13 @@ _BUILTIN_CLASSES = frozenset(
         "type",
     ]
 )
+# given a factory, these builtins run none of the file's code (str and repr: the metaclass's)
+_PURE_CALLS = frozenset({"isinstance", "issubclass", "str", "repr", "id", "hash", "callable"})
+# an expression whose value is surely no class: a literal
+_NOT_CLASSES = (
+    ast.Constant, ast.List, ast.Tuple, ast.Dict, ast.Set, ast.ListComp, ast.SetComp, ast.DictComp,
+    ast.GeneratorExp, ast.JoinedStr,
+)  # fmt: skip
 _SCOPES = (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
 TYPE, METACLASS, ENUM = "type", "type(...)", "enum"
 
@@ -127,6 +136,7 @@ class _Analysis:
             and any(a.name == "annotations" for a in n.names)
             for n in tree.body
         )
+        self.stored: set[int] = set()  # a signature's annotations: evaluated, the value kept apart
         self.unevaluated = self._unevaluated_annotations(tree)
         self.globals = {
             name for n in ast.walk(tree) if isinstance(n, ast.Global | ast.Nonlocal) for name in n.names
@@ -147,19 +157,25 @@ class _Analysis:
         self.tainted: set[tuple[str, int, str]] = set()  # (name, id of its scope or 0: the file, kind)
         # isinstance and issubclass only test against a class, unless the file rebinds them
         bound = _bound_names(tree)
-        self.checks = {"isinstance", "issubclass"} - bound
+        self.checks = _PURE_CALLS - bound
         self.classes = _BUILTIN_CLASSES - bound  # builtin classes, unless the file rebinds the name
 
     def _unevaluated_annotations(self, tree: ast.Module) -> set[int]:
-        """Nodes of annotations nothing can read back: a function's (only ``__annotations__``,
-        a dunder, holds them), a local variable's, and every one under ``annotations``."""
+        """Nodes of annotations never evaluated: a local variable's, and every one under ``from
+        __future__ import annotations``. A signature's annotations are evaluated (``f(x: g(type))``
+        runs ``g``), so only their value is kept apart (``stored``): only ``__annotations__``, a
+        dunder, holds it."""
         roots: list[ast.AST] = []
         for node in ast.walk(tree):
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
                 every = node.args.posonlyargs + node.args.args + node.args.kwonlyargs
                 every += [a for a in (node.args.vararg, node.args.kwarg) if a is not None]
-                roots += [a.annotation for a in every if a.annotation is not None]
-                roots += [node.returns] if node.returns is not None else []
+                signature = [a.annotation for a in every if a.annotation is not None]
+                signature += [node.returns] if node.returns is not None else []
+                if self.future:
+                    roots += signature
+                else:
+                    self.stored |= {id(a) for a in signature}
             elif isinstance(node, ast.AnnAssign) and (
                 self.future or isinstance(self.scope(node), ast.FunctionDef | ast.AsyncFunctionDef)
             ):
@@ -201,7 +217,7 @@ class _Analysis:
             scopes += self.inner_scopes.get(id(inner), [])
 
     def check(self, node: ast.expr, kind: str, pending: list[tuple[ast.expr, str]]) -> None:
-        if id(node) in self.unevaluated:
+        if id(node) in self.unevaluated or id(node) in self.stored:
             return
         parent = self.parents[node]
         if isinstance(parent, ast.Call) and parent.func is node:
@@ -209,8 +225,13 @@ class _Analysis:
                 k.arg is None for k in parent.keywords
             )
             count = len(parent.args) + len(parent.keywords)
-            if kind == TYPE and not starred and len(parent.args) == 1 and not parent.keywords:
+            one = not starred and len(parent.args) == 1 and not parent.keywords
+            if kind == TYPE and one:
                 pending.append((parent, METACLASS))  # type(x) may be a metaclass
+            elif kind == METACLASS and one and not isinstance(parent.args[0], _NOT_CLASSES):
+                # type(x)(c) is type(c) when type(x) is type: another metaclass, unless c is surely
+                # no class (a literal); type(self)([...]) stays an instance
+                pending.append((parent, METACLASS))
             # an instance needs fewer than the name, bases and namespace (or the enum's names)
             elif (
                 not starred
@@ -220,8 +241,8 @@ class _Analysis:
                 return
             else:
                 self.flag(parent, kind, f"called with {count} argument(s){' unpacked' if starred else ''}")
-        elif isinstance(parent, ast.Attribute | ast.MatchClass):
-            return
+        elif isinstance(parent, ast.Attribute | ast.MatchClass | ast.FormattedValue):
+            return  # f"{type}" formats through the metaclass, which runs no code of the file
         elif isinstance(parent, ast.Compare):
             # == and in call the other side's __eq__/__contains__ with it (a user class's, which
             # could call it); `is` compares identities, a builtin class or a constant runs nothing
@@ -243,7 +264,10 @@ class _Analysis:
             if not (isinstance(call.func, ast.Name) and call.func.id in self.checks):
                 self.flag(node, kind, "passed as an argument")
         elif kind == ENUM and (
-            isinstance(parent, ast.ClassDef) and node in parent.bases or isinstance(parent, ast.Subscript)
+            isinstance(parent, ast.ClassDef)
+            and node in parent.bases
+            or isinstance(parent, ast.Subscript)
+            and parent.value is node  # Color["RED"]; as the index, obj[B] hands it to obj.__getitem__
         ):
             return
         elif isinstance(parent, ast.Assign | ast.NamedExpr | ast.AnnAssign) and parent.value is node:

@@ -110,6 +110,13 @@ CLASS_BUILDERS = {
     "subclass_type": "class M(type):\n    pass\n",
     "subclass_metaclass": "class M(type(int)):\n    pass\n",
     "generic_alias_call": "A = type[int]('A', (), {})\n",
+    "metaclass_of_a_class_argument": "A = type(int)(int)('A', (), {})\n",
+    "metaclass_through_a_parameter": "def meta(c):\n    return type(c)(c)\n",
+    "own_type_of_a_value_returned": "def f(self, v):\n    return type(self)(v)\n",
+    "signature_annotation_runs_code": "def g(t):\n    return t\n\n\ndef f(x: g(type)):\n    pass\n",
+    "signature_annotation_call": "def f(x: type('A', (), {})):\n    pass\n",
+    "index_of_user_value": ENUM_B + "    pass\n\n\ndef f(d):\n    return d[B]\n",
+    "operator_with_user_value": "def f(v):\n    return v | type\n",
     "type_in_list": "fs = [type]\n",
     "type_decorator": "@type\ndef f():\n    pass\n",
     "dataclass_field_type": "from dataclasses import dataclass\n\n\n@dataclass\nclass C:\n"
@@ -144,11 +151,12 @@ CLASS_USES_ALLOWED = {
     "identity_with_anything": "def f(a, b):\n    return type(a) is b or type is not b\n",
     "isinstance_own_type": "def same(a, b):\n    return isinstance(b, type(a))\n",
     "instance_of_own_type": "class V:\n    def __init__(self, v):\n        self.v = v\n\n"
-    "    def twice(self):\n        return type(self)(self.v * 2)\n",
+    "    def twice(self):\n        return type(self)([x * 2 for x in self.v]), type(self)(1, 2)\n",
+    "formatted_and_named": "def f(x):\n    return f'{type(x)}', str(type(x)), repr(type)\n",
     "type_name": "def f(x):\n    return type(x).__name__\n",
     "local_class": "class V:\n    def __init__(self, v):\n        self.v = v\n\n    def copy(self):\n"
-    "        cls = type(self)\n        return cls(self.v)\n\n    @classmethod\n    def make(cls, a, b, c):\n"
-    "        return cls(a + b + c)\n",
+    "        cls = type(self)\n        return cls([self.v])\n\n"
+    "    @classmethod\n    def make(cls, a, b, c):\n        return cls(a + b + c)\n",
     "annotations": "def f(t: type, k: 'type') -> type:\n    x: type = int\n    return x\n",
     "future_annotations": "from __future__ import annotations\n\nfrom dataclasses import dataclass\n\n\n"
     "@dataclass\nclass C:\n    k: type\n",
