@@ -159,6 +159,7 @@ class _Analysis:
         bound = _bound_names(tree)
         self.checks = _PURE_CALLS - bound
         self.classes = _BUILTIN_CLASSES - bound  # builtin classes, unless the file rebinds the name
+        self.enum_names: set[str] = set()  # the enum factories and enum classes, as the file names them
 
     def _unevaluated_annotations(self, tree: ast.Module) -> set[int]:
         """Nodes of annotations never evaluated: a local variable's, and every one under ``from
@@ -263,13 +264,12 @@ class _Analysis:
             call = parent if isinstance(parent, ast.Call) else self.parents[parent]
             if not (isinstance(call.func, ast.Name) and call.func.id in self.checks):
                 self.flag(node, kind, "passed as an argument")
-        elif kind == ENUM and (
-            isinstance(parent, ast.ClassDef)
-            and node in parent.bases
-            or isinstance(parent, ast.Subscript)
-            and parent.value is node  # Color["RED"]; as the index, obj[B] hands it to obj.__getitem__
-        ):
-            return
+        elif kind == ENUM and isinstance(parent, ast.Subscript) and parent.value is node:
+            return  # Color["RED"]; as the index, obj[B] hands it to obj.__getitem__
+        elif kind == ENUM and isinstance(parent, ast.ClassDef) and node in parent.bases:
+            # a base named as such makes the class an enum this analysis knows; under an alias not
+            if not (isinstance(node, ast.Attribute) or getattr(node, "id", None) in self.enum_names):
+                self.flag(node, kind, "subclassed under another name")
         elif isinstance(parent, ast.Assign | ast.NamedExpr | ast.AnnAssign) and parent.value is node:
             targets = parent.targets if isinstance(parent, ast.Assign) else [parent.target]
             if isinstance(self.scope(parent), ast.ClassDef):  # a class attribute: read back as C.m, self.m
@@ -304,6 +304,7 @@ class _Analysis:
                 break
             enum_classes |= found
         memberless = {c.name for c in classes if c.name in enum_classes and not _has_members(c)}
+        self.enum_names = names | enum_classes
         pending: list[tuple[ast.expr, str]] = []
         pending += [(n, TYPE) for n in self.loads if n.id == "type"]
         pending += [(n, ENUM) for n in self.loads if n.id in names | memberless]

@@ -134,6 +134,8 @@ CLASS_BUILDERS = {
     "memberless_enum_passed": ENUM_B + "    pass\n\n\ndef f(g):\n    return g(B)\n",
     "enum_members_ignored": ENUM_B + "    _ignore_ = ['A']\n    A = 1\n\n\nE = B('E', {})\n",
     "enum_member_deleted": ENUM_B + "    A = 1\n    del A\n\n\nE = B('E', {})\n",
+    "enum_base_under_alias": "from enum import Enum\n\nx = Enum\n\n\nclass B(x):\n    pass\n\n\n"
+    "E = B('E', {})\n",
     "two_kinds_in_one_name": ENUM_B + "    pass\n\n\ndef f(x):\n    t = B\n    t = type(int)\n"
     "    return t[int]\n",
     "enum_create": ENUM_B + "    A = 1\n\n\nE = B._create_('E', {})\n",
