@@ -151,9 +151,9 @@ class _Analysis:
             self.loads_by_name.setdefault(n.id, []).append(n)
             self.loads_in.setdefault((n.id, id(self.scope(n))), []).append(n)
         self.inner_scopes: dict[int, list[ast.AST]] = {}
-        for n in ast.walk(tree):
-            if isinstance(n, _SCOPES) and n is not tree:
-                self.inner_scopes.setdefault(id(self.scope(n)), []).append(n)
+        for scope in ast.walk(tree):
+            if isinstance(scope, _SCOPES) and scope is not tree:
+                self.inner_scopes.setdefault(id(self.scope(scope)), []).append(scope)
         self.tainted: set[tuple[str, int, str]] = set()  # (name, id of its scope or 0: the file, kind)
         # isinstance and issubclass only test against a class, unless the file rebinds them
         bound = _bound_names(tree)
@@ -217,6 +217,15 @@ class _Analysis:
             pending += [(n, kind) for n in self.loads_in.get((target.id, id(inner)), [])]
             scopes += self.inner_scopes.get(id(inner), [])
 
+    def _called_with(self, node: ast.expr, parent: ast.AST) -> ast.Call | None:
+        """The call ``node`` is an argument of, directly or in a tuple (``isinstance(x, (a, b))``)."""
+        if isinstance(parent, ast.Call) and node in parent.args:
+            return parent
+        outer = self.parents.get(parent)
+        if isinstance(parent, ast.Tuple) and isinstance(outer, ast.Call) and parent in outer.args:
+            return outer
+        return None
+
     def check(self, node: ast.expr, kind: str, pending: list[tuple[ast.expr, str]]) -> None:
         if id(node) in self.unevaluated or id(node) in self.stored:
             return
@@ -252,16 +261,7 @@ class _Analysis:
                 map(self.inert, others)
             ):
                 self.flag(node, kind, "compared with something whose comparison could receive it")
-        elif (
-            isinstance(parent, ast.Call)
-            and node in parent.args
-            or (
-                isinstance(parent, ast.Tuple)
-                and isinstance(self.parents[parent], ast.Call)
-                and parent in self.parents[parent].args
-            )
-        ):
-            call = parent if isinstance(parent, ast.Call) else self.parents[parent]
+        elif (call := self._called_with(node, parent)) is not None:
             if not (isinstance(call.func, ast.Name) and call.func.id in self.checks):
                 self.flag(node, kind, "passed as an argument")
         elif kind == ENUM and isinstance(parent, ast.Subscript) and parent.value is node:
