@@ -69,12 +69,13 @@ def _enum_names(tree: ast.Module) -> tuple[set[str], set[str]]:
     return names, modules
 
 
-def _bound_names(tree: ast.Module) -> set[str]:
+def _bound_names(tree: ast.Module, *, classes: bool = True) -> set[str]:
+    """Every name the file binds (its class statements' names too, unless ``classes`` is off)."""
     names: set[str] = set()
     for n in ast.walk(tree):
         if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load):
             names.add(n.id)
-        elif isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+        elif isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) or classes and isinstance(n, ast.ClassDef):
             names.add(n.name)
         elif isinstance(n, ast.arg):
             names.add(n.arg)
@@ -158,7 +159,10 @@ class _Analysis:
         # isinstance and issubclass only test against a class, unless the file rebinds them
         bound = _bound_names(tree)
         self.checks = _PURE_CALLS - bound
-        self.classes = _BUILTIN_CLASSES - bound  # builtin classes, unless the file rebinds the name
+        # builtin classes the file does not rebind, and its own classes bound by nothing else: a
+        # class compares through its metaclass (type, ABCMeta, EnumType), by identity
+        defined = {n.name for n in ast.walk(tree) if isinstance(n, ast.ClassDef)}
+        self.classes = (_BUILTIN_CLASSES - bound) | (defined - _bound_names(tree, classes=False))
         self.enum_names: set[str] = set()  # the enum factories and enum classes, as the file names them
 
     def _unevaluated_annotations(self, tree: ast.Module) -> set[int]:
@@ -184,8 +188,8 @@ class _Analysis:
         return {id(n) for root in roots for n in ast.walk(root)}
 
     def inert(self, node: ast.expr) -> bool:
-        """A value whose comparisons run no code of the file: a constant, a builtin class,
-        ``type(x)`` (a class: its metaclass compares identities), or a literal tuple of them."""
+        """A value whose comparisons run no code of the file: a constant, a class (builtin or the
+        file's), ``type(x)`` (a class: its metaclass compares identities), or a literal tuple of them."""
         if isinstance(node, ast.Tuple | ast.List | ast.Set):
             return all(map(self.inert, node.elts))
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "type":

@@ -123,6 +123,7 @@ CLASS_BUILDERS = {
     "    k: type = int\n",
     "compared_with_user_value": "def f(v):\n    return v == type or type(v) in [v]\n",
     "contained_in_user_value": "def f(c):\n    return type in c\n",
+    "class_name_rebound": "class V:\n    pass\n\n\nV = V()\n\n\ndef f(a):\n    return type(a) == V\n",
     "shadowed_int": "int = None\n\n\ndef f(x):\n    return type(x) == int\n",
     "default_argument": "def f(t=type):\n    return t\n",
     "shadowed_isinstance": "def isinstance(a, b):\n    return b('A', (), {})\n\n\nisinstance(1, type)\n",
@@ -150,6 +151,7 @@ CLASS_USES_ALLOWED = {
     "isinstance_type": "def f(x):\n    return isinstance(x, type) or isinstance(x, (int, type))\n",
     "compare_types": "def f(a, b):\n    return type(a) is type(b) and type(a) == int\n",
     "type_in_builtins": "def f(a):\n    return type(a) in (list, tuple, 'x')\n",
+    "own_class": "class V:\n    pass\n\n\ndef f(a):\n    return type(a) == V or type(a) in (V, 1)\n",
     "identity_with_anything": "def f(a, b):\n    return type(a) is b or type is not b\n",
     "isinstance_own_type": "def same(a, b):\n    return isinstance(b, type(a))\n",
     "instance_of_own_type": "class V:\n    def __init__(self, v):\n        self.v = v\n\n"
