@@ -32,20 +32,29 @@ log = logging.getLogger(__name__)
 
 AGENT_SOURCE = Path(agent.__file__).read_text()
 _REPLY_SLACK_S = 10.0  # how much longer than a command's timeout the host waits for the agent
-# An error the agent answers for a call is that builtin type (what callers catch) and a
-# SandboxCallFailed (so a caller can tell a failed sandbox call from its own bug), same name.
-_ERRORS: dict[str, type[Exception]] = {
-    base.__name__: type(base.__name__, (base, SandboxCallFailed), {"__module__": __name__})
-    for base in (
-        FileNotFoundError,
-        IsADirectoryError,
-        NotADirectoryError,
-        PermissionError,
-        FileExistsError,
-        ValueError,
-        OSError,  # read-only filesystem, disk full: the model's doing, not infrastructure
+
+
+class _CallErrors:
+    """An error the agent answers for a call is that builtin type (what callers catch) and a
+    SandboxCallFailed (so a caller can tell a failed sandbox call from its own bug), under the
+    builtin's name; held here so each pickles by its qualified name."""
+
+
+_ERRORS: dict[str, type[Exception]] = {}
+for _base in (
+    FileNotFoundError,
+    IsADirectoryError,
+    NotADirectoryError,
+    PermissionError,
+    FileExistsError,
+    ValueError,
+    OSError,  # read-only filesystem, disk full: the model's doing, not infrastructure
+):
+    _name = _base.__name__
+    _ERRORS[_name] = type(
+        _name, (_base, SandboxCallFailed), {"__module__": __name__, "__qualname__": f"_CallErrors.{_name}"}
     )
-}
+    setattr(_CallErrors, _name, _ERRORS[_name])
 _MESSAGE_CHARS = 500  # of an agent's error message, as the call's exception carries it
 
 
