@@ -26,8 +26,8 @@ import numpy as np
 from agent_loop.config import EpisodeConfig
 from agent_loop.tool_parser import parse_tool_calls
 from engine.protocol import Engine, SamplingParams
-from env_server.client import EnvClient, EnvUnavailable
-from env_server.sessions import EnvServerError, InfraFailure
+from env_server.client import EnvClient
+from env_server.sessions import EnvServerError
 from env_server.types import Message, Observation
 from loss_masking import ChatRenderer, EpisodeBuilder, TruncationPolicy, describe_tools
 from pqrl.trajectory import Status, ToolCall, ToolStatus, Trajectory
@@ -97,7 +97,12 @@ class _Episode:
                 seed=None,
                 env_kwargs=self.queued.get("env_kwargs") or {},
             )
-        except (InfraFailure, EnvUnavailable) as e:
+        except EnvServerError as e:
+            # the environment side could not open it (a sandbox, a reset that failed, a bad reply):
+            # failed_infra with the cause, so the manager's bounded reruns apply and the group is
+            # written or dropped, never left pending to be leased again; a client error propagates
+            if e.status < 500:
+                raise
             return failed_trajectory(
                 self.queued,
                 self.run_id,

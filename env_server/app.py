@@ -12,8 +12,10 @@ Routes (all but ``/healthz`` need ``Authorization: Bearer <token>``):
 
 Errors carry ``{"error": code, "detail": message}``: 401 no/bad token, 403 wrong token, 404
 unknown session or environment, 409 step after done, 413 body too large, 422 invalid input,
-429 session limit (with ``Retry-After``), 500 the environment's own code failed (a grader that
-raised is ``grader_failure``: that episode is ``failed_infra``), 502 the session's sandbox failed
+429 session limit (with ``Retry-After``), 500 the environment's own code failed
+(``environment_error``: it cannot load, its reset raised or ran a sandbox call that failed, or a
+reply of it holds a number that is not finite; ``grader_failure``: its grader raised or scored
+NaN; either way that episode is ``failed_infra``), 502 the session's sandbox failed
 (``failed_infra``).
 A step's ``request_id`` makes retries safe: the same id is applied once and answered again.
 """

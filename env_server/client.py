@@ -11,11 +11,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import httpx
+from pydantic import BaseModel, ValidationError
 
 from env_server.sessions import (
+    EnvironmentBroken,
     EnvServerError,
     GraderFailure,
     InfraFailure,
@@ -27,11 +29,12 @@ from env_server.sessions import (
     TooManySessions,
 )
 from env_server.types import RewardResult, SessionInfo, StepResult, ToolCall, ToolCallRequest
-from pqrl.finite import bounded
+from pqrl.finite import bounded, loads_finite
 
-__all__ = ["AuthError", "EnvClient", "EnvUnavailable", "HttpEnvClient", "LocalEnvClient"]
+__all__ = ["AuthError", "EnvClient", "EnvUnavailable", "HttpEnvClient", "InvalidReply", "LocalEnvClient"]
 
 log = logging.getLogger(__name__)
+Model = TypeVar("Model", bound=BaseModel)
 
 
 class AuthError(EnvServerError):
@@ -42,6 +45,14 @@ class EnvUnavailable(EnvServerError):
     """No env server answered (after retries)."""
 
     status, code = 503, "unavailable"
+
+
+class InvalidReply(EnvServerError):
+    """The server's reply is not what the route answers: not JSON, a number that is not finite (a
+    NaN reward would train on garbage), or not the route's record. The server's fault, not
+    retried: the same request would get the same reply."""
+
+    status, code = 502, "invalid_reply"
 
 
 class EnvClient(Protocol):
@@ -111,6 +122,7 @@ _ERRORS: dict[str, type[EnvServerError]] = {
         TooManySessions,
         InfraFailure,
         GraderFailure,
+        EnvironmentBroken,
         AuthError,
     )
 }
@@ -169,7 +181,7 @@ class HttpEnvClient:
         body = {"env_id": env_id, "task": task, "seed": seed, "env_kwargs": env_kwargs or {},
                 "request_id": uuid.uuid4().hex}  # fmt: skip
         data = await self._call("POST", url, "/sessions", json=body)
-        info = SessionInfo.model_validate(data)
+        info = _reply(SessionInfo, data, url)
         self._home[info.session_id] = url
         self._open[url] += 1
         return info
@@ -182,11 +194,11 @@ class HttpEnvClient:
             "request_id": request_id or uuid.uuid4().hex,  # the same id on every retry: applied once
         }
         data = await self._call("POST", self._url(session_id), f"/sessions/{session_id}/step", json=body)
-        return StepResult.model_validate(data)
+        return _reply(StepResult, data, self._url(session_id))
 
     async def evaluate(self, session_id: str) -> RewardResult:
         data = await self._call("POST", self._url(session_id), f"/sessions/{session_id}/evaluate")
-        return RewardResult.model_validate(data)
+        return _reply(RewardResult, data, self._url(session_id))
 
     async def close_session(self, session_id: str) -> None:
         url = self._url(session_id)
@@ -217,13 +229,31 @@ class HttpEnvClient:
                     raise EnvUnavailable(f"env server {url} unreachable: {e!r}") from e
             else:
                 if r.status_code < 400:
-                    return r.json() if r.content else None
+                    return _json(url, method, path, r)
                 if r.status_code < 500 or r.status_code == 502 or last or _body(r)[0] in _ERRORS:
                     raise _error(url, r)
             log.info("env server %s %s %s failed; retrying in %.2fs", url, method, path, delay)
             await asyncio.sleep(delay)
             delay *= 2
         raise AssertionError("unreachable")
+
+
+def _json(url: str, method: str, path: str, r: httpx.Response) -> Any:
+    """A success's body; NaN, Infinity and 1e999 refused (``json`` would read them as floats)."""
+    if not r.content:
+        return None
+    try:
+        return loads_finite(r.content)
+    except ValueError as e:  # JSONDecodeError included
+        raise InvalidReply(f"{url}: {method} {path} replied {str(e)[:200]}") from None
+
+
+def _reply(model: type[Model], data: Any, url: str) -> Model:
+    """``data`` as the route's record, or InvalidReply saying why (a NaN reward, a missing field)."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise InvalidReply(f"{url}: the reply is not a {model.__name__}: {str(e)[:500]}") from None
 
 
 def _body(r: httpx.Response) -> tuple[str, str]:

@@ -9,7 +9,6 @@ import dataclasses
 import hashlib
 import json
 import logging
-import math
 import time
 import uuid
 from collections import OrderedDict
@@ -21,13 +20,15 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from env_server.environment import ToolEnvironment
 from env_server.registry import UnknownEnvironment, make, registry, spec
-from env_server.types import Message, RewardResult, SessionInfo, StepResult, ToolCall, ToolStatus
+from env_server.types import Message, Observation, RewardResult, SessionInfo, StepResult, ToolCall, ToolStatus
 from env_server.wrappers import Wrapper
+from pqrl.finite import nonfinite_path
+from pqrl.text import clipped
 from sandboxes.docker import DockerSandbox
 from sandboxes.docker_api import DockerAPI
 from sandboxes.hardening import SandboxSettings
 from sandboxes.pool import SandboxPool
-from sandboxes.protocol import SandboxError
+from sandboxes.protocol import SandboxCallFailed, SandboxError
 
 __all__ = [
     "EnvServerError",
@@ -78,7 +79,9 @@ class TooManySessions(EnvServerError):
 
 
 class EnvironmentBroken(EnvServerError):
-    """The environment's own code failed (it cannot be loaded, or reset crashed): a bug to fix."""
+    """The environment's own code failed (it cannot be loaded, its reset crashed or ran a sandbox
+    call that failed, it replied a number that is not finite): a bug to fix, never the policy's,
+    so the episode is ``failed_infra``; the same request would fail again, so it is not retried."""
 
     status, code = 500, "environment_error"
 
@@ -161,10 +164,14 @@ class SessionManager:
         for env_id, s in sorted(registry().items()):
             try:
                 cls = s.load()
-                out.append({"id": env_id, "needs_sandbox": cls.needs_sandbox, "tools": cls.tool_schemas(),
+                tools = cls.tool_schemas()
+                where = nonfinite_path(tools)
+                if where is not None:  # a default of float("inf"): it would reach the reply as Infinity
+                    raise TypeError(f"its tool schemas hold a number that is not finite at tools{where}")
+                out.append({"id": env_id, "needs_sandbox": cls.needs_sandbox, "tools": tools,
                             "max_turns": s.max_turns})  # fmt: skip
             except (ImportError, TypeError) as e:
-                out.append({"id": env_id, "error": str(e), "tools": []})
+                out.append({"id": env_id, "error": clipped(str(e), _CAUSE_CHARS), "tools": []})
         return out
 
     async def create(
@@ -231,6 +238,14 @@ class SessionManager:
             finally:
                 s.last_used = time.monotonic()
             self._step_seconds.labels(s.env_id).observe(time.perf_counter() - t0)
+            try:
+                _replyable(result, "step")
+            except ValueError as e:  # applied but unanswerable: the episode cannot go on
+                s.done = True
+                self._error("environment_error")
+                raise EnvironmentBroken(
+                    clipped(f"session {session_id}: {s.env_id}: {e}", _CAUSE_CHARS)
+                ) from e
             s.done = result.done
             if request_id is not None:
                 s.replies[request_id] = (fingerprint, result)
@@ -326,12 +341,12 @@ class SessionManager:
             raise NotFound(str(e)) from None
         except (ImportError, TypeError) as e:
             self._error("environment_error")
-            raise EnvironmentBroken(str(e)) from None
+            raise EnvironmentBroken(clipped(str(e), _CAUSE_CHARS)) from None
         try:
             env = make(env_id, **env_kwargs)
         except TypeError as e:
             self._error("bad_task")
-            raise InvalidRequest(f"{env_id} rejected its env_kwargs: {e}") from None
+            raise InvalidRequest(clipped(f"{env_id} rejected its env_kwargs: {e}", _CAUSE_CHARS)) from None
         inner = env.unwrapped if isinstance(env, Wrapper) else env
         sandbox = pool = None
         try:
@@ -340,23 +355,42 @@ class SessionManager:
                 sandbox = await pool.acquire()
                 inner.sandbox = sandbox
             observation = await env.reset(task=task, seed=seed)
-            observation.model_dump_json()  # an unencodable observation must fail here, not in the reply
         except BaseException as e:
             await self._dispose(_Session("", env_id, env, sandbox, pool))  # nothing acquired may leak
-            if isinstance(e, SandboxError):
-                self._error("infra")
-                raise InfraFailure(f"{env_id}: sandbox unavailable: {e}") from e
-            if isinstance(e, KeyError | ValueError | TypeError):
-                self._error("bad_task")
-                raise InvalidRequest(f"{env_id} rejected the task: {type(e).__name__}: {e}") from e
-            if isinstance(e, Exception):
-                self._error("environment_error")
-                raise EnvironmentBroken(f"{env_id}: reset failed: {type(e).__name__}: {e}") from e
-            raise
+            failure = self._reset_failure(env_id, e)
+            if failure is e:
+                raise
+            raise failure from e
+        try:  # an observation that cannot be sent fails here, as the environment's, not in the reply
+            _replyable(observation, "reset")
+        except ValueError as e:
+            await self._dispose(_Session("", env_id, env, sandbox, pool))
+            self._error("environment_error")
+            raise EnvironmentBroken(clipped(f"{env_id}: {e}", _CAUSE_CHARS)) from e
         sid = uuid.uuid4().hex
         self._sessions[sid] = _Session(sid, env_id, env, sandbox, pool)
         self._live.set(len(self._sessions))
         return SessionInfo(session_id=sid, env_id=env_id, observation=observation)
+
+    def _reset_failure(self, env_id: str, e: BaseException) -> BaseException:
+        """What a reset that raised ``e`` answers; every message bounded."""
+        cause = f"{type(e).__name__}: {e}"
+        if isinstance(e, SandboxError):
+            self._error("infra")
+            return InfraFailure(clipped(f"{env_id}: sandbox unavailable: {e}", _CAUSE_CHARS))
+        if isinstance(e, SandboxCallFailed):
+            # the sandbox is alive and answered: the call the environment's setup made failed
+            self._error("environment_error")
+            return EnvironmentBroken(
+                clipped(f"{env_id}: reset failed: a sandbox call of its setup failed: {e}", _CAUSE_CHARS)
+            )
+        if isinstance(e, KeyError | ValueError | TypeError):
+            self._error("bad_task")
+            return InvalidRequest(clipped(f"{env_id} rejected the task: {cause}", _CAUSE_CHARS))
+        if isinstance(e, Exception):
+            self._error("environment_error")
+            return EnvironmentBroken(clipped(f"{env_id}: reset failed: {cause}", _CAUSE_CHARS))
+        return e  # cancelled, interrupted: not the environment's to answer
 
     async def _pool(self, settings: SandboxSettings) -> SandboxPool:
         async with self._pools_lock:
@@ -381,12 +415,23 @@ class SessionManager:
 def _sendable(result: Any) -> RewardResult:
     """The grader's answer if it can be sent and trained on: a RewardResult with a finite reward
     and JSON-encodable info (otherwise it fails here, as the grader's fault, not in the reply)."""
-    if not isinstance(result, RewardResult):
-        raise TypeError(f"evaluate returned {type(result).__name__}, not a RewardResult")
-    if not math.isfinite(result.reward):
-        raise ValueError(f"evaluate returned a non-finite reward {result.reward}")
-    result.model_dump_json()
+    _replyable(result, "evaluate")
     return result
+
+
+def _replyable(reply: Any, what: str) -> None:
+    """ValueError naming the field unless ``reply`` can be sent as it is: JSON would carry a NaN
+    as ``NaN`` (not JSON) or pydantic as ``null`` (silently), and a NaN reward trains on garbage."""
+    expected = {"reset": Observation, "step": StepResult, "evaluate": RewardResult}[what]
+    if not isinstance(reply, expected):
+        raise ValueError(f"{what} returned {type(reply).__name__}, not {expected.__name__}")
+    where = nonfinite_path(reply.model_dump())  # the fields as set, assignments after validation too
+    if where is not None:
+        raise ValueError(f"{what} replied a number that is not finite (NaN or infinite) at {where}")
+    try:
+        reply.model_dump_json()
+    except ValueError as e:  # pydantic's serialization error is a ValueError
+        raise ValueError(f"{what} replied something that is not JSON: {type(e).__name__}: {e}") from None
 
 
 def _fingerprint(body: Any) -> str:

@@ -32,15 +32,29 @@ log = logging.getLogger(__name__)
 
 AGENT_SOURCE = Path(agent.__file__).read_text()
 _REPLY_SLACK_S = 10.0  # how much longer than a command's timeout the host waits for the agent
-_ERRORS: dict[str, type[Exception]] = {
-    "FileNotFoundError": FileNotFoundError,
-    "IsADirectoryError": IsADirectoryError,
-    "NotADirectoryError": NotADirectoryError,
-    "PermissionError": PermissionError,
-    "FileExistsError": FileExistsError,
-    "ValueError": ValueError,
-    "OSError": OSError,  # read-only filesystem, disk full: the model's doing, not infrastructure
-}
+
+
+class _CallErrors:
+    """An error the agent answers for a call is that builtin type (what callers catch) and a
+    SandboxCallFailed (so a caller can tell a failed sandbox call from its own bug), under the
+    builtin's name; held here so each pickles by its qualified name."""
+
+
+_ERRORS: dict[str, type[Exception]] = {}
+for _base in (
+    FileNotFoundError,
+    IsADirectoryError,
+    NotADirectoryError,
+    PermissionError,
+    FileExistsError,
+    ValueError,
+    OSError,  # read-only filesystem, disk full: the model's doing, not infrastructure
+):
+    _name = _base.__name__
+    _ERRORS[_name] = type(
+        _name, (_base, SandboxCallFailed), {"__module__": __name__, "__qualname__": f"_CallErrors.{_name}"}
+    )
+    setattr(_CallErrors, _name, _ERRORS[_name])
 _MESSAGE_CHARS = 500  # of an agent's error message, as the call's exception carries it
 
 
@@ -69,9 +83,12 @@ def _under_command(exc: Exception) -> Exception:
     return exc
 
 
-def _call_error(op: str, reply: dict[str, Any]) -> str:
-    """The message of a failed call: bounded and encodable, whatever the agent echoed into it."""
-    return clipped(f"{op} in sandbox: {reply.get('error')}: {reply.get('message')}", _MESSAGE_CHARS)
+def _call_error(op: str, reply: dict[str, Any], fields: dict[str, Any]) -> str:
+    """The message of a failed call, naming the call and its path: bounded and encodable,
+    whatever the caller passed or the agent echoed into it."""
+    target = fields.get("path") or fields.get("dest") or fields.get("cwd")
+    call = f"{op} {clipped(repr(target), 160)}" if isinstance(target, str) else op
+    return clipped(f"{call} in sandbox: {reply.get('error')}: {reply.get('message')}", _MESSAGE_CHARS)
 
 
 def _reply_bound(op: str, fields: dict[str, Any], output_cap: int) -> int:
@@ -298,7 +315,7 @@ class DockerSandbox:
             self._calls.pop(rid, None)
         if not reply.get("ok"):
             # the agent is alive and answered: whatever failed is this call's, never the sandbox's
-            raise _ERRORS.get(str(reply.get("error")), SandboxCallFailed)(_call_error(op, reply))
+            raise _ERRORS.get(str(reply.get("error")), SandboxCallFailed)(_call_error(op, reply, fields))
         return reply
 
     async def _read_loop(self) -> None:

@@ -54,9 +54,11 @@ class SandboxError(RuntimeError):
 
 
 class SandboxCallFailed(Exception):
-    """The sandbox's agent answered that this one call failed (an error with no closer builtin
-    type: a path too deep, badly encoded). Not a ``SandboxError``: the sandbox is alive and serves
-    the next call, so the call's failure is its caller's, as an ``OSError`` or ``ValueError`` is."""
+    """The sandbox's agent answered that this one call failed. An error with a closer builtin type
+    (a missing file, a path too long) is raised as that type too, so ``except FileNotFoundError``
+    still catches it; one without (an archive that is not one) is only this. Not a
+    ``SandboxError``: the sandbox is alive and serves the next call, so the call's failure is its
+    caller's (a tool's: an error message to the model; an environment's reset: its own error)."""
 
 
 class SandboxUnavailable(SandboxError):

@@ -27,16 +27,18 @@ must, pytest's exit status is 1 (the failing canary), nothing outlived pytest, t
 ids equals FAIL_TO_PASS + PASS_TO_PASS exactly with every one passing, and (with a gold patch)
 every test's probe record satisfies the original asserts on the host and follows the gold
 solution's record (``CodingGrader.reference``: computed once per task and process, in a fresh
-container, twice, so values that vary between runs are known).
+container: the rewritten tests on the unfixed repository, to learn which operands the fix changes
+(tasks/coding/held.py), then twice on the gold solution, so values that vary between runs are
+known). The verdict itself is tasks/coding/verdict.py.
 
 Why the record and not pytest's word: code in the test process can rewrite that process's
 verdict, whatever the policy missed (tests/tasks/test_coding_hacks.py plays such forgers with
 the policy on and off). The record it can forge too, but a forged record scores only with the
 values the correct code computes, which are not in the container. What this leaves open is
-listed in tasks/coding/probes.py and docs/security.md: expectations a test carries outside its asserts,
-an exception class guessed exactly (a ``pytest.raises`` record must equal the gold's MRO),
-non-builtin objects recorded by type, and solutions that special-case the hidden inputs. A task
-without a gold patch is judged by pytest's outcomes alone.
+listed in tasks/coding/probes.py and docs/security.md: expectations a test carries outside its
+asserts, an exception class guessed exactly (a ``pytest.raises`` record must equal the gold's
+MRO), and solutions that special-case the hidden inputs. A task without a gold patch is judged by
+pytest's outcomes alone.
 """
 
 from __future__ import annotations
@@ -54,7 +56,6 @@ import time
 import uuid
 import weakref
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -63,9 +64,10 @@ from sandboxes.protocol import Sandbox, SandboxDied
 from tasks.coding import probes
 from tasks.coding.capture import WORKSPACE, Submission, capture_workspace, submission_from_patch
 from tasks.coding.diffs import source_files
-from tasks.coding.junit import ReportError, parse_junit
+from tasks.coding.held import Record, base_fails, could_hold, held_operands, settle
 from tasks.coding.policy import MAX_SOURCE_BYTES, Violation, check_source
-from tasks.coding.record import sendable
+from tasks.coding.record import BadRecord, sendable
+from tasks.coding.verdict import GradeResult, Reference, judge
 from tasks.suite import CodingTask
 
 __all__ = ["CodingGrader", "GradeResult", "grading_slots", "judge"]
@@ -113,12 +115,6 @@ def grading_slots(limit: int | None = None) -> asyncio.Semaphore:
     return _SLOTS[loop]
 
 
-@dataclass(frozen=True)
-class GradeResult:
-    reward: float
-    info: dict[str, Any]
-
-
 def _tar(files: Mapping[str, str | bytes]) -> bytes:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
@@ -128,88 +124,6 @@ def _tar(files: Mapping[str, str | bytes]) -> bytes:
             member.size, member.mode = len(data), 0o644
             tar.addfile(member, io.BytesIO(data))
     return buf.getvalue()
-
-
-def _held_out_failures(reference: Reference, report: dict[str, Any], tests: list[str]) -> dict[str, str]:
-    """Test id -> why its probe record differs from the gold one (every test, if the record is
-    unreadable)."""
-    if report.get("probes_overflow"):
-        return dict.fromkeys(tests, "the probe record is larger than the runner keeps")
-    try:
-        record = probes.parse_record(base64.b64decode(report.get("probes", "")))
-    except ValueError as e:  # written into by something other than the probes
-        return dict.fromkeys(tests, f"the probe record is malformed: {str(e)[:200]}")
-    judged = [t for t in tests if t not in reference.unstable_tests]
-    return probes.compare(reference.gold, record, reference.sites, judged, reference.unstable)
-
-
-def judge(
-    task: CodingTask, report: dict[str, Any], canary: str, reference: Reference | None = None
-) -> GradeResult:
-    """Turns the runner's report into the reward: pure, so it is tested without containers. With
-    a ``reference`` the tests ran rewritten (tasks/coding/probes.py) and a test passes only if
-    pytest passed it *and* its probe record matches the gold one."""
-    info: dict[str, Any] = {"exit_code": report.get("exit_code"), "tampered": False, "tamper_reasons": []}
-    integrity: list[str] = info["tamper_reasons"]
-    if report.get("leftover_processes"):
-        integrity.append(f"{report['leftover_processes']} process(es) outlived pytest")
-    if report.get("pipe_open"):
-        integrity.append("the report pipe was still open after pytest exited")
-    xml = base64.b64decode(report.get("xml", ""))
-    exit_code = report.get("exit_code")
-    killed = bool(report.get("timed_out")) or not isinstance(exit_code, int) or exit_code < 0
-    finished = not killed and exit_code in (0, 1)  # pytest says it ran every test it collected
-    try:
-        if report.get("xml_overflow"):
-            raise ReportError("the report is larger than the runner keeps")
-        outcomes = parse_junit(xml, list(task.hidden_tests))
-    except ReportError as e:
-        outcomes = []
-        info["report_error"] = str(e)
-        # pytest writes one whole document unless it is killed first: a malformed or doubled one,
-        # or none after a normal finish, was written (or withheld) by something else.
-        if not killed and (xml.strip() or finished):
-            integrity.append(f"report: {e}")
-    by_id = {o.id: o.outcome for o in outcomes}
-    canaries = {k: v for k, v in by_id.items() if f"test_{canary}_" in k}
-    tests = {k: v for k, v in by_id.items() if k not in canaries}
-    if outcomes and finished:
-        for kind, want in (("pass", "passed"), ("fail", "failed")):
-            got = next((v for k, v in canaries.items() if k.endswith(f"_must_{kind}")), "missing")
-            if got != want:
-                integrity.append(f"canary that must {kind} was {got}")
-    if exit_code == 0:
-        integrity.append("pytest exited 0 although a canary test fails")
-    expected = set(task.fail_to_pass) | set(task.pass_to_pass)
-    if reference is not None and outcomes:
-        failures = _held_out_failures(reference, report, sorted(expected))
-        info["held_out_failures"] = dict(list(failures.items())[:50])
-        tests.update({t: "failed" for t in failures if tests.get(t) == "passed"})
-    missing = sorted(expected - set(tests))
-    unexpected = sorted(set(tests) - expected)
-    info["tests"] = {t: tests.get(t, "missing") for t in sorted(expected | set(tests))}
-    for group, ids in (("fail_to_pass", task.fail_to_pass), ("pass_to_pass", task.pass_to_pass)):
-        info[group] = {"passed": sum(tests.get(t) == "passed" for t in ids), "total": len(ids)}
-    info["missing"], info["unexpected"] = missing, unexpected
-    info["duration_s"] = report.get("duration_s")
-    info["output_tail"] = str(report.get("output_tail", ""))[-2000:]  # untrusted: for people only
-    if integrity:
-        info["tampered"] = True
-        reason = "integrity check failed: " + "; ".join(integrity)
-    elif report.get("timed_out"):
-        reason = "the tests timed out"
-    elif not outcomes:
-        reason = f"no test report ({info.get('report_error', 'pytest exit status ' + str(exit_code))})"
-    elif exit_code != 1:
-        reason = f"pytest exited with status {exit_code} (2: interrupted, e.g. by an import error)"
-    elif missing or unexpected:
-        reason = f"test ids differ from the task's: {len(missing)} missing, {len(unexpected)} unexpected"
-    elif any(v != "passed" for v in tests.values()):
-        failed = sum(v != "passed" for v in tests.values())
-        reason = f"{failed} of {len(tests)} tests did not pass"
-    else:
-        return GradeResult(1.0, {**info, "reason": f"all {len(tests)} tests passed"})
-    return GradeResult(0.0, {**info, "reason": reason})
 
 
 def _rejected(violations: list[Violation]) -> dict[str, Any]:
@@ -356,7 +270,12 @@ class CodingGrader:
         return result
 
     async def _run_tests(
-        self, task: CodingTask, sandbox: Sandbox, gdir: str, tests: Mapping[str, str]
+        self,
+        task: CodingTask,
+        sandbox: Sandbox,
+        gdir: str,
+        tests: Mapping[str, str],
+        timeout: float | None = None,
     ) -> tuple[dict[str, Any], str]:
         """Copies ``tests`` over the workspace's tests and runs them under the runner; returns its
         report and the canary name. Raises _RunnerFailed when the runner itself fails."""
@@ -382,11 +301,12 @@ class CodingGrader:
         ]
         env = {"PATH": _PATH, "HOME": f"{gdir}/home", "LANG": "C.UTF-8"}
         env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
-        config = {"argv": argv, "cwd": gdir, "env": env, "timeout": self.test_timeout}
+        timeout = self.test_timeout if timeout is None else timeout
+        config = {"argv": argv, "cwd": gdir, "env": env, "timeout": timeout}
         config["report_dir"] = report_dir
         runner = ["python3", "-I", "-B", f"{gdir}/runner.py"]
         stdin = json.dumps(config).encode()
-        run = await sandbox.exec(runner, cwd=gdir, stdin=stdin, timeout=self.test_timeout + 30)
+        run = await sandbox.exec(runner, cwd=gdir, stdin=stdin, timeout=timeout + 30)
         if not run.ok:
             planted = run.exit_code == 3
             raise _RunnerFailed(
@@ -414,27 +334,68 @@ class CodingGrader:
         return _REFERENCES[key]
 
     async def _compute_reference(self, task: CodingTask) -> Reference:
-        instrumented = await _ast_work(probes.instrument, task.hidden_tests)
+        """In one fresh sandbox: the fully rewritten tests on the unfixed repository (the base),
+        then twice on the gold solution, the second time with the operands tasks/coding/held.py
+        holds left out, as a submission runs them. If leaving them out changes what the gold
+        code passes, nothing is held and the second run is repeated in full."""
+        full = await _ast_work(probes.instrument, task.hidden_tests)
+        tests = sorted(set(task.fail_to_pass) | set(task.pass_to_pass))
         gdir = f"/tmp/pqrl-grade-{secrets.token_hex(8)}"
         async with self.slots or grading_slots():
             sandbox = await self.make_sandbox()
             try:
+                base = None
+                if could_hold(full.sites):
+                    base = await self._base_record(task, sandbox, gdir, full.files)
+                if not getattr(sandbox, "alive", True):  # the unfixed code took the container down
+                    await sandbox.close()
+                    sandbox = await self.make_sandbox()
                 apply_error = await _checkout(sandbox, task, task.gold_patch or "", gdir)
                 if apply_error is not None:
                     why = apply_error[-500:]
                     raise GoldReferenceError(f"task {task.id}: the gold patch does not apply: {why}")
-                records = []
-                for _ in range(2):
-                    report, canary = await self._run_tests(task, sandbox, gdir, instrumented.files)
-                    verdict = judge(task, report, canary, None)
-                    if verdict.reward != 1.0:
-                        why = verdict.info["reason"]
-                        raise GoldReferenceError(f"task {task.id}: the gold patch fails: {why}")
-                    records.append(probes.parse_record(base64.b64decode(report.get("probes", ""))))
+                first = await self._gold_record(task, sandbox, gdir, full.files)
+                held = held_operands(full.sites, first, base) if base is not None else {}
+                settled = None
+                if held:
+                    final = await _ast_work(probes.instrument, task.hidden_tests, held)
+                    try:
+                        second = await self._gold_record(task, sandbox, gdir, final.files)
+                        settled = settle(final.sites, first, second, tests)
+                    except GoldReferenceError:
+                        settled = None
+                if settled is None:
+                    second = await self._gold_record(task, sandbox, gdir, full.files)
+                    settled = settle(full.sites, first, second, tests)
             finally:
                 await sandbox.close()
-        entries, tests = probes.unstable_entries(*records)
-        return Reference(instrumented.files, instrumented.sites, records[0], entries, tests)
+        if settled is None:
+            raise GoldReferenceError(f"task {task.id}: the gold patch fails its own rewritten checks")
+        final = await _ast_work(probes.instrument, task.hidden_tests, settled.held) if settled.held else full
+        fails = base_fails(first, base) if base is not None else None
+        return Reference(final.files, final.sites, first, settled.unstable, settled.unstable_tests, fails)
+
+    async def _base_record(
+        self, task: CodingTask, sandbox: Sandbox, gdir: str, files: Mapping[str, str]
+    ) -> Record | None:
+        """The probe record of the unfixed repository, or None when there is none to read (its
+        code may hang, crash pytest or take the container down: the base is only evidence)."""
+        await _checkout(sandbox, task, "", gdir)
+        try:
+            report, _ = await self._run_tests(task, sandbox, gdir, files, min(self.test_timeout, 30.0))
+            return probes.parse_record(base64.b64decode(report.get("probes", "")))
+        except (_RunnerFailed, SandboxDied, BadRecord, ValueError):
+            return None
+
+    async def _gold_record(
+        self, task: CodingTask, sandbox: Sandbox, gdir: str, files: Mapping[str, str]
+    ) -> Record:
+        report, canary = await self._run_tests(task, sandbox, gdir, files)
+        verdict = judge(task, report, canary, None)
+        if verdict.reward != 1.0:
+            why = verdict.info["reason"]
+            raise GoldReferenceError(f"task {task.id}: the gold patch fails: {why}")
+        return probes.parse_record(base64.b64decode(report.get("probes", "")))
 
 
 async def _checkout(sandbox: Sandbox, task: CodingTask, patch: str, gdir: str) -> str | None:
@@ -457,18 +418,6 @@ class _RunnerFailed(Exception):
 class GoldReferenceError(RuntimeError):
     """The gold solution does not pass its own rewritten tests: the task (or the grader) is broken,
     never the submission's fault."""
-
-
-@dataclass(frozen=True)
-class Reference:
-    """What the host keeps about a task's rewritten tests: the files sent into the container, the
-    sites (with the expectations that never leave the host) and the gold record."""
-
-    files: dict[str, str]
-    sites: dict[int, probes.Site]
-    gold: dict[str, list[tuple[int, list[Any]]]]
-    unstable: set[tuple[str, int]]
-    unstable_tests: set[str]
 
 
 _REFERENCES: dict[str, Reference] = {}

@@ -24,7 +24,9 @@ patched code that steps outside plain computation. The rules, enforced on the AS
   imported names;
 - ``match`` class patterns and keyword arguments follow the same attribute rules (``case
   C(__class__=x)`` reads an attribute without an Attribute node);
-- classes: no metaclass or class keywords, no three-argument ``type()``; only value-semantics
+- classes: no metaclass or class keywords, no class built at run time (``type``, a metaclass
+  from ``type(x)`` or the enum functional API used where it could build one, and no enum sunder
+  attributes such as ``_create_``: tasks/coding/policy_classes.py); only value-semantics
   dunder methods, and none that the original file did not define for that class (an ``__eq__``
   that always returns True would satisfy ``assert f(x) == y``);
 - the file is UTF-8 without a foreign coding cookie, at most 256 KiB, and parses.
@@ -37,6 +39,8 @@ from __future__ import annotations
 import ast
 import re
 from dataclasses import dataclass
+
+from tasks.coding.policy_classes import dynamic_class_uses
 
 __all__ = ["ALLOWED_IMPORTS", "MAX_SOURCE_BYTES", "Violation", "check_source"]
 
@@ -98,6 +102,7 @@ _VALUE_DUNDERS = _words(
 )
 _FRAME_ATTR = re.compile(r"(f|tb|gi|cr|ag|co|func|im)_\w+|mro|with_traceback")
 _DUNDER = re.compile(r"__\w+__")
+_SUNDER = re.compile(r"_[^_]\w*_")
 _COOKIE = re.compile(rb"^[ \t\f]*#.*?coding[:=][ \t]*([-\w.]+)", re.MULTILINE)
 
 
@@ -160,6 +165,8 @@ class _Checker(ast.NodeVisitor):
             self.bad(node, "introspection", f"attribute {attr!r}")
         elif _FRAME_ATTR.fullmatch(attr):
             self.bad(node, "introspection", f"attribute {attr!r} (frames, code and tracebacks)")
+        elif _SUNDER.fullmatch(attr) and attr not in ("_value_", "_name_"):
+            self.bad(node, "class", f"attribute {attr!r} (enum machinery: _create_ builds a class)")
         else:
             return True
         return False
@@ -175,12 +182,6 @@ class _Checker(ast.NodeVisitor):
         for kw in node.keywords:
             if kw.arg is not None and _DUNDER.fullmatch(kw.arg):
                 self.bad(node, "introspection", f"keyword argument {kw.arg!r}")
-        if (
-            isinstance(node.func, ast.Name)
-            and node.func.id == "type"
-            and len(node.args) + len(node.keywords) != 1
-        ):
-            self.bad(node, "class", "type() with a name, bases and namespace builds a class dynamically")
 
     def visit_Attribute(self, node: ast.Attribute) -> None:
         attr, base = node.attr, node.value
@@ -278,4 +279,6 @@ def check_source(path: str, source: bytes, original: bytes | None = None) -> lis
     for node in ast.walk(tree):
         if isinstance(node, ast.Name):
             checker.visit_Name(node)
+    for node, detail in dynamic_class_uses(tree):
+        checker.bad(node, "class", detail)
     return sorted(checker.found, key=lambda v: (v.line, v.rule, v.detail))

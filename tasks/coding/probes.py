@@ -6,9 +6,15 @@ the tests passed. It rewrites every hidden test on the host before upload (``ins
 
 - ``assert A == <literal>`` becomes ``_probe(site, ops, lambda: A)``: the literal is dropped, and
   the value ``A`` computed by the code under test is recorded (encoded by
-  tasks/coding/probe_runtime.py) into a pipe the runner reads. Every ``Compare`` is rewritten
-  this way; operands that are not literals are all recorded, and when none is a literal the truth
-  of the comparison is recorded too (``pytest.approx(<literal>)`` counts as a literal).
+  tasks/coding/probe_runtime.py, objects by their state) into a pipe the runner reads. Every
+  ``Compare`` is rewritten this way; operands that are not literals are all recorded, and when
+  none is a literal the truth of the comparison is recorded too (``pytest.approx(<literal>)``
+  counts as a literal).
+- ``assert A == B`` where the test computes ``B`` itself (``Matrix([[6, 8]])``, ``expected``): the
+  operand the fix does not change is *held* (tasks/coding/held.py finds it by running the same
+  tests on the unfixed repository): the rewritten test sent to a submission no longer computes it
+  (nor a plain assignment only it reads), and the host requires the kept operands to equal the
+  gold's values in the same position.
 - ``assert X`` and ``assert not X`` both become ``_probe(site, (), lambda: X)``: the polarity
   stays on the host, so the recorded truth value cannot be guessed from the rewritten source.
 - ``with pytest.raises(E, match=...)`` becomes ``with _raises(site):``, which records the type
@@ -20,18 +26,17 @@ the tests passed. It rewrites every hidden test on the host before upload (``ins
 - an assert using ``await``, ``yield``, ``:=`` or ``super()`` means something else inside a lambda:
   it is left as it is (an in-process check, its expectation visible).
 
-The same rewritten tests run once on the gold solution, on the host's behalf and in a fresh
-container (twice, to find values that vary between runs). ``compare`` then checks, test by test,
-that the submission's record equals the gold record entry by entry. A forger that takes over the
-test process can write any record it likes, but to match it must know what the correct code
-computes for every recorded call: the values that are not in the container.
+The same rewritten tests run on the gold solution, on the host's behalf and in a fresh container
+(twice, to find values that vary between runs). ``compare`` then checks, test by test, that the
+submission's record equals the gold record entry by entry. A forger that takes over the test
+process can write any record it likes, but to match it must know what the correct code computes
+for every recorded call: the values that are not in the container.
 
 What the record does not protect: values a test carries outside its asserts (module constants,
-parametrize tables, fixtures, data files, expected values the test computes itself) are in the
-container and can be copied by a forger that emulates the test; an exception type a site expects
-can still be guessed (one exact class per site, from the names in the code);
-and recorded objects that are neither builtin values nor exceptions are compared by type only
-(their comparison's truth, which the process reports, carries the rest).
+parametrize tables, fixtures, data files) are in the container and can be copied by a forger that
+emulates the test; an exception type a site expects can still be guessed (one exact class per
+site, from the names in the code); a ``!=``, ``<`` or ``in`` between two computed values is
+judged by the truth the container reports.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from __future__ import annotations
 import ast
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,11 +60,12 @@ __all__ = [
     "decode",
     "instrument",
     "parse_record",
+    "same",
     "strong_tests",
     "unstable_entries",
 ]
 
-SCHEME = "5"  # bump when the rewriting or the record changes: cached gold records are keyed by it
+SCHEME = "6"  # bump when the rewriting or the record changes: cached gold records are keyed by it
 PROBE, RAISES, MODULE = "_pqrl_probe", "_pqrl_raises", "pqrl_probe_runtime"
 _OPS = {
     ast.Eq: "==", ast.NotEq: "!=", ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=",
@@ -79,6 +86,8 @@ class Site:
     negated: bool = False
     ops: tuple[str, ...] = ()  # a comparison's operators, in order
     literals: tuple[tuple[int, Any], ...] = ()  # (operand index, value) of the dropped literals
+    pure: tuple[int, ...] = ()  # operands whose evaluation has no effect (may be held on the host)
+    held: tuple[int, ...] = ()  # operands not evaluated in the container: the gold's value stands
     raises: tuple[str, ...] = ()
     match: str | None = None
 
@@ -120,6 +129,47 @@ def _needs_its_frame(node: ast.expr) -> bool:
     )
 
 
+_EFFECTFUL = (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp, ast.IfExp, ast.BoolOp)
+
+
+def _pure(node: ast.expr) -> bool:
+    """An operand the submission's container may skip: straight-line value work (names, literals,
+    attributes, subscripts, operators, calls) with no control flow or code of its own. Whether
+    skipping it changed anything, the gold's second run tells (tasks/coding/held.py)."""
+    return not any(isinstance(n, _EFFECTFUL) for n in ast.walk(node))
+
+
+def _drop_dead_assignments(func: ast.FunctionDef | ast.AsyncFunctionDef, names: set[str]) -> None:
+    """``expected = Money(5)`` whose value only held operands read: with them gone, the statement
+    would still compute the expected value in the container, for code that reads the test's frame.
+    Such assignments (one plain name, an effect-free value, read nowhere else) become ``pass``."""
+    read = {n.id for n in ast.walk(func) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Store)}
+    dead = (
+        names
+        - read
+        - {n for g in ast.walk(func) if isinstance(g, (ast.Global, ast.Nonlocal)) for n in g.names}
+    )
+
+    def prune(body: list[ast.stmt]) -> None:
+        for i, stmt in enumerate(body):
+            if (
+                isinstance(stmt, ast.Assign)
+                and len(stmt.targets) == 1
+                and isinstance(stmt.targets[0], ast.Name)
+                and stmt.targets[0].id in dead
+                and _pure(stmt.value)
+            ):
+                body[i] = ast.copy_location(ast.Pass(), stmt)
+            elif not isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                for block in ("body", "orelse", "finalbody"):
+                    prune(getattr(stmt, block, None) or [])
+                for handler in getattr(stmt, "handlers", None) or []:
+                    prune(handler.body)
+
+    if dead:
+        prune(func.body)
+
+
 def _raised_names(node: ast.expr) -> tuple[str, ...]:
     """``E``, ``mod.E`` or ``(A, B)`` -> the class names the block must raise (one of)."""
     items = node.elts if isinstance(node, ast.Tuple) else [node]
@@ -127,8 +177,9 @@ def _raised_names(node: ast.expr) -> tuple[str, ...]:
 
 
 class _Rewriter(ast.NodeTransformer):
-    def __init__(self, path: str, sites: dict[int, Site]) -> None:
-        self.path, self.sites, self.scope = path, sites, []
+    def __init__(self, path: str, sites: dict[int, Site], held: Mapping[int, tuple[int, ...]]) -> None:
+        self.path, self.sites, self.scope, self.held = path, sites, [], held
+        self.held_names: list[set[str]] = [set()]  # per function: names read by held operands
 
     def _site(self, node: ast.stmt, kind: str, strong: bool, **extra: Any) -> int:
         site = len(self.sites)
@@ -138,10 +189,15 @@ class _Rewriter(ast.NodeTransformer):
 
     def _scoped(self, node: ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) -> ast.AST:
         self.scope.append(node.name)
+        self.held_names.append(set())
         try:
-            return self.generic_visit(node)
+            out = self.generic_visit(node)
+            if self.held_names[-1] and not isinstance(node, ast.ClassDef):
+                _drop_dead_assignments(node, self.held_names[-1])
+            return out
         finally:
             self.scope.pop()
+            self.held_names.pop()
 
     visit_FunctionDef = visit_AsyncFunctionDef = visit_ClassDef = _scoped
 
@@ -156,10 +212,26 @@ class _Rewriter(ast.NodeTransformer):
             all_ops = tuple(_OPS[type(op)] for op in expr.ops)
             values = [_literal_value(o) for o in operands]
             literals = tuple((i, v) for i, v in enumerate(values) if v is not _NOT_LITERAL)
-            kept = [o for o, v in zip(operands, values, strict=True) if v is _NOT_LITERAL]
-            ops = [] if literals else list(all_ops)  # with a literal dropped, the host compares
+            pure = () if literals else tuple(i for i, o in enumerate(operands) if _pure(o))
+            held = self.held.get(len(self.sites), ())  # expected operands the gold's value stands for
+            self.held_names[-1] |= {
+                n.id for i in held for n in ast.walk(operands[i]) if isinstance(n, ast.Name)
+            }
+            kept = [
+                o
+                for i, (o, v) in enumerate(zip(operands, values, strict=True))
+                if v is _NOT_LITERAL and i not in held
+            ]
+            ops = [] if literals or held else list(all_ops)  # with a literal dropped, the host compares
             site = self._site(
-                node, "compare", strong=bool(literals), negated=negated, ops=all_ops, literals=literals
+                node,
+                "compare",
+                strong=bool(literals or held),
+                negated=negated,
+                ops=all_ops,
+                literals=literals,
+                pure=pure,
+                held=held,
             )
         else:
             kept, ops = [expr], ["bool"]
@@ -202,12 +274,13 @@ def _after_preamble(body: list[ast.stmt]) -> int:
     return i
 
 
-def instrument(files: dict[str, str]) -> Instrumented:
+def instrument(files: dict[str, str], held: Mapping[int, tuple[int, ...]] | None = None) -> Instrumented:
     """The hidden test files rewritten so that no expected value is left in asserts (see module
-    docstring); raises SyntaxError for a test file that does not parse."""
+    docstring); ``held``: site -> operands left out of the rewritten source (tasks/coding/held.py
+    chooses them). Raises SyntaxError for a test file that does not parse."""
     out = Instrumented(files={})
     for path in sorted(files):
-        tree = _Rewriter(path, out.sites).visit(ast.parse(files[path], filename=path))
+        tree = _Rewriter(path, out.sites, held or {}).visit(ast.parse(files[path], filename=path))
         tree.body.insert(_after_preamble(tree.body), _IMPORT)
         out.files[path] = ast.unparse(ast.fix_missing_locations(tree)) + "\n"
     return out
@@ -221,16 +294,16 @@ def strong_tests(sites: dict[int, Site]) -> set[str]:
 # ---------------------------------------------------------------- the record
 
 
-def _same(a: Any, b: Any) -> bool:
+def same(a: Any, b: Any) -> bool:
     """Encoded values equal, with floats compared as pytest.approx does."""
     if isinstance(a, bool) or isinstance(b, bool):
         return a is b
     if isinstance(a, (int, float)) and isinstance(b, (int, float)):
         return a == b or _close(a, b)
     if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
     if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
     return a == b
 
 
@@ -316,16 +389,22 @@ def _entry_ok(site: Site | None, want: list[Any] | None, got: list[Any], gold: l
         return False  # the original assert would have raised: the test fails
     if site.kind == "value":
         return got == [{"!truth": not site.negated}]
+    if site.held:  # the operands the fix changes must equal the gold's; the rest are the gold's own
+        n = len(site.ops) + 1
+        if want is None or len(want) < n:
+            return False
+        kept = [want[i] for i in range(n) if i not in site.held]
+        return len(got) == len(kept) and same(kept, got)
     if site.literals:
         if len(got) != len(site.ops) + 1 - len(site.literals):
             return False
         held = _holds_on_host(site, got)
-        return held if held is not None else (want is not None and _same(want, got))
+        return held if held is not None else (want is not None and same(want, got))
     truth = got[-1] if got else None
     if truth != {"!truth": not site.negated}:
         return False
     equal_chain = not site.negated and set(site.ops) == {"=="}
-    return not equal_chain or want is None or _same(want, got)
+    return not equal_chain or want is None or same(want, got)
 
 
 def compare(
@@ -334,10 +413,12 @@ def compare(
     sites: dict[int, Site],
     tests: list[str],
     unstable: set[tuple[str, int]] = frozenset(),  # type: ignore[assignment]
+    skip: set[tuple[str, int]] = frozenset(),  # type: ignore[assignment]
 ) -> dict[str, str]:
     """Test id -> why its record differs from the gold one (absent: it matches). Entries are
     compared in order; ``unstable`` (test, index) entries varied between gold runs, so only their
-    site is compared. The reason names the site's file and line, never the expected value."""
+    site is compared; ``skip`` entries only by site. The reason names the site's file and line,
+    never the expected value."""
     problems: dict[str, str] = {}
     for test in tests:
         want, have = gold.get(test, []), got.get(test, [])
@@ -350,6 +431,8 @@ def compare(
             if w_site != h_site:
                 problems[test] = f"check {i} ran at {where}, the correct code's ran elsewhere"
                 break
+            if (test, i) in skip:
+                continue
             want_values = None if (test, i) in unstable else w_values
             try:
                 ok = _entry_ok(site, want_values, h_values, w_values)
@@ -374,5 +457,5 @@ def unstable_entries(
         if [s for s, _ in a] != [s for s, _ in b]:
             tests.add(test)
             continue
-        entries |= {(test, i) for i, ((_, x), (_, y)) in enumerate(zip(a, b, strict=True)) if not _same(x, y)}
+        entries |= {(test, i) for i, ((_, x), (_, y)) in enumerate(zip(a, b, strict=True)) if not same(x, y)}
     return entries, tests

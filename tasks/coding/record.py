@@ -6,18 +6,24 @@ into the probe pipe. So nothing here may raise on what it reads (a crash would m
 entry makes the record malformed (``BadRecord``, a ``ValueError``), and a value that does not
 decode makes that check fail. Nesting, int digits and string lengths are bounded before any work
 is done on them; sets decode to sets of hashable values, frozensets to frozensets.
+
+Objects (``{"obj": name, "state": ..., "base": ..., "tzinfo": ..., "len": ...}``) and classes
+(``{"class": name}``) decode to ``Opaque``: no Python ``==`` of theirs is evaluated here. Their
+shape is checked all the same (a malformed one is a BadRecord), and ``faithful`` says whether a
+recorded value stands for the whole value, so that comparing encodings compares contents.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections import defaultdict
 from typing import Any
 
 from pqrl.text import encodable
 
-__all__ = ["MAX_DEPTH", "BadRecord", "Opaque", "decode", "parse_record", "sendable", "text"]
+__all__ = ["MAX_DEPTH", "BadRecord", "Opaque", "decode", "faithful", "parse_record", "sendable", "text"]
 
 # JSON nesting of one recorded value. The recorder's values are at most 20 containers deep (two
 # JSON levels each, plus the set keys' own JSON): well below.
@@ -179,7 +185,93 @@ def _decode(v: Any, depth: int) -> Any:
         if type(v["str"]) is not str:
             raise BadRecord("a recorded str is not a string")
         return v["str"]  # cut at the recorder's limit: compares unequal to the full string
-    return Opaque()
+    if "obj" in v:
+        _check_object(v, d)
+    elif "class" in v and (type(v["class"]) is not str or len(v) != 1 or len(v["class"]) > _MAX_NAME):
+        raise BadRecord("a recorded class is not a bounded name")
+    return Opaque()  # an object, or a marker (cut, too deep, unencodable): equal to nothing here
+
+
+_MAX_NAME = 2 * MAX_TEXT + 1  # module and qualified name, each cut by the recorder
+_OBJECT_KEYS = {"obj", "base", "state", "tzinfo", "len"}
+
+
+def _check_object(v: dict[str, Any], depth: int) -> None:
+    """Raises BadRecord unless ``v`` is an object as the recorder writes it: a type name, maybe
+    a base value, a tzinfo and a count, and a state that is text or a map of names to values."""
+    name, state = v["obj"], v.get("state", "")
+    if not (v.keys() <= _OBJECT_KEYS and type(name) is str and len(name) <= _MAX_NAME):
+        raise BadRecord("a recorded object is not {obj, base, state, tzinfo, len} with a bounded name")
+    if "len" in v and not (type(v["len"]) is int and v["len"] >= 0):
+        raise BadRecord("a recorded object's count is not a count")
+    for key in ("base", "tzinfo"):
+        if key in v:
+            _decode(v[key], depth)
+    if type(state) is str:
+        if len(state) > MAX_TEXT:
+            raise BadRecord("a recorded object's state text is not bounded")
+        return
+    if type(state) is not dict:
+        raise BadRecord("a recorded object's state is neither text nor a map")
+    for x in state.values():
+        _decode(x, depth + 1)
+
+
+def faithful(encoded: Any) -> bool:
+    """Whether one recorded value (as probe_runtime.encode writes it) stands for all of the value
+    it was encoded from: well-formed, and nothing in it cut (a long string or int, a container
+    past its item bound, a ``cut`` or ``deep`` marker, an object's state with ``len``) or opaque
+    (an object without ``state``, an ``unencodable`` one). Comparing two faithful encodings
+    compares the values' contents. Total: False for anything malformed, never raises."""
+    try:
+        decode(encoded)
+        return _faithful(encoded)
+    except (BadRecord, *_DECODE_ERRORS):
+        return False
+
+
+def _faithful(v: Any) -> bool:
+    """``v``: a value ``decode`` accepts (so bounded in depth), read in decode's tag order."""
+    if type(v) is float:
+        return math.isfinite(v)  # the recorder tags the others: a raw one is forged
+    if type(v) is not dict:
+        return True
+    if "int" in v:
+        return "len" not in v
+    if "float" in v:
+        return True
+    for tag in _CONTAINERS:
+        if tag in v:
+            items = v[tag]
+            return _counted(v, len(items)) and all(_faithful(x) for x in _inner(tag, items))
+    if "bytes" in v:
+        return _counted(v, len(bytes.fromhex(v["bytes"])))
+    if "complex" in v:
+        return True
+    if "str" in v:
+        return False
+    if "obj" in v:
+        state = v.get("state")
+        parts = [v[k] for k in ("base", "tzinfo") if k in v] + (
+            list(state.values()) if type(state) is dict else []
+        )
+        return "len" not in v and type(state) in (str, dict) and all(_faithful(x) for x in parts)
+    return "class" in v
+
+
+_CONTAINERS = ("list", "tuple", "set", "frozenset", "dict")
+
+
+def _inner(tag: str, items: list[Any]) -> list[Any]:
+    if tag in ("list", "tuple"):
+        return items
+    if tag == "dict":
+        return [y for k, x in items for y in (json.loads(k), x)]
+    return [json.loads(k) for k in items]
+
+
+def _counted(v: dict[str, Any], n: int) -> bool:
+    return type(v.get("len")) is int and v["len"] == n
 
 
 def opaque_inside(v: Any) -> bool:

@@ -215,6 +215,70 @@ class SandboxCrashOnReset(ToolEnvironment):
         return RewardResult(reward=0.0)
 
 
+class BrokenNonFinite(ToolEnvironment):
+    """Puts a number that is not finite where ``task["where"]`` says: its first observation's tool
+    schemas (``reset``), a step's info (``step``), the grader's info (``evaluate``) or the reward,
+    set after the RewardResult was validated (``reward``)."""
+
+    async def reset(self, *, task: dict[str, Any], seed: int | None = None) -> Observation:
+        self.where = task.get("where")
+        observation = self.observation([Message(role="user", content="Measure.")])
+        if self.where == "reset":
+            observation.tools[0]["function"]["x-weight"] = float("inf")
+        return observation
+
+    @tool
+    async def measure(self) -> str:
+        """Measures."""
+        return "measured"
+
+    async def step(self, tool_calls: list[ToolCall]) -> Any:
+        result = await super().step(tool_calls)
+        if self.where == "step":
+            result.info["metrics"] = {"loss": [0.5, float("nan")]}
+        return result
+
+    async def evaluate(self) -> RewardResult:
+        result = RewardResult(reward=0.5)
+        if self.where == "reward":
+            result.reward = float("nan")
+        elif self.where == "evaluate":
+            result.info["verifier"] = {"score": float("-inf")}
+        return result
+
+
+class BrokenInfiniteDefault(BrokenNonFinite):
+    """A tool whose default is infinite: its schema cannot be sent as JSON."""
+
+    @tool
+    async def wait(self, seconds: float = float("inf")) -> str:
+        """Waits."""
+        return "waited"
+
+
+class BadSetupOnReset(ToolEnvironment):
+    """Its reset's setup runs a sandbox call that fails (an upload of an archive that is not one,
+    to ``task["dest"]``): the sandbox is alive, the environment's own setup is wrong. Counts its
+    resets."""
+
+    needs_sandbox = True
+    resets: ClassVar[int] = 0
+
+    async def reset(self, *, task: dict[str, Any], seed: int | None = None) -> Observation:
+        BadSetupOnReset.resets += 1
+        assert self.sandbox is not None
+        await self.sandbox.upload(b"not a tar archive" * 1000, task.get("dest", "/workspace"))
+        return self.observation([])
+
+    @tool(final=True)
+    async def submit(self) -> str:
+        """Ends the episode."""
+        return "submitted"
+
+    async def evaluate(self) -> RewardResult:
+        return RewardResult(reward=0.0)
+
+
 def register() -> None:
     here = __name__
     register_environment("pytest-slow-v1", f"{here}:SlowEnv", tool_timeout_s=SLOW_TIMEOUT_S)

@@ -12,6 +12,7 @@ import pytest
 from env_server.client import HttpEnvClient, LocalEnvClient
 from env_server.registry import register_environment
 from env_server.sessions import (
+    EnvironmentBroken,
     InfraFailure,
     NotFound,
     SessionDone,
@@ -28,6 +29,7 @@ from tests.env_server.conftest import (
     serve_in_thread,
     wait_until_gone,
 )
+from tests.env_server.envs import BadSetupOnReset
 from tests.sandboxes.agents import FLOOD_COMMAND, flooding_agent_source
 
 pytestmark = pytest.mark.timeout(60)
@@ -141,6 +143,44 @@ async def test_reset_crash_releases_the_sandbox(docker_api, restore_registry):
     finally:
         await manager.shutdown()  # destroys what the pool holds; an acquired sandbox is the session's
     assert await wait_until_gone(docker_api, timeout=2) == [], "the sandbox of a failed reset leaked"
+
+
+LONG_DEST = "/workspace/" + "d" * 3000
+
+
+@pytest.mark.parametrize(
+    ("dest", "says"),
+    [("/workspace", "upload '/workspace' in sandbox: ReadError"),  # no builtin type: SandboxCallFailed
+     (LONG_DEST, "upload '/workspace/ddd")],  # an OSError (name too long) answered for the call
+)  # fmt: skip
+async def test_a_failed_sandbox_call_in_reset_is_the_environments_error_once(
+    docker_api, restore_registry, dest, says
+):
+    """The reset's own setup call fails (the sandbox is alive): a bounded environment_error naming
+    the environment and the call, answered at once and not retried by the client (the same setup
+    fails the same way), with the sandbox released and the server still serving."""
+    register_environment("pytest-bad-setup-v1", "tests.env_server.envs:BadSetupOnReset")
+    BadSetupOnReset.resets = 0
+    with serve_in_thread() as live:
+        async with httpx.AsyncClient(base_url=live.url, headers=live.auth, timeout=30) as raw:
+            r = await raw.post("/sessions", json={"env_id": "pytest-bad-setup-v1", "task": {"dest": dest}})
+        status, code, detail = error_of(r)
+        assert (status, code) == (500, "environment_error"), detail
+        assert detail.startswith("pytest-bad-setup-v1: reset failed: a sandbox call of its setup failed: "), (
+            detail
+        )
+        assert says in detail and len(detail) < 1000, detail
+        c = HttpEnvClient(live.url, token=live.token, retries=3, backoff_s=0.01)
+        try:
+            with pytest.raises(EnvironmentBroken, match="sandbox call of its setup failed") as raised:
+                await c.create_session("pytest-bad-setup-v1", {"dest": dest})
+            assert raised.value.status == 500
+            assert BadSetupOnReset.resets == 2, "the client retried a reset that fails the same way"
+            assert live.healthz()["sessions"] == 0
+            assert (await c.create_session("echo-v1", ECHO_TASK)).session_id, "the server stopped serving"
+        finally:
+            await c.aclose()
+    assert await wait_until_gone(docker_api) == [], "the sandbox of a failed reset leaked"
 
 
 async def test_pool_size_zero_keeps_no_idle_sandbox(docker_api):

@@ -9,6 +9,7 @@ the next call. Only a dead or unresponsive agent is the infrastructure's failure
 from __future__ import annotations
 
 import io
+import pickle
 import tarfile
 
 import pytest
@@ -125,3 +126,20 @@ async def test_the_shell_tools_answer_bad_paths_and_the_episode_goes_on(sandbox)
             message.model_dump_json()
     result = await env.step([ToolCall(id="c", name="run", arguments={"command": "echo alive"})])
     assert result.messages[0].status is ToolStatus.OK and "alive" in result.messages[0].content
+
+
+async def test_every_error_answered_for_a_call_is_a_sandbox_call_failure_of_its_builtin_type(sandbox):
+    """A missing file is a FileNotFoundError (what callers catch) and a SandboxCallFailed (what
+    tells the env server a reset's setup call failed, not its own code), named by the call and its
+    path, and it pickles as itself."""
+    with pytest.raises(FileNotFoundError) as missing:
+        await sandbox.read_file("/workspace/no/such/file")
+    with pytest.raises(ValueError) as nul:
+        await sandbox.write_file("/workspace/a\0b", b"x")
+    for raised in (missing.value, nul.value):
+        assert isinstance(raised, SandboxCallFailed) and not isinstance(raised, SandboxError)
+        again = pickle.loads(pickle.dumps(raised))
+        assert type(again) is type(raised) and str(again) == str(raised)
+    assert str(missing.value).startswith("read_file '/workspace/no/such/file' in sandbox: FileNotFoundError")
+    assert type(missing.value).__name__ == "FileNotFoundError"  # the model's tool message is unchanged
+    await assert_responsive(sandbox)

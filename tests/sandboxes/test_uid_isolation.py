@@ -7,8 +7,11 @@ import asyncio
 import contextlib
 import os
 import random
+import shutil
+import stat
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -16,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from sandboxes.protocol import SandboxError
-from sandboxes.uids import lease_uid
+from sandboxes.uids import lease_uid, uid_lock_dir
 from tests.sandboxes.conftest import BASE_SETTINGS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -169,26 +172,106 @@ sys.stdin.read()  # holds them until the test closes stdin or kills this process
 """
 
 
-def test_pools_in_two_processes_never_share_a_uid(tmp_path):
-    lo, hi = random.randrange(1 << 20, 1 << 30), 0
+def test_pools_in_two_processes_never_share_a_uid(tmp_path, monkeypatch):
+    """Two processes with different PQRL_CACHE lease from the host's one lock directory (the
+    default one here): neither ever holds a uid the other holds."""
+    lo = random.randrange(1 << 20, 1 << 30)  # far from any real range: no other test's uids
     hi = lo + 4
-    env = {**os.environ, "PQRL_CACHE": str(tmp_path), "PYTHONPATH": str(ROOT)}
+    monkeypatch.delenv("PQRL_SANDBOX_UID_DIR", raising=False)
+    monkeypatch.setenv("PQRL_CACHE", str(tmp_path / "mine"))
+    env = {**os.environ, "PQRL_CACHE": str(tmp_path / "theirs"), "PYTHONPATH": str(ROOT)}
     child = subprocess.Popen([sys.executable, "-c", textwrap.dedent(HOLDER), str(lo), str(hi), "3"],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True)  # fmt: skip
     try:
         theirs = {int(x) for x in child.stdout.readline().split()}
         assert len(theirs) == 3 and theirs <= set(range(lo, hi)), theirs
-        lock_dir = tmp_path / "sandbox-uids"
-        mine = lease_uid(lo, hi, lock_dir=lock_dir)
+        mine = lease_uid(lo, hi)
         assert mine.uid not in theirs
         with pytest.raises(SandboxError, match="no free sandbox uid"):
-            lease_uid(lo, hi, lock_dir=lock_dir)
+            lease_uid(lo, hi)
         child.kill()  # a crashed process: the kernel drops its locks, its uids return
         child.wait(timeout=10)
-        again = [lease_uid(lo, hi, lock_dir=lock_dir) for _ in range(3)]
+        again = [lease_uid(lo, hi) for _ in range(3)]
         assert {x.uid for x in again} == theirs
         mine.release()
-        assert lease_uid(lo, hi, lock_dir=lock_dir).uid == mine.uid
+        assert lease_uid(lo, hi).uid == mine.uid
     finally:
         child.kill()
         child.wait(timeout=10)
+    assert not (tmp_path / "mine" / "sandbox-uids").exists()
+    for uid in range(lo, hi):  # in the host's directory, not under either cache
+        (uid_lock_dir() / f"{uid}.lock").unlink()
+
+
+def test_an_unsafe_lock_directory_is_refused_with_the_fix(tmp_path, monkeypatch):
+    """A lock directory someone else could change is never used: another user's, writable by
+    others, a link, not creatable, or relative (each process would have its own); each is a
+    SandboxError that names the fix."""
+    other = tmp_path / "other"
+    other.mkdir(mode=0o700)
+    os.chown(other, 54321, 54321)  # the tests run as root; a non-root run cannot set this up
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "target", target_is_directory=True)
+    (tmp_path / "target").mkdir(mode=0o700)
+    a_file = tmp_path / "file"
+    a_file.write_text("")
+    for path, why in [
+        (other, "belongs to uid 54321"),
+        (shared, "writable by others"),
+        (link, "not a directory"),
+        (a_file / "locks", "cannot create"),
+        (Path("relative/locks"), "not an absolute path"),
+    ]:
+        monkeypatch.setenv("PQRL_SANDBOX_UID_DIR", str(path))
+        with pytest.raises(SandboxError, match=why) as raised:
+            lease_uid(1 << 30, (1 << 30) + 2)
+        assert "PQRL_SANDBOX_UID_DIR" in str(raised.value)
+    fresh = tmp_path / "fresh" / "locks"
+    monkeypatch.setenv("PQRL_SANDBOX_UID_DIR", str(fresh))
+    assert lease_uid(1 << 30, (1 << 30) + 2).held
+    assert stat.S_IMODE(fresh.stat().st_mode) & 0o077 == 0
+
+
+def test_a_planted_link_as_lock_file_is_not_followed(tmp_path):
+    target = tmp_path / "elsewhere"
+    locks = tmp_path / "locks"
+    locks.mkdir(mode=0o700)
+    (locks / "7.lock").symlink_to(target)
+    with pytest.raises(SandboxError, match="7.lock"):
+        lease_uid(7, 8, lock_dir=locks)
+    assert not target.exists()
+
+
+LEASE_ONE = """
+from sandboxes.protocol import SandboxError
+from sandboxes.uids import lease_uid
+try:
+    lease_uid(1 << 30, (1 << 30) + 2)
+except SandboxError as e:
+    print(e)
+"""
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not Path("/usr/bin/python3").exists(), reason="needs root and a system Python"
+)
+def test_a_lock_directory_its_user_cannot_write_is_refused():
+    """A process of an unprivileged user (a system Python: the tests' own lives under /root) whose
+    lock directory is its own but read-only gets the error that names the fix."""
+    base = Path(tempfile.mkdtemp(prefix="pqrl-uid-test-"))
+    try:
+        base.chmod(0o711)
+        locks = base / "locks"
+        locks.mkdir(mode=0o500)
+        os.chown(locks, 65534, 65534)
+        env = {"PQRL_SANDBOX_UID_DIR": str(locks), "PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
+        out = subprocess.run(["/usr/bin/python3", "-c", LEASE_ONE], env=env, user=65534, group=65534,
+                             extra_groups=[], capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        assert "is not writable" in out.stdout and "PQRL_SANDBOX_UID_DIR" in out.stdout, out.stdout
+        assert list(locks.iterdir()) == []
+    finally:
+        shutil.rmtree(base)

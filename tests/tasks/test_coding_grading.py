@@ -16,9 +16,10 @@ from sandboxes.docker_api import DockerAPI
 from sandboxes.hardening import SandboxSettings
 from tasks.coding.diffs import filter_patch, is_noise, is_protected, unified_diff
 from tasks.coding.env import builtin_suite
-from tasks.coding.grader import RUNNER_SOURCE, CodingGrader, _tar, judge
+from tasks.coding.grader import RUNNER_SOURCE, CodingGrader, _tar
 from tasks.coding.junit import ReportError, node_id, parse_junit
 from tasks.coding.policy import check_source
+from tasks.coding.verdict import judge
 from tasks.suite import CodingTask
 
 RUN = "pytest-coding"

@@ -14,8 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tasks.coding import probe_runtime, probes, record
-from tasks.coding.grader import Reference, judge
 from tasks.coding.policy import check_source
+from tasks.coding.verdict import Reference, judge
 from tests.tasks.test_coding_grading import CANARY, TASK, _all, _report
 from tests.tasks.test_coding_probes import GOLD, judged, rewritten
 
@@ -182,7 +182,7 @@ _scalars = st.one_of(
     st.sampled_from(["\ud800", "9" * 5000, "0x" + "f" * 20, DEEP[:3000]]),
 )
 _TAGS = ["int", "float", "list", "tuple", "set", "frozenset", "dict", "bytes", "complex", "str", "obj",
-         "!raised", "!truth", "msg", "len", "deep", "cut"]  # fmt: skip
+         "class", "state", "base", "tzinfo", "!raised", "!truth", "msg", "len", "deep", "cut"]  # fmt: skip
 _json = st.recursive(
     _scalars,
     lambda inner: st.one_of(
@@ -231,6 +231,18 @@ def test_decode_raises_only_bad_record(value):
         return
     record.opaque_inside(decoded)
     assert decoded == decoded or isinstance(decoded, (float, complex)) or _has_nan(decoded)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(_json, st.builds(lambda n, s, extra: {"obj": n, "state": s, **extra}, _json, _json,
+                                  st.dictionaries(st.sampled_from(_TAGS), _json, max_size=2))))  # fmt: skip
+def test_faithful_is_total_and_only_for_what_decodes(value):
+    """Any JSON value (objects with any state among them): a bool, never an exception; True only
+    for a value decode accepts."""
+    verdict = record.faithful(value)
+    assert verdict is True or verdict is False
+    if verdict:
+        probes.decode(value)
 
 
 def _has_nan(v: object) -> bool:
