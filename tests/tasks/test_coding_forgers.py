@@ -30,9 +30,9 @@ from tests.tasks.forgery import APPENDED, EDITS, FORGERS, KIT, TASKS, applies, f
 RUN = "pytest-coding-forgers"
 pytestmark = pytest.mark.timeout(600)
 SPREAD = {t.id.rsplit("-", 1)[0] + "-00" for t in TASKS}  # one task per repository
-# Scores with every host-side fix of the record in place: the block raised nothing and the forger
-# guessed the one exception class the module defines (docs/security.md: "an exception type a site
-# expects can still be guessed"). Listed so that the battery stays strict about everything else.
+# Scores with held operands and objects by state (bench/results/forgers_after.log): the code lacks a
+# raise and the forger guesses the one exception class the module defines (docs/security.md: "one
+# exact guess per site still scores"). Listed so that the battery stays strict about all else.
 KNOWN_OPEN = {("f1_expected_swap", "tokenizer-03"), ("f4_raise_guess", "tokenizer-03")}
 
 
