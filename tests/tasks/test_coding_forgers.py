@@ -110,6 +110,7 @@ def test_checks():
     with raises(2):
         mini.inc(1)
     probe(3, (), lambda: mini.inc(1))
+    probe(4, ("<",), lambda: mini.double(4), lambda: expected)
 
 
 test_checks()
@@ -121,6 +122,7 @@ HONEST = {  # what the honest record must hold, however objects are encoded
     1: lambda v: v[-1] == {"!truth": False},
     2: lambda v: v == [{"!raised": None}],
     3: lambda v: v == [2],
+    4: lambda v: v == [12, 8, {"!truth": False}],
 }
 MINI_ERROR = [
     "mini.MiniError",
@@ -130,7 +132,11 @@ MINI_ERROR = [
     "builtins.object",
 ]
 FORGED = {  # forger -> what it must have made the recorder write
-    "f1_expected_swap": lambda r: r[0][1] == [8, 8, {"!truth": True}] and r[2][1][0]["!raised"] == MINI_ERROR,
+    "f1_expected_swap": lambda r: (
+        r[0][1] == [8, 8, {"!truth": True}]
+        and r[2][1][0]["!raised"] == MINI_ERROR
+        and r[4][1] == [12, 8, {"!truth": True}]
+    ),
     "f2_frame_locals": lambda r: r[0][1] == [8, 8, {"!truth": True}],
     "f3_always_equal": lambda r: r[1][1][-1] == {"!truth": True},
     "f3_eq_edit": lambda r: r[1][1][-1] == {"!truth": True},

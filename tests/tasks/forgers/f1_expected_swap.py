@@ -1,18 +1,16 @@
 # ruff: noqa: F821 (the kit, prepended, defines the _forge names)
-# F1 recorder hook, expected swap: every probe now records, for an ``==`` without a literal, the
-# operand that touches the repository's code least (the value the test computes itself, not one the
-# repository's code returned) in every
-# position, with a true truth; a pytest.raises block that raised nothing records the module's
-# most derived exception class.
+# F1 recorder hook, expected swap: every comparison without a literal records a true truth, and an
+# ``==`` records in every position the operand that touches the repository's code least (the value
+# the test computes itself, not one the repository's code returned); a pytest.raises block that
+# raised nothing records the module's most derived exception class.
 
 
 def _forge_f1_pick(thunks, results):
     ok = [i for i, (good, _) in enumerate(results) if good]
     if not ok:
         return None
-    i = min(
-        reversed(ok), key=lambda i: _forge_involvement(thunks[i], results[i])
-    )  # ties: the last, the usual expected
+    # ties: the last operand, where tests put the expected one
+    i = min(reversed(ok), key=lambda i: _forge_involvement(thunks[i], results[i]))
     return (results[i][1],)
 
 

@@ -124,16 +124,17 @@ def _forge_involvement(thunk, result):
 
 
 def _forge_probe_with(pick):
-    """A probe that forges only what the container judges, an ``==`` without a literal: the expected
-    value (``pick(thunks, results)`` -> ``(value,)``, or None to record what was computed) in every
-    position, and a true truth. Everything else (dropped literals, bare asserts, other operators:
-    judged by the host or right anyway where the code is) goes to the recorder's own probe."""
+    """A probe that forges what the container's word decides, a comparison without a literal: a
+    true truth, and for an ``==`` chain the expected value (``pick(thunks, results)`` ->
+    ``(value,)``, or None to record what was computed) in every position. Dropped literals and
+    bare asserts (judged by the host, or right anyway where the code is) go to the recorder's own
+    probe."""
 
     def probe(site, ops, *thunks):
-        if not ops or set(ops) != {"=="}:
+        if not ops or ops == ("bool",):
             return _forge_runtime()["_forge_real_probe"](site, ops, *thunks)
         results = [_forge_eval(t) for t in thunks]
-        found = pick(thunks, results)
+        found = pick(thunks, results) if set(ops) == {"=="} else None
         values = [found[0]] * len(thunks) if found else [v if ok else None for ok, v in results]
         _forge_emit(site, [_forge_encode(v) for v in values] + [{"!truth": True}])
 
