@@ -100,6 +100,11 @@ class TaskQueue(RunPart):
         return await self._streams.ack(self.key, consumer_group, entry_ids)
 
     @redis_errors
+    async def backlog(self) -> int:
+        """Tasks queued or leased and not yet acknowledged (acknowledged ones are trimmed)."""
+        return int(await self.redis.xlen(self.key))
+
+    @redis_errors
     async def requeue_pending(self, consumer_group: str) -> int:
         """Puts every task leased by ``consumer_group`` and not acknowledged back on the queue (atomic).
 
