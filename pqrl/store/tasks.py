@@ -101,7 +101,8 @@ class TaskQueue(RunPart):
 
     @redis_errors
     async def backlog(self) -> int:
-        """Tasks queued or leased and not yet acknowledged (acknowledged ones are trimmed)."""
+        """Tasks in the queue's stream: zero only once every task queued has been leased and
+        acknowledged (acks trim what no lease holds back; one older lease holds back newer tasks)."""
         return int(await self.redis.xlen(self.key))
 
     @redis_errors
