@@ -5,14 +5,19 @@ for a service to come up looks at its process at every poll and says what it wai
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from pqrl.redis_server import stop_process
 
 __all__ = ["Children", "progress_every_s", "tail"]
 
@@ -34,6 +39,7 @@ class Children:
 
     quiet: bool = False
     children: list[_Child] = field(default_factory=list)
+    _deadline: threading.Timer | None = field(default=None, repr=False)
 
     def add(self, name: str, proc: subprocess.Popen[bytes], log: Path) -> None:
         self.children.append(_Child(name, proc, log))
@@ -45,6 +51,26 @@ class Children:
             if code is not None:
                 return f"pqrl train: the {c.name} (pid {c.proc.pid}) {_status(code)}; {tail(c.log)}"
         return None
+
+    def exit_unless_done_in(self, seconds: float, line: str) -> None:
+        """Arms a hard end: unless ``disarm`` comes first, prints ``line``, stops the other children and
+        exits the process after ``seconds``. The job's wind-down waits through Redis outages (groups
+        are worth keeping across a restart) and cannot tell a dead Redis from a restarting one."""
+
+        def end() -> None:
+            for c in self.children:
+                with contextlib.suppress(Exception):
+                    stop_process(c.proc, timeout_s=5)
+            print(line, file=sys.stderr, flush=True)  # last: the job's own errors may come before
+            os._exit(1)
+
+        self._deadline = threading.Timer(seconds, end)
+        self._deadline.daemon = True
+        self._deadline.start()
+
+    def disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
 
     async def wait_for_death(self) -> str:
         while (line := self.death()) is None:

@@ -50,14 +50,20 @@ async def starved(store: Any, trainer: Any, consumer_group: str, every_s: float)
         seen = step if over else None
 
 
+_GROUP_DROPS = ("no_signal_groups", "groups_too_few_valid", "duplicate_groups")  # the rest count episodes
+
+
 async def plan_end_counts(store: Any, trainer: Any, dropped: collections.Counter[str], manager: Any) -> str:
-    """Groups produced (run-wide), read by the trainer (the model's history), dropped by reason (this
-    process's figures: the trainer's screening and, beside it, the rollout manager's failures)."""
-    reasons = collections.Counter(dropped)
-    if manager is not None:
-        reasons.update({f"rollout {k}": v for k, v in manager.stats.failures.items()})
-    why = ", ".join(f"{k} {v}" for k, v in sorted(reasons.items()) if v) or "none"
+    """Groups produced (run-wide), read by the trainer (the model's history), and dropped by reason:
+    by the trainer's screening in this process, and by the rollout manager beside it (role ``all``)
+    with its failures (episodes and groups)."""
     produced = await store.groups.produced()
-    return (
-        f"groups produced {produced}, read by the trainer {len(trainer.state.trained_groups)}, dropped: {why}"
+    by_trainer = ", ".join(f"{k} {dropped[k]}" for k in _GROUP_DROPS if dropped[k]) or "none"
+    out = (
+        f"groups produced {produced}, read by the trainer {len(trainer.state.trained_groups)}, "
+        f"dropped by the trainer: {by_trainer}"
     )
+    if manager is not None:
+        failures = ", ".join(f"{k} {v}" for k, v in sorted(manager.stats.failures.items()) if v) or "none"
+        out += f"; by the rollout side: {manager.stats.groups_dropped} (failures: {failures})"
+    return out

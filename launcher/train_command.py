@@ -162,7 +162,11 @@ def _rank(cfg: TrainConfig, args: argparse.Namespace, ctx: Any) -> int:
 
     with job_services(cfg, quiet=args.quiet) as services:
         how = {"role": args.role, "quiet": args.quiet, "ctx": ctx, "fresh": args.fresh}
-        summary = asyncio.run(_run_job(cfg, services, **how))
+        try:
+            summary = asyncio.run(_run_job(cfg, services, **how))
+        finally:
+            if services.get("children") is not None:
+                services["children"].disarm()
     print(json.dumps(summary))
     if summary.get("ended"):  # short of its step budget: say why on the last line
         print(f"pqrl train: {summary['ended']}", file=sys.stderr)
@@ -194,11 +198,13 @@ async def _run_job(cfg: TrainConfig, services: dict[str, Any], **how: Any) -> di
         if failed and (line := children.death()) is not None:  # the cause, not its symptom
             raise SystemExit(line) from task.exception()
         return task.result()
+    line = death.result()
+    children.exit_unless_done_in(15, line)
     job.stopping.set()
     job.hurry.set()  # nothing in flight can finish without the dead process
     task.cancel()
-    await asyncio.wait({task}, timeout=20)
-    raise SystemExit(death.result())
+    await asyncio.wait({task}, timeout=10)
+    raise SystemExit(line)
 
 
 def _trainer_ranks() -> Any:

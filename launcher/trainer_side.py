@@ -114,7 +114,7 @@ class _Run:
             # waiting minutes more, so it runs when the job is resumed and finishes instead
             log.info("stopped at step %d: final evaluation skipped; run the same command again to "
                      "resume, and it runs when the job finishes", self.trainer.state.step)  # fmt: skip
-        elif self.eval_suite is not None and self.plan_end is None:
+        elif self.eval_suite is not None:
             after = await self._evaluate(self.trainer.state.step)
             if after is not None:
                 evals["after"] = after
@@ -227,11 +227,12 @@ class _Run:
             counts = await plan_end_counts(self.store, self.trainer, self.dropped, self.job.manager)
             self.plan_end = f"the task plan is used up: no group can come for step {step}; {counts}"
             log.warning("%s", self.plan_end)
-        elif self.job.hurry.is_set():
+            return None  # no group is in flight: the final evaluation runs
+        if self.job.hurry.is_set():
             log.info("step %d given up before it changed the weights", step)
         else:
             log.info("stopped while step %d waited for groups: nothing of it trained or acknowledged", step)
-        self.job.hurry.set()  # nothing is waited for now: groups in flight are dropped (requeued on resume)
+        self.job.hurry.set()  # stopping now: groups in flight are dropped (their tasks requeued on resume)
         return None
 
     async def _checkpoint(self) -> None:
@@ -316,6 +317,20 @@ async def _first(
     """The step's metrics; None when it gave way (see ``TrainerLoop.abort``): asked to stop at once,
     or, while it still waits for groups, asked to stop or ``starved`` (cancelling it then loses
     nothing). A rollout manager that dies meanwhile is an error, not a silent stall."""
+    try:
+        return await _step_or_way(step_task, rollout_task, job, trainer, starved)
+    except BaseException:  # e.g. the job cancelled: the step must not run on unwatched
+        step_task.cancel()
+        raise
+
+
+async def _step_or_way(
+    step_task: asyncio.Task[Any],
+    rollout_task: asyncio.Task[Any] | None,
+    job: Job,
+    trainer: Any,
+    starved: asyncio.Task[None],
+) -> dict[str, float] | None:
     from trainer.batch import StepAborted
 
     while not step_task.done():

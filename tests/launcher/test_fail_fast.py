@@ -32,15 +32,18 @@ def _pqrl_train(config: Path, *extra: str) -> subprocess.Popen[str]:
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def _processes_mentioning(text: str) -> list[str]:
+def _processes_mentioning(*texts: object) -> list[str]:
+    """``pid: command line`` of each process whose command line or working directory (Redis changes
+    into its data directory and rewrites its title) holds one of ``texts``."""
     found = []
     for proc in Path("/proc").iterdir():
         if proc.name.isdigit() and proc.name != str(os.getpid()):
             try:
                 cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                cwd = os.readlink(proc / "cwd")
             except OSError:
                 continue
-            if text in cmd:
+            if any(str(t) in cmd or cwd.startswith(str(t)) for t in texts):
                 found.append(f"{proc.name}: {cmd}")
     return found
 
@@ -157,4 +160,35 @@ def test_a_job_whose_task_plan_runs_out_ends_with_the_counts(long_tiny_model, tm
     assert "groups produced 2" in last and "read by the trainer 2" in last, last
     summary = json.loads(out.strip().splitlines()[-1])
     assert summary["ended"] in last and summary["steps"] <= 2
-    assert _processes_mentioning(str(tmp_path)) == [], "the job's Redis and engine are gone"
+    assert _processes_mentioning(tmp_path, long_tiny_model) == [], "the job's Redis and engine are gone"
+
+
+KILLED = [("engine", "engine serve"), ("Redis server", "redis-server")]
+
+
+@pytest.mark.parametrize(("victim", "cmdline"), KILLED)
+def test_a_child_killed_mid_job_ends_it_at_once_naming_the_child(long_tiny_model, tmp_path, victim, cmdline):
+    config = _write(tmp_path / "job.yaml", {
+        "run": "long", "output_dir": str(tmp_path / "runs"), "tensorboard": False,
+        "model": {"name": str(long_tiny_model), "dtype": "float32"},
+        "tasks": {"suites": [{"generate": "calc", "n": 8}]},
+        "rollout": {"group_size": 2, "max_turns": 1, "max_new_tokens": 4, "max_concurrent_groups": 2},
+        "train": {"steps": 1000, "groups_per_step": 1, "read_timeout_s": 600, "max_extra_reads": 0},
+        "checkpoint": {"every": 1},
+    })  # fmt: skip
+    proc = _pqrl_train(config)
+    latest = tmp_path / "runs" / "long" / "checkpoints" / "latest"
+    deadline = time.monotonic() + 120
+    while not latest.exists():  # training
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+        time.sleep(0.5)
+    found = _processes_mentioning(tmp_path, long_tiny_model)
+    (pid,) = [int(p.split(":")[0]) for p in found if cmdline in p]
+    t0 = time.monotonic()
+    os.kill(pid, signal.SIGKILL)
+    out, err = proc.communicate(timeout=120)
+    took = time.monotonic() - t0
+    assert proc.returncode == 1 and took < 30, f"{proc.returncode} after {took:.0f} s:\n{err[-3000:]}"
+    last = err.strip().splitlines()[-1]
+    assert last.startswith(f"pqrl train: the {victim} (pid {pid}) was killed by SIGKILL"), err[-3000:]
+    assert _processes_mentioning(tmp_path, long_tiny_model) == [], "the job's other processes are gone"
