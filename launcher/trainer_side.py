@@ -218,6 +218,9 @@ class _Run:
         watch = asyncio.create_task(starved(self.store, self.trainer, STREAM_CONSUMER_GROUP, every_s))
         try:
             last = await _first(step_task, self.rollout_task, self.job, self.trainer, watch)
+        except BaseException:  # e.g. the job cancelled: the step must not run on unwatched
+            step_task.cancel()
+            raise
         finally:
             watch.cancel()
         if last is not None:
@@ -317,20 +320,6 @@ async def _first(
     """The step's metrics; None when it gave way (see ``TrainerLoop.abort``): asked to stop at once,
     or, while it still waits for groups, asked to stop or ``starved`` (cancelling it then loses
     nothing). A rollout manager that dies meanwhile is an error, not a silent stall."""
-    try:
-        return await _step_or_way(step_task, rollout_task, job, trainer, starved)
-    except BaseException:  # e.g. the job cancelled: the step must not run on unwatched
-        step_task.cancel()
-        raise
-
-
-async def _step_or_way(
-    step_task: asyncio.Task[Any],
-    rollout_task: asyncio.Task[Any] | None,
-    job: Job,
-    trainer: Any,
-    starved: asyncio.Task[None],
-) -> dict[str, float] | None:
     from trainer.batch import StepAborted
 
     while not step_task.done():
