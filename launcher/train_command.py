@@ -165,6 +165,8 @@ def _rank(cfg: TrainConfig, args: argparse.Namespace, ctx: Any) -> int:
         try:
             summary = asyncio.run(_run_job(cfg, services, **how))
         finally:
+            # the job is over: a second Ctrl-C that comes late must not cut short stopping its services
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
             if services.get("children") is not None:
                 services["children"].disarm()
     print(json.dumps(summary))
