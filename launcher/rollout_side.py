@@ -63,20 +63,35 @@ class Job:
             await self.store.ping()
             await self._agree_on_settings()
             if self.engine is not None:
-                await self.engine.wait_until_healthy(timeout_s=300)
+                await self._wait_for_engines()
             self.suites = [r.build() for r in cfg.tasks.suites]
         except BaseException:
             await self.__aexit__()
             raise
         return self
 
+    async def _wait_for_engines(self, timeout_s: float = 300) -> None:
+        """Until every engine answers; at once ends the job when one this job started has died."""
+        from launcher.children import Children
+
+        children = self.services.get("children") or Children(quiet=self.quiet)
+
+        async def healthy() -> bool:
+            return all((await self.engine.health()).values())
+
+        what = "the engine" + "s" * (len(self.services["engines"]) > 1)
+        await children.wait_until(healthy, what=what, timeout_s=timeout_s, stop=self.stopping)
+
     def _on_signal(self) -> None:
         """Ctrl-C (or SIGTERM) once: the step in progress finishes and is checkpointed, then the job
-        stops. Twice: the step gives way too (before its first weight update; its groups come back
-        on resume), evaluations and rollouts in flight are dropped, and what was trained is saved."""
+        stops; a step still waiting for groups gives way at once (nothing of it is trained or
+        acknowledged; its groups are read again on resume). Twice: the step gives way too (before its
+        first weight update; its groups come back on resume), evaluations and rollouts in flight are
+        dropped, and what was trained is saved."""
         if not self.stopping.is_set():
             self.stopping.set()
-            log.warning("stopping after this step (it will be checkpointed); Ctrl-C again to stop at once")
+            log.warning("stopping after this step (it will be checkpointed; a step still waiting for groups "
+                        "stops now); Ctrl-C again to stop at once")  # fmt: skip
         elif not self.hurry.is_set():
             self.hurry.set()
             log.warning("stopping at once: checkpointing what was trained")

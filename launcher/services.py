@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from launcher.children import Children, progress_every_s, tail
 from launcher.jobconfig import TrainConfig
 from launcher.precision import cpu_bfloat16
 from pqrl.redis_server import RedisServer, die_with_parent, free_port, stop_process
@@ -25,31 +26,35 @@ __all__ = ["env_server_process", "job_services", "sandboxed_envs"]
 
 
 @contextlib.contextmanager
-def job_services(cfg: TrainConfig) -> Iterator[dict[str, Any]]:
-    """Redis, engine and env-server URLs: the configured ones, or private ones started (and stopped) here."""
+def job_services(cfg: TrainConfig, *, quiet: bool = False) -> Iterator[dict[str, Any]]:
+    """Redis, engine and env-server URLs: the configured ones, or private ones started (and stopped) here,
+    with ``children``: those processes, watched (see ``launcher.children``)."""
     env_token = cfg.services.env_token or os.environ.get("PQRL_ENV_TOKEN")
     if not cfg.embedded:
         yield {"redis_url": cfg.services.redis_url, "engines": cfg.services.engines,
                "env_servers": cfg.services.env_servers, "env_token": env_token}  # fmt: skip
         return
     with contextlib.ExitStack() as stack:
+        children = Children(quiet=quiet)
         redis = stack.enter_context(RedisServer(data_dir=cfg.run_dir / "redis", die_with_parent=True))
+        assert redis.proc is not None
+        children.add("Redis server", redis.proc, redis.log_path)
         engines = list(cfg.services.engines)
         if not engines:
             port = free_port()
-            stack.enter_context(_engine_process(cfg, port))
+            engine = stack.enter_context(_engine_process(cfg, port))
+            children.add("engine", engine, cfg.run_dir / "engine.log")
             engines = [f"http://127.0.0.1:{port}"]
         env_servers = list(cfg.services.env_servers)
         if not env_servers and sandboxed_envs(cfg):
             env_token = secrets.token_urlsafe(24)
             pool = cfg.services.sandbox_pool or cfg.rollout.group_size * cfg.rollout.max_concurrent_groups
-            env_servers = [
-                stack.enter_context(env_server_process(cfg.run_dir / "env_server.log", env_token, pool))
-            ]
+            log = cfg.run_dir / "env_server.log"
+            env_servers = [stack.enter_context(env_server_process(log, env_token, pool, children=children))]
         services = {"redis_url": redis.url, "engines": engines, "env_servers": env_servers}
         (cfg.run_dir / "services.json").write_text(json.dumps(services))
         try:
-            yield services | {"env_token": env_token}
+            yield services | {"env_token": env_token, "children": children}
         finally:
             (cfg.run_dir / "services.json").unlink(missing_ok=True)
 
@@ -73,9 +78,12 @@ def _service_process(log: Path, cmd: list[str], env: dict[str, str]) -> subproce
 
 
 @contextlib.contextmanager
-def env_server_process(log: Path, token: str, pool: int, run: str = "env-server") -> Iterator[str]:
+def env_server_process(
+    log: Path, token: str, pool: int, run: str = "env-server", children: Children | None = None
+) -> Iterator[str]:
     """``pqrl env-server`` on a free loopback port with ``token`` and ``pool`` warm sandboxes labelled
-    ``run``; yields its URL once it answers, stops it (and so its sandboxes) on exit."""
+    ``run``; yields its URL once it answers (joined to ``children``), stops it (and so its sandboxes)
+    on exit."""
     port = free_port()
     env = os.environ | {"PQRL_ENV_TOKEN": token, "PQRL_ENV_SANDBOX_POOL_SIZE": str(pool), "PQRL_ENV_RUN": run}
     cmd = [sys.executable, "-m", "launcher.cli", "env-server", "--host", "127.0.0.1", "--port", str(port),
@@ -83,30 +91,40 @@ def env_server_process(log: Path, token: str, pool: int, run: str = "env-server"
     proc = _service_process(log, cmd, env)
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_for_health(url + "/healthz", proc, timeout_s=60, what=f"env server (log: {log})")
+        quiet = children is not None and children.quiet
+        wait_for_health(url + "/healthz", proc, timeout_s=60, what="env server", log=log, quiet=quiet)
+        if children is not None:
+            children.add("env server", proc, log)
         yield url
     finally:
         stop_process(proc)
 
 
-def wait_for_health(url: str, proc: subprocess.Popen[bytes], *, timeout_s: float, what: str) -> None:
-    """Polls ``url`` until it answers 200; fails at once if the child exits."""
+def wait_for_health(
+    url: str, proc: subprocess.Popen[bytes], *, timeout_s: float, what: str, log: Path, quiet: bool = False
+) -> None:
+    """Polls ``url`` until it answers 200, saying so every few seconds; fails at once if the child
+    exits, with its status and the last lines of ``log``."""
     import httpx
 
-    deadline = time.monotonic() + timeout_s
-    while proc.poll() is None and time.monotonic() < deadline:
+    t0 = told = time.monotonic()
+    while proc.poll() is None and time.monotonic() < t0 + timeout_s:
         with contextlib.suppress(httpx.TransportError):
             if httpx.get(url, timeout=2).status_code == 200:
                 return
+        if not quiet and time.monotonic() - told >= progress_every_s:
+            told = time.monotonic()
+            print(f"pqrl train: waiting for the {what}: {told - t0:.0f} s", file=sys.stderr, flush=True)
         time.sleep(0.2)
-    state = (
-        f"exited with {proc.returncode}" if proc.poll() is not None else f"is silent after {timeout_s:.0f} s"
-    )
-    raise SystemExit(f"pqrl train: the {what} {state}")
+    watched = Children()
+    watched.add(what, proc, log)
+    silent = f"pqrl train: the {what} is silent after {timeout_s:.0f} s; {tail(log)}"
+    raise SystemExit(watched.death() or silent)
 
 
 @contextlib.contextmanager
 def _engine_process(cfg: TrainConfig, port: int) -> Iterator[subprocess.Popen[bytes]]:
+    """The built-in engine; its health is awaited by the job (``Job.__aenter__``), watching it."""
     threads = str(cfg.services.engine_threads)
     env = os.environ | {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
     cmd = [sys.executable, "-m", "launcher.cli", "engine", "serve", "--backend", "builtin",

@@ -160,19 +160,53 @@ def _rank(cfg: TrainConfig, args: argparse.Namespace, ctx: Any) -> int:
     barrier(ctx)
     from launcher.services import job_services
 
-    with job_services(cfg) as services:
+    with job_services(cfg, quiet=args.quiet) as services:
         how = {"role": args.role, "quiet": args.quiet, "ctx": ctx, "fresh": args.fresh}
-        summary = asyncio.run(_run_job(cfg, services, **how))
+        try:
+            summary = asyncio.run(_run_job(cfg, services, **how))
+        finally:
+            # the job is over: a second Ctrl-C that comes late must not cut short stopping its services
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            if services.get("children") is not None:
+                services["children"].disarm()
     print(json.dumps(summary))
+    if summary.get("ended"):  # short of its step budget: say why on the last line
+        print(f"pqrl train: {summary['ended']}", file=sys.stderr)
+        return 1
     return 0
 
 
 async def _run_job(cfg: TrainConfig, services: dict[str, Any], **how: Any) -> dict[str, Any]:
+    """The job, beside a watch on the processes it started: one that dies ends it (see
+    ``launcher.children``): what was trained is checkpointed, nothing else is waited for."""
     from launcher.rollout_side import Job
     from launcher.trainer_side import train
 
-    async with Job(cfg, services, **how) as job:
-        return await job.rollout_only() if job.role == "rollout" else await train(job)
+    job = Job(cfg, services, **how)
+
+    async def work() -> dict[str, Any]:
+        async with job:
+            return await job.rollout_only() if job.role == "rollout" else await train(job)
+
+    task = asyncio.ensure_future(work())
+    children = services.get("children")
+    if children is None:
+        return await task
+    death = asyncio.ensure_future(children.wait_for_death())
+    await asyncio.wait({task, death}, return_when=asyncio.FIRST_COMPLETED)
+    if task.done():
+        death.cancel()
+        failed = not task.cancelled() and task.exception() is not None
+        if failed and (line := children.death()) is not None:  # the cause, not its symptom
+            raise SystemExit(line) from task.exception()
+        return task.result()
+    line = death.result()
+    children.exit_unless_done_in(15, line)
+    job.stopping.set()
+    job.hurry.set()  # nothing in flight can finish without the dead process
+    task.cancel()
+    await asyncio.wait({task}, timeout=10)
+    raise SystemExit(line)
 
 
 def _trainer_ranks() -> Any:

@@ -5,6 +5,7 @@ evaluate after, and report figures to Redis for ``pqrl status``."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import json
@@ -87,6 +88,8 @@ class _Run:
         self.eval_suite = self.cfg.eval.suite.build() if self.cfg.eval.suite else None
         self.rollout_task: asyncio.Task[Any] | None = None
         self.rewards: list[float] = []
+        self.dropped: collections.Counter[str] = collections.Counter()  # by reason, this process
+        self.plan_end: str | None = None  # why the job ended before its step budget
 
     async def run(self, *, resumed: bool) -> dict[str, Any]:
         from trainer.metrics import plot_curves
@@ -126,6 +129,8 @@ class _Run:
             "metrics": str(self.writer.path),
             "plot": str(png),
         }
+        if self.plan_end is not None:
+            summary["ended"] = self.plan_end
         return summary | {f"eval_{k}": v[0] for k, v in evals.items()}
 
     async def _write_manifest(self) -> None:
@@ -166,10 +171,11 @@ class _Run:
         try:
             while trainer.state.step < t.steps and not self.job.stopping.is_set():
                 step_task = asyncio.create_task(trainer.step(timeout_s=t.read_timeout_s))
-                last = await _first(step_task, self.rollout_task, self.job.hurry, trainer)
+                last = await self._first(step_task)
                 if last is None:
-                    log.info("step %d given up before it changed the weights", trainer.state.step + 1)
                     break
+                self.dropped.update({k.split("/", 1)[1]: int(v) for k, v in last.items()
+                                     if k.startswith("dropped/")})  # fmt: skip
                 last.setdefault("perf/tokens_per_s", 0.0)  # the step's own figure when it trained
                 step = trainer.state.step
                 self.writer.log(step, last)
@@ -200,6 +206,37 @@ class _Run:
                     break
         finally:
             bar.close()
+
+    async def _first(self, step_task: asyncio.Task[Any]) -> dict[str, float] | None:
+        """The step's metrics; None when it gave way before it changed the weights: the user asked
+        to stop (at once, or once while it waits for groups), or it waits for groups that can no
+        longer come (``launcher.plan_end``: then ``plan_end`` says so, with the counts)."""
+        from launcher.plan_end import plan_end_counts, starved
+        from trainer.loop import STREAM_CONSUMER_GROUP
+
+        every_s = self.trainer.cfg.read_block_ms / 1000 + 0.5
+        watch = asyncio.create_task(starved(self.store, self.trainer, STREAM_CONSUMER_GROUP, every_s))
+        try:
+            last = await _first(step_task, self.rollout_task, self.job, self.trainer, watch)
+        except BaseException:  # e.g. the job cancelled: the step must not run on unwatched
+            step_task.cancel()
+            raise
+        finally:
+            watch.cancel()
+        if last is not None:
+            return last
+        step = self.trainer.state.step + 1
+        if watch.done() and not watch.cancelled() and not self.job.stopping.is_set():
+            counts = await plan_end_counts(self.store, self.trainer, self.dropped, self.job.manager)
+            self.plan_end = f"the task plan is used up: no group can come for step {step}; {counts}"
+            log.warning("%s", self.plan_end)
+            return None  # no group is in flight: the final evaluation runs
+        if self.job.hurry.is_set():
+            log.info("step %d given up before it changed the weights", step)
+        else:
+            log.info("stopped while step %d waited for groups: nothing of it trained or acknowledged", step)
+        self.job.hurry.set()  # stopping now: groups in flight are dropped (their tasks requeued on resume)
+        return None
 
     async def _checkpoint(self) -> None:
         await self.trainer.checkpoint(sampler_position=await self.store.sampler.position())
@@ -274,24 +311,38 @@ class _Run:
 
 
 async def _first(
-    step_task: asyncio.Task[Any], rollout_task: asyncio.Task[Any] | None, hurry: asyncio.Event, trainer: Any
+    step_task: asyncio.Task[Any],
+    rollout_task: asyncio.Task[Any] | None,
+    job: Job,
+    trainer: Any,
+    starved: asyncio.Task[None],
 ) -> dict[str, float] | None:
-    """The step's metrics; None when the user asked to stop at once and the step gave way (see
-    ``TrainerLoop.abort``). A rollout manager that dies meanwhile is an error, not a silent stall."""
+    """The step's metrics; None when it gave way (see ``TrainerLoop.abort``): asked to stop at once,
+    or, while it still waits for groups, asked to stop or ``starved`` (cancelling it then loses
+    nothing). A rollout manager that dies meanwhile is an error, not a silent stall."""
     from trainer.batch import StepAborted
 
-    if await _unless_hurried(step_task, hurry, rollout_task):
-        return step_task.result()
-    if hurry.is_set():
-        if not trainer.abort():
-            step_task.cancel()  # still reading groups: nothing to undo
-        try:
-            return await step_task  # past its first update, a step finishes
-        except (asyncio.CancelledError, StepAborted):
-            return None
-    step_task.cancel()
-    exc = rollout_task.exception() if rollout_task is not None else None
-    raise RuntimeError(f"the rollout manager stopped: {exc!r}")
+    while not step_task.done():
+        if job.hurry.is_set():
+            if not trainer.abort():
+                step_task.cancel()  # still reading groups: nothing to undo
+            try:
+                return await step_task  # past its first update, a step finishes
+            except (asyncio.CancelledError, StepAborted):
+                return None
+        if trainer.waiting and (job.stopping.is_set() or starved.done()):
+            step_task.cancel()
+            try:
+                return await step_task  # it had just finished
+            except asyncio.CancelledError:
+                return None
+        if rollout_task is not None and rollout_task.done():
+            step_task.cancel()
+            exc = rollout_task.exception()
+            raise RuntimeError(f"the rollout manager stopped: {exc!r}")
+        pending = {t for t in (step_task, rollout_task, starved) if t is not None and not t.done()}
+        await asyncio.wait(pending, timeout=0.2, return_when=asyncio.FIRST_COMPLETED)
+    return step_task.result()
 
 
 async def _unless_hurried(task: asyncio.Future[Any], hurry: asyncio.Event, *others: Any) -> bool:

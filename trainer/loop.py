@@ -246,6 +246,11 @@ class TrainerLoop:
         metrics["perf/train_s"] = acc.busy_s
         return entries, rejected, metrics
 
+    @property
+    def waiting(self) -> bool:
+        """Whether the step in progress is waiting for groups (cancelling it then loses nothing)."""
+        return self._waiting
+
     def abort(self) -> bool:
         """Asks the step in progress to stop now. False: it is still waiting for groups, so
         cancelling its task loses nothing (the next step reads what it read again); uncancelled, it

@@ -183,6 +183,24 @@ class GroupStream(RunPart):
         return int((await self.redis.xpending(self.key, consumer_group))["pending"])
 
     @redis_errors
+    async def produced(self) -> int:
+        """Groups ever written to the stream (trimmed ones included)."""
+        if not await self.redis.exists(self.key):
+            return 0
+        return int((await self.redis.xinfo_stream(self.key))["entries-added"])
+
+    @redis_errors
+    async def undelivered(self, consumer_group: str) -> bool:
+        """Whether the stream holds a group not yet delivered to any consumer of ``consumer_group``."""
+        if not await self.redis.exists(self.key):
+            return False
+        last = decode_str((await self.redis.xinfo_stream(self.key))["last-generated-id"])
+        for g in await self.redis.xinfo_groups(self.key):
+            if decode_str(g["name"]) == consumer_group:
+                return decode_str(g["last-delivered-id"]) != last
+        return int(await self.redis.xlen(self.key)) > 0
+
+    @redis_errors
     async def peek(self, count: int) -> list[tuple[str, list[Trajectory] | CodecError]]:
         """The ``count`` most recent groups, oldest first, without consuming them (inspection).
 

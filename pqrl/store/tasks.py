@@ -100,6 +100,12 @@ class TaskQueue(RunPart):
         return await self._streams.ack(self.key, consumer_group, entry_ids)
 
     @redis_errors
+    async def backlog(self) -> int:
+        """Tasks in the queue's stream: zero only once every task queued has been leased and
+        acknowledged (acks trim what no lease holds back; one older lease holds back newer tasks)."""
+        return int(await self.redis.xlen(self.key))
+
+    @redis_errors
     async def requeue_pending(self, consumer_group: str) -> int:
         """Puts every task leased by ``consumer_group`` and not acknowledged back on the queue (atomic).
 

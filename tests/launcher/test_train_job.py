@@ -152,7 +152,8 @@ def test_status_shows_what_the_run_is_made_of(redis_server, capsys):
 def test_ctrl_c_stops_after_the_step_checkpoints_and_skips_the_final_evaluation(tmp_path, presses):
     """SIGINT during training: the step in flight finishes, is checkpointed, the job exits 0 without
     the "after" evaluation and says how to get it; evaluations show a progress bar. Twice: the step
-    in flight (reading groups or training) is given up instead, and the last one trained is saved."""
+    in flight (reading groups or training) is given up instead, and the last one trained is saved (a
+    step still waiting for groups gives way at the first)."""
     import os
     import signal
     import time
@@ -179,8 +180,11 @@ def test_ctrl_c_stops_after_the_step_checkpoints_and_skips_the_final_evaluation(
     assert "final evaluation skipped" in err and "eval@0" in err
     assert latest.read_text() == f"step-{summary['steps']:06d}", "the last step trained is checkpointed"
     if presses == 2:  # step 2 was reading or training when the signals came: given up, not finished
-        assert "stopping at once" in err and summary["steps"] == 1
-        assert f"step {summary['steps'] + 1} given up" in err, err[-3000:]
+        assert summary["steps"] == 1
+        # the first press ends a step waiting for groups; the second gives up one training (or the
+        # loop, when the presses fall between two steps)
+        waited = "stopped while step 2 waited for groups" in err
+        assert waited or "stopping at once" in err, err[-3000:]
         trained = [json.loads(x)["step"] for x in metrics.read_text().splitlines() if "rollout/groups" in x]
         assert trained == [1]
 

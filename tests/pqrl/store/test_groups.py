@@ -32,6 +32,22 @@ async def test_round_trip_and_ack_trims_the_stream(store):
     assert await groups.read("trainer", "t0", count=10) == []
 
 
+async def test_groups_produced_and_undelivered_count_every_write(store):
+    groups = store.groups
+    assert await groups.produced() == 0 and not await groups.undelivered("trainer")
+    await groups.create_consumer_group("trainer")
+    ids = [await groups.put(make_group(f"g{i}", size=2)) for i in range(3)]
+    assert await groups.undelivered("trainer")
+    assert len(await groups.read("trainer", "t0", count=2)) == 2
+    assert await groups.undelivered("trainer"), "one left to deliver"
+    await groups.read("trainer", "t0", count=2)
+    assert not await groups.undelivered("trainer"), "delivered, though not acknowledged"
+    await groups.ack("trainer", ids)
+    assert await groups.backlog() == 0 and await groups.produced() == 3, "trimmed groups still count"
+    await groups.put(make_group("g3", size=2))
+    assert await groups.undelivered("trainer") and await groups.produced() == 4
+
+
 async def test_each_group_goes_to_exactly_one_consumer(store):
     groups = store.groups
     await groups.create_consumer_group("trainer")

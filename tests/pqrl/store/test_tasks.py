@@ -15,8 +15,9 @@ async def test_task_queue_delivers_once_and_reclaims(store):
     await asyncio.sleep(0.05)
     again = await tasks.reclaim("rollout", "w3", min_idle_ms=10)  # w1 died
     assert [t.entry_id for t in again] == ids[:2]
+    assert await tasks.backlog() > 0, "two leased and not acknowledged: not over"
     await tasks.ack("rollout", ids[:2])
-    assert await store.redis.xlen(tasks.key) == 0
+    assert await store.redis.xlen(tasks.key) == 0 and await tasks.backlog() == 0
 
 
 async def test_a_task_batch_is_queued_once_per_run(store):
