@@ -64,9 +64,9 @@ from sandboxes.protocol import Sandbox, SandboxDied
 from tasks.coding import probes
 from tasks.coding.capture import WORKSPACE, Submission, capture_workspace, submission_from_patch
 from tasks.coding.diffs import source_files
-from tasks.coding.held import Record, base_fails, could_hold, held_operands, settle
+from tasks.coding.held import base_fails, could_hold, held_operands, settle
 from tasks.coding.policy import MAX_SOURCE_BYTES, Violation, check_source
-from tasks.coding.record import BadRecord, sendable
+from tasks.coding.record import Record, sendable
 from tasks.coding.verdict import GradeResult, Reference, judge
 from tasks.suite import CodingTask
 
@@ -358,10 +358,10 @@ class CodingGrader:
                 held = held_operands(full.sites, first, base) if base is not None else {}
                 settled = None
                 if held:
-                    final = await _ast_work(probes.instrument, task.hidden_tests, held)
+                    reduced = await _ast_work(probes.instrument, task.hidden_tests, held)
                     try:
-                        second = await self._gold_record(task, sandbox, gdir, final.files)
-                        settled = settle(final.sites, first, second, tests)
+                        second = await self._gold_record(task, sandbox, gdir, reduced.files)
+                        settled = settle(reduced.sites, first, second, tests)
                     except GoldReferenceError:
                         settled = None
                 if settled is None:
@@ -371,7 +371,12 @@ class CodingGrader:
                 await sandbox.close()
         if settled is None:
             raise GoldReferenceError(f"task {task.id}: the gold patch fails its own rewritten checks")
-        final = await _ast_work(probes.instrument, task.hidden_tests, settled.held) if settled.held else full
+        if not settled.held:
+            final = full
+        elif settled.held == held:  # every held operand stood: the second run's rewriting is final
+            final = reduced
+        else:
+            final = await _ast_work(probes.instrument, task.hidden_tests, settled.held)
         fails = base_fails(first, base) if base is not None else None
         return Reference(final.files, final.sites, first, settled.unstable, settled.unstable_tests, fails)
 
@@ -384,7 +389,7 @@ class CodingGrader:
         try:
             report, _ = await self._run_tests(task, sandbox, gdir, files, min(self.test_timeout, 30.0))
             return probes.parse_record(base64.b64decode(report.get("probes", "")))
-        except (_RunnerFailed, SandboxDied, BadRecord, ValueError):
+        except (_RunnerFailed, SandboxDied, ValueError):  # BadRecord is a ValueError
             return None
 
     async def _gold_record(

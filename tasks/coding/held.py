@@ -23,14 +23,14 @@ A check the base runs identically needs nothing held: the unfixed code passes it
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from tasks.coding.probes import Site, compare, same, unstable_entries
-from tasks.coding.record import faithful
+from tasks.coding.record import Record, faithful
 
 __all__ = [
-    "Record",
     "Settled",
     "base_fails",
     "could_hold",
@@ -39,8 +39,6 @@ __all__ = [
     "project",
     "settle",
 ]
-
-Record = dict[str, list[tuple[int, list[Any]]]]
 
 
 def _raised(v: Any) -> bool:
@@ -63,33 +61,39 @@ def could_hold(sites: dict[int, Site]) -> bool:
     return any(_candidate(site) for site in sites.values())
 
 
-def held_operands(sites: dict[int, Site], gold: Record, base: Record) -> dict[int, tuple[int, ...]]:
-    """Site -> the operands to hold on the host, from the gold record and the base record of the
-    same fully rewritten tests. Entries are paired by position while the two runs visit the same
-    sites in the same order (after the first divergence the base says nothing)."""
-    changed: dict[int, set[int]] = defaultdict(set)
-    unfit: set[int] = set()  # an operand that cannot be compared by content, or a malformed entry
-    unfaithful: dict[int, set[int]] = defaultdict(set)
-    paired: set[int] = set()
+def _paired(gold: Record, base: Record) -> Iterator[tuple[str, int, int, list[Any], list[Any] | None]]:
+    """Every gold entry as (test, index, site, values, the base's values at the same position).
+    Entries pair while the two runs visit the same sites in the same order; from the first
+    divergence on the base says nothing (None)."""
     for test, entries in gold.items():
         others = base.get(test, [])
         aligned = True
         for i, (site_id, values) in enumerate(entries):
             aligned = aligned and i < len(others) and others[i][0] == site_id
-            site = sites.get(site_id)
-            if not _candidate(site):
-                continue
-            assert site is not None
-            n = len(site.ops) + 1
-            if len(values) != n + 1 or any(_raised(v) for v in values):
-                unfit.add(site_id)
-                continue
-            unfaithful[site_id] |= {j for j in range(n) if not faithful(values[j])}
-            if aligned:
-                paired.add(site_id)
-                b = others[i][1]
-                differ = {j for j in range(min(n, len(b))) if _raised(b[j]) or not same(b[j], values[j])}
-                changed[site_id] |= differ
+            yield test, i, site_id, values, others[i][1] if aligned else None
+
+
+def held_operands(sites: dict[int, Site], gold: Record, base: Record) -> dict[int, tuple[int, ...]]:
+    """Site -> the operands to hold on the host, from the gold record and the base record of the
+    same fully rewritten tests, paired by position (``_paired``)."""
+    changed: dict[int, set[int]] = defaultdict(set)
+    unfit: set[int] = set()  # a gold entry not shaped as a passing comparison
+    unfaithful: dict[int, set[int]] = defaultdict(set)  # operands not comparable by content
+    paired: set[int] = set()
+    for _, _, site_id, values, b in _paired(gold, base):
+        site = sites.get(site_id)
+        if not _candidate(site):
+            continue
+        assert site is not None
+        n = len(site.ops) + 1
+        if len(values) != n + 1 or any(_raised(v) for v in values):
+            unfit.add(site_id)
+            continue
+        unfaithful[site_id] |= {j for j in range(n) if not faithful(values[j])}
+        if b is not None:
+            paired.add(site_id)
+            differ = {j for j in range(min(n, len(b))) if _raised(b[j]) or not same(b[j], values[j])}
+            changed[site_id] |= differ
     out: dict[int, tuple[int, ...]] = {}
     for site_id in paired - unfit:
         site = sites[site_id]
@@ -101,18 +105,10 @@ def held_operands(sites: dict[int, Site], gold: Record, base: Record) -> dict[in
 
 
 def base_fails(gold: Record, base: Record) -> frozenset[tuple[str, int]]:
-    """The gold entries (test, index) the unfixed code does not reproduce, paired by position as
-    in ``held_operands``: the checks a submission that leaves the bug in place must forge."""
-    out = set()
-    for test, entries in gold.items():
-        others = base.get(test, [])
-        for i, (site_id, values) in enumerate(entries):
-            if i >= len(others) or others[i][0] != site_id:
-                out |= {(test, k) for k in range(i, len(entries))}
-                break
-            if not same(others[i][1], values):
-                out.add((test, i))
-    return frozenset(out)
+    """The gold entries (test, index) the unfixed code does not reproduce, paired by position
+    (``_paired``): the checks a submission that leaves the bug in place must forge."""
+    pairs = _paired(gold, base)
+    return frozenset((test, i) for test, i, _, values, b in pairs if b is None or not same(b, values))
 
 
 def kept_values(site: Site | None, values: list[Any]) -> list[Any]:

@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tasks.coding.probe_runtime import COMPARISONS
-from tasks.coding.record import MAX_TEXT, BadRecord, Opaque, decode, opaque_inside, parse_record
+from tasks.coding.record import MAX_TEXT, BadRecord, Opaque, Record, decode, opaque_inside, parse_record
 
 __all__ = [
     "BadRecord",
@@ -408,8 +408,8 @@ def _entry_ok(site: Site | None, want: list[Any] | None, got: list[Any], gold: l
 
 
 def compare(
-    gold: dict[str, list[tuple[int, list[Any]]]],
-    got: dict[str, list[tuple[int, list[Any]]]],
+    gold: Record,
+    got: Record,
     sites: dict[int, Site],
     tests: list[str],
     unstable: set[tuple[str, int]] = frozenset(),  # type: ignore[assignment]
@@ -445,9 +445,7 @@ def compare(
     return problems
 
 
-def unstable_entries(
-    first: dict[str, list[tuple[int, list[Any]]]], second: dict[str, list[tuple[int, list[Any]]]]
-) -> tuple[set[tuple[str, int]], set[str]]:
+def unstable_entries(first: Record, second: Record) -> tuple[set[tuple[str, int]], set[str]]:
     """Two gold runs -> the (test, index) entries whose values differ, and the tests whose
     sequence of sites differs (those are judged by pytest's outcome alone)."""
     entries: set[tuple[str, int]] = set()

@@ -23,7 +23,17 @@ from typing import Any
 
 from pqrl.text import encodable
 
-__all__ = ["MAX_DEPTH", "BadRecord", "Opaque", "decode", "faithful", "parse_record", "sendable", "text"]
+__all__ = [
+    "MAX_DEPTH",
+    "BadRecord",
+    "Opaque",
+    "Record",
+    "decode",
+    "faithful",
+    "parse_record",
+    "sendable",
+    "text",
+]
 
 # JSON nesting of one recorded value. The recorder's values are at most 20 containers deep (two
 # JSON levels each, plus the set keys' own JSON): well below.
@@ -74,7 +84,10 @@ def _depth_ok(value: Any, limit: int = MAX_DEPTH) -> bool:
     return True
 
 
-def parse_record(data: bytes, limit: int = 1 << 20) -> dict[str, list[tuple[int, list[Any]]]]:
+Record = dict[str, list[tuple[int, list[Any]]]]  # test id -> its (site, recorded values) entries, in order
+
+
+def parse_record(data: bytes, limit: int = 1 << 20) -> Record:
     """The runner's probe pipe -> test node id -> [(site, values)] in order. Raises BadRecord
     (a ValueError) when it is malformed: the code under test may have written into it, and then
     nothing of it counts."""

@@ -13,6 +13,7 @@ from typing import Any
 
 from tasks.coding import probes
 from tasks.coding.junit import ReportError, parse_junit
+from tasks.coding.record import Record
 from tasks.suite import CodingTask
 
 __all__ = ["GradeResult", "Reference", "judge"]
@@ -33,7 +34,7 @@ class Reference:
 
     files: dict[str, str]
     sites: dict[int, probes.Site]
-    gold: dict[str, list[tuple[int, list[Any]]]]
+    gold: Record
     unstable: set[tuple[str, int]]
     unstable_tests: set[str]
     base_fails: frozenset[tuple[str, int]] | None = None
