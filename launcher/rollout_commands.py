@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
@@ -200,10 +201,19 @@ def filter_tasks(args: argparse.Namespace) -> int:
         with local_engine(args.model) as url:
             rewards = asyncio.run(run(url))
     print(file=sys.stderr)
-    rates = pass_rates(rewards)
-    kept = filter_suite(suite, rates, low=args.low, high=args.high)
+    rates = pass_rates(rewards)  # a task whose every episode failed on infrastructure has none
+    never = len(suite.tasks) - len(rates)
+    if not rates:
+        print(f"pqrl tasks filter: no pass rate: no task ran, all {never} failed on infrastructure",
+              file=sys.stderr)  # fmt: skip
+        return 1
+    ran = dataclasses.replace(suite, tasks=tuple(t for t in suite.tasks if t.id in rates))
+    kept = filter_suite(ran, rates, low=args.low, high=args.high)
     with open(args.output, "w") as f:
         f.write(kept.to_jsonl())
+    if never:
+        print(f"pqrl tasks filter: {never} of {len(suite.tasks)} tasks never ran (their episodes failed on "
+              "infrastructure): left out, not rated", file=sys.stderr)  # fmt: skip
     print(f"{suite.id}: {args.samples} samples per task with {args.model}")
     print(distribution_table(rates))
     print(f"mean pass rate {sum(rates.values()) / max(len(rates), 1):.3f}; wrote {kept.id} to {args.output}")
