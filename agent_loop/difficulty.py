@@ -15,7 +15,7 @@ from pqrl.trajectory import Status
 from tasks.storage import queued_task
 from tasks.suite import Suite
 
-__all__ = ["Sample", "estimate_rewards", "run_samples"]
+__all__ = ["Sample", "rewards_that_ran", "run_samples"]
 
 
 @dataclass(frozen=True)
@@ -67,18 +67,6 @@ async def run_samples(
     return {tid: [s for s in ss if s is not None] for tid, ss in out.items()}
 
 
-async def estimate_rewards(
-    suite: Suite,
-    *,
-    engine: Engine,
-    env: EnvClient,
-    renderer: ChatRenderer,
-    samples: int = 8,
-    cfg: EpisodeConfig | None = None,
-    concurrency: int = 16,
-    progress: Callable[[int, int], Any] | None = None,
-) -> dict[str, list[float]]:
-    """``samples`` episode rewards per task (failed_infra episodes are left out, not scored 0)."""
-    ran = await run_samples(suite, engine=engine, env=env, renderer=renderer, samples=samples, cfg=cfg,
-                            concurrency=concurrency, progress=progress)  # fmt: skip
+def rewards_that_ran(ran: dict[str, list[Sample]]) -> dict[str, list[float]]:
+    """The rewards per task of the episodes that ran (failed_infra ones are left out, not scored 0)."""
     return {tid: [s.reward for s in ss if not s.failed_infra] for tid, ss in ran.items()}

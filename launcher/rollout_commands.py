@@ -165,7 +165,7 @@ def local_engine(model: str) -> Iterator[str]:
 def filter_tasks(args: argparse.Namespace) -> int:
     """``pqrl tasks filter``: pass rates with the given policy, a filtered suite and a table."""
     from agent_loop.config import EpisodeConfig
-    from agent_loop.difficulty import estimate_rewards
+    from agent_loop.difficulty import rewards_that_ran, run_samples
     from engine.client import EngineClient
     from env_server.client import LocalEnvClient
     from loss_masking import ChatRenderer
@@ -189,8 +189,9 @@ def filter_tasks(args: argparse.Namespace) -> int:
         engine, env = EngineClient(url), LocalEnvClient()
         try:
             renderer = ChatRenderer(load_tokenizer(args.model))
-            return await estimate_rewards(suite, engine=engine, env=env, renderer=renderer,
-                                          samples=args.samples, cfg=cfg, progress=progress)  # fmt: skip
+            ran = await run_samples(suite, engine=engine, env=env, renderer=renderer,
+                                    samples=args.samples, cfg=cfg, progress=progress)  # fmt: skip
+            return rewards_that_ran(ran)
         finally:
             await engine.aclose()
             await env.aclose()
