@@ -5,6 +5,7 @@ one line and no pass rate when no task ran, exit 2 with one line on bad input, n
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -154,3 +155,22 @@ def test_bad_input_exits_2_with_one_line(tmp_path, capsys):
         lines = captured.err.splitlines()
         assert captured.out == "" and len(lines) == 1 and lines[0].startswith("pqrl eval: "), (said, lines)
         assert said in lines[0], (said, lines[0])
+
+
+def test_a_refused_pass_at_k_is_shown_as_none_with_its_reason_beside_pass_at_1():
+    from agent_loop.difficulty import Sample
+    from agent_loop.evaluation import TaskOutcome, summarize
+    from launcher.eval_command import _report, _table, _Target
+
+    ok, wrong, infra = Sample(1.0, turns=1), Sample(0.0, turns=1), Sample(0.0, True, 0, "sandbox gone")
+    tasks = [TaskOutcome("a", ok, (infra, infra)), TaskOutcome("b", wrong, (wrong, infra)),
+             TaskOutcome("c", ok, (ok, ok)), TaskOutcome("d", wrong, (wrong, wrong))]  # fmt: skip
+    suite = generate_suite(Generate("calc", n=1, seed=7, name="calc"))
+    report = _report(summarize(tasks, k=2), _Target("m", "m", None), suite,
+                     argparse.Namespace(k=2, samples=None), Path("o.jsonl"))  # fmt: skip
+    assert report["pass@1"] == 0.5 and "pass@2" not in report and report["tasks_run@k"] == 2
+    assert report["refused"]["pass@2"].startswith("2 of 4 tasks failed on infrastructure")
+    table = _table(report).splitlines()
+    assert table[2].startswith("pass@1    0.500   95% CI [0.150, 0.850] (Wilson)")
+    assert table[3].startswith("pass@2    none: 2 of 4 tasks failed") and "sandbox gone" in table[3]
+    assert table[4] == "infra     3 of 12 episodes failed on infrastructure"
