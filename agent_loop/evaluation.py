@@ -136,6 +136,8 @@ def _rate(
     why there is none."""
     lost = total - len(values)
     cause = f"; most common cause: {causes.most_common(1)[0][0]}" if causes else ""
+    if not total:
+        return {}, "the suite has no task"
     if not values:
         return {}, f"no task ran: {lost} of {total} failed on infrastructure{cause}"
     if lost > max_failed_infra * total:

@@ -91,6 +91,7 @@ def test_no_pass_rate_when_nothing_ran_or_too_many_tasks_failed_on_infrastructur
         refused.pass_at_1 is None
         and "2 of 4 tasks failed on infrastructure" in refused.refused["eval/pass@1"]
     )
+    assert summarize([], k=1).refused == {"eval/pass@1": "the suite has no task"}
     allowed = summarize(half, k=1, max_failed_infra=0.5)  # at the stated share: reported
     assert allowed.pass_at_1 == 0.5 and not allowed.refused and "eval/pass@k" not in allowed.metrics
 
