@@ -53,17 +53,17 @@ def _eval(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> subp
 
 @pytest.mark.timeout(300)
 def test_the_base_model_on_a_calc_suite_gets_rates_intervals_and_a_line_per_task(tmp_path):
-    suite, ids = _suite(tmp_path, "calc", 4)
+    suite, ids = _suite(tmp_path, "calc", 3)
     out = _eval(tmp_path, "--model", "smollm2-135m-instruct", str(suite), "--k", "2",
-                "--max-new-tokens", "48", "--max-turns", "2")  # fmt: skip
+                "--max-new-tokens", "32", "--max-turns", "2")  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
     table = out.stdout.splitlines()
     pass1 = next(ln for ln in table if ln.startswith("pass@1 "))
     pass2 = next(ln for ln in table if ln.startswith("pass@2 "))
-    assert "95% CI [" in pass1 and "(Wilson)" in pass1 and "over 4 of 4 tasks" in pass1
+    assert "95% CI [" in pass1 and "(Wilson)" in pass1 and "over 3 of 3 tasks" in pass1
     assert "95% CI [" in pass2 and "bootstrap" in pass2 and "2 samples each" in pass2
-    assert any(ln.startswith("infra") and "0 of 12 episodes" in ln for ln in table)
-    assert "12/12 episodes" in out.stderr, "progress on stderr"
+    assert any(ln.startswith("infra") and "0 of 9 episodes" in ln for ln in table)
+    assert "9/9 episodes" in out.stderr, "progress on stderr"
     lines = [json.loads(ln) for ln in (tmp_path / "eval-calc.jsonl").read_text().splitlines()]
     assert [r["task_id"] for r in lines] == ids, "one line per task, in the suite's order"
     for r in lines:
@@ -72,7 +72,7 @@ def test_the_base_model_on_a_calc_suite_gets_rates_intervals_and_a_line_per_task
         )
         assert r["greedy"]["passed"] == (r["greedy"]["reward"] >= 1.0) and 0.0 <= r["pass@2"] <= 1.0
     rate = float(pass1.split()[1])
-    assert rate == sum(r["greedy"]["passed"] for r in lines) / 4
+    assert rate == round(sum(r["greedy"]["passed"] for r in lines) / 3, 3)
 
 
 @pytest.mark.timeout(300)
