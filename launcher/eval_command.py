@@ -66,10 +66,6 @@ def eval_command(args: argparse.Namespace) -> int:
     except PqrlError as e:
         print(f"pqrl eval: {e.line()}", file=sys.stderr)
         return e.exit_code
-    except SystemExit as e:  # a watched service died or never came up: its line, as this command's
-        if isinstance(e.code, str):
-            raise SystemExit("pqrl eval: " + e.code.removeprefix("pqrl train: ")) from None
-        raise
 
 
 @dataclass(frozen=True)
@@ -111,9 +107,11 @@ def _target(args: argparse.Namespace) -> _Target:
         raise UsageError("give a CHECKPOINT or --model MODEL (one of them)")
     if args.model is not None:
         try:
-            prepare_model(args.model)
+            path = prepare_model(args.model)
         except ModelNotAvailable as e:
             raise UsageError(str(e)) from None
+        if not (path / "config.json").is_file():
+            raise UsageError(f"{args.model}: not a Hugging Face model directory (no config.json)")
         return _Target(args.model, args.model, None)
     ckpt, run_dir = resolve_checkpoint(args.checkpoint)
     return _Target(str(ckpt / "model"), str(ckpt), run_dir)
@@ -165,7 +163,7 @@ def _eval(args: argparse.Namespace) -> int:
     cfg = _episode(args, target.run_dir)
     output = Path(args.output or f"eval-{suite.manifest.name}.jsonl")
     logs = Path(tempfile.mkdtemp(prefix="pqrl-eval-"))  # the services' logs, kept if anything fails
-    children = Children(quiet=args.quiet)
+    children = Children(quiet=args.quiet, command="pqrl eval")
     with contextlib.ExitStack() as stack:
         port = free_port()
         engine = stack.enter_context(engine_process(target.model, port, logs / "engine.log",

@@ -28,7 +28,6 @@ __all__ = [
     "job_services",
     "needing_sandbox",
     "sandboxed_envs",
-    "wait_for_health",
 ]
 
 
@@ -106,8 +105,9 @@ def env_server_process(
     proc = _service_process(log, cmd, env)
     url = f"http://127.0.0.1:{port}"
     try:
-        quiet = children is not None and children.quiet
-        wait_for_health(url + "/healthz", proc, timeout_s=60, what="env server", log=log, quiet=quiet)
+        watched = children or Children()
+        wait_for_health(url + "/healthz", proc, timeout_s=60, what="env server", log=log,
+                        quiet=watched.quiet, command=watched.command)  # fmt: skip
         if children is not None:
             children.add("env server", proc, log)
         yield url
@@ -116,7 +116,14 @@ def env_server_process(
 
 
 def wait_for_health(
-    url: str, proc: subprocess.Popen[bytes], *, timeout_s: float, what: str, log: Path, quiet: bool = False
+    url: str,
+    proc: subprocess.Popen[bytes],
+    *,
+    timeout_s: float,
+    what: str,
+    log: Path,
+    quiet: bool = False,
+    command: str = "pqrl train",
 ) -> None:
     """Polls ``url`` until it answers 200, saying so every few seconds; fails at once if the child
     exits, with its status and the last lines of ``log``."""
@@ -129,11 +136,11 @@ def wait_for_health(
                 return
         if not quiet and time.monotonic() - told >= progress_every_s:
             told = time.monotonic()
-            print(f"pqrl train: waiting for the {what}: {told - t0:.0f} s", file=sys.stderr, flush=True)
+            print(f"{command}: waiting for the {what}: {told - t0:.0f} s", file=sys.stderr, flush=True)
         time.sleep(0.2)
-    watched = Children()
+    watched = Children(command=command)
     watched.add(what, proc, log)
-    silent = f"pqrl train: the {what} is silent after {timeout_s:.0f} s; {tail(log)}"
+    silent = f"{command}: the {what} is silent after {timeout_s:.0f} s; {tail(log)}"
     raise SystemExit(watched.death() or silent)
 
 

@@ -145,6 +145,7 @@ def test_bad_input_exits_2_with_one_line(tmp_path, capsys):
         "no checkpoint yet": [str(tmp_path / "run"), str(suite)],
         "neither a checkpoint nor a run": [str(tmp_path), str(suite)],
         "unknown model": ["--model", "no-such-model", str(suite)],
+        "no config.json": ["--model", str(tmp_path / "run"), str(suite)],
         "problem(s)": ["--model", "smollm2-135m-instruct", str(bad_suite)],
         "samples >= k": ["--model", "smollm2-135m-instruct", str(suite), "--k", "3", "--samples", "2"],
         "--max-failed-infra": ["--model", "smollm2-135m-instruct", str(suite), "--max-failed-infra", "2"],
@@ -174,3 +175,16 @@ def test_a_refused_pass_at_k_is_shown_as_none_with_its_reason_beside_pass_at_1()
     assert table[2].startswith("pass@1    0.500   95% CI [0.150, 0.850] (Wilson)")
     assert table[3].startswith("pass@2    none: 2 of 4 tasks failed") and "sandbox gone" in table[3]
     assert table[4] == "infra     3 of 12 episodes failed on infrastructure"
+
+
+@pytest.mark.timeout(300)
+def test_an_engine_that_cannot_load_its_model_ends_the_command_with_one_line_naming_it(tmp_path):
+    suite, _ = _suite(tmp_path, "calc", 2)
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text('{"model_type": "no-such-architecture"}')
+    out = _eval(tmp_path, "--model", str(broken), str(suite), "--quiet")
+    assert out.returncode == 1 and out.stdout == ""
+    lines = out.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("pqrl eval: the engine (pid "), lines
+    assert "exited with status" in lines[0]
