@@ -143,8 +143,8 @@ def _lines(path: Path, hasher: Any) -> Iterable[tuple[str, Any]]:
                 yield where, json.loads(line.decode("utf-8"))
             except UnicodeDecodeError:
                 yield where, _Unreadable("not UTF-8")
-            except ValueError as e:
-                yield where, _Unreadable(f"not JSON ({e})")
+            except json.JSONDecodeError as e:
+                yield where, _Unreadable(f"not JSON ({e.msg} at column {e.colno})")
 
 
 def _root() -> Path:
@@ -244,7 +244,7 @@ def _build(p: Path, digest: str, final: Path) -> None:
 
 
 def _tokens(queries: list[str]) -> list[list[str]]:
-    return bm25s.tokenize(queries, stopwords="en", show_progress=False, return_ids=False)  # type: ignore[return-value]
+    return bm25s.tokenize(queries, stopwords="en", show_progress=False, return_ids=False)
 
 
 def query_words(query: str) -> list[str]:
