@@ -29,6 +29,7 @@ import numpy as np
 
 from pqrl.cache import cache_dir
 from pqrl.errors import UsageError
+from pqrl.text import clipped
 
 __all__ = [
     "CorpusError",
@@ -111,7 +112,8 @@ def _check(documents: Iterable[tuple[str, Any]], keep: Callable[[dict[str, str]]
     for where, raw in documents:
         doc, found = _document(raw, where)
         if doc is not None and doc["id"] in first:
-            found = [f"{where}: field id: duplicate id {doc['id']!r} (first at {first[doc['id']]})"]
+            shown = clipped(repr(doc["id"]), 80)
+            found = [f"{where}: field id: duplicate id {shown} (first at {first[doc['id']]})"]
         if found:
             problems += found
             continue
@@ -231,6 +233,8 @@ def _build(p: Path, digest: str, final: Path) -> None:
         meta = {"digest": digest, "documents": count, "source": str(p),
                 "index_s": round(time.monotonic() - started, 2), "bm25s": bm25s.__version__}  # fmt: skip
         (tmp / "meta.json").write_text(json.dumps(meta))
+        if (final / "meta.json").is_file():  # another process finished first: keep theirs
+            return
         if final.exists():  # a build that died half-way: only a directory with meta.json is whole
             shutil.rmtree(final, ignore_errors=True)
         try:

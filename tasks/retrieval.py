@@ -102,7 +102,7 @@ def _hits(body: bytes, k: int) -> list[Hit]:
     ``k`` entries; a document is ``{"id", "contents": '"Title"\\ntext'}`` or has ``title``/``text``."""
     try:
         reply = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested past the parser's depth
         raise _bad(f"not JSON: {clipped(body.decode('utf-8', 'replace'), _DETAIL_CHARS)!r}") from None
     result = reply.get("result") if isinstance(reply, dict) else None
     if not isinstance(result, list) or len(result) != 1 or not isinstance(result[0], list):

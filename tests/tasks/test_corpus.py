@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from env_server.types import ToolCall, ToolStatus
-from tasks.corpus import CorpusError, LocalIndex, build_index, open_corpus
+from tasks.corpus import CorpusError, LocalIndex, build_index, open_corpus, stats
 from tasks.search import search_suite
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -99,6 +99,7 @@ async def test_a_corpus_file_answers_as_the_same_corpus_inline_does(tmp_path, cl
     corpus = write(tmp_path / "corpus.jsonl", DOCS)
     named = {"corpus": str(corpus)}
     digest = {"corpus": "sha256:" + build_index(corpus)}
+    done = dict(stats)
     for task in SUITE.tasks[:10]:
         outs = []
         for kwargs in ({"corpus": DOCS}, named, digest):
@@ -106,6 +107,7 @@ async def test_a_corpus_file_answers_as_the_same_corpus_inline_does(tmp_path, cl
             call = ToolCall(name="search", arguments={"query": task.question, "k": 3})
             outs.append((await client.step(s.session_id, [call])).messages[0].content)
         assert outs[0] == outs[1] == outs[2] and outs[0].startswith("[1] ")
+    assert stats == done, "no reset hashed or indexed the file again"
     # a corpus the environment cannot read rejects the task when the session starts
     with pytest.raises(Exception, match="corpus file not found"):
         await client.create_session("search-v1", SUITE.tasks[0].model_dump(), env_kwargs={"corpus": "/nope"})
