@@ -160,6 +160,9 @@ def main() -> None:
     a.workdir.mkdir(parents=True)
     env = {**os.environ, "PQRL_CACHE": str(a.workdir / "cache")}
     load_before = os.getloadavg()
+    # what ran: read now, as the tree may change while it runs
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    dirty = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout
     t = time.monotonic()
     corpus = a.workdir / "corpus.jsonl"
     vocab = write_corpus(corpus, a.docs)
@@ -171,8 +174,6 @@ def main() -> None:
                for _ in range(a.queries)]  # fmt: skip
     result |= serve(corpus, env, queries, a.concurrency)
     result["concurrency"] = a.concurrency
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    dirty = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout
     loads = ", ".join(f"{x:.2f}" for x in load_before), ", ".join(f"{x:.2f}" for x in os.getloadavg())
     head = (
         f"# {' '.join(sys.argv)}   ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, commit "
