@@ -11,13 +11,13 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from env_server.types import ToolCall, ToolStatus
 from pqrl.redis_server import stop_process
@@ -120,6 +120,15 @@ def _misbehaving() -> FastAPI:
         await asyncio.sleep(3)
         return {"result": [[]]}
 
+    @app.post("/trickle/retrieve")
+    async def trickle() -> Response:
+        async def drip() -> AsyncIterator[bytes]:
+            for _ in range(10):
+                yield b" "
+                await asyncio.sleep(0.3)
+
+        return StreamingResponse(drip(), media_type="application/json")
+
     @app.post("/fail/retrieve")
     async def fail() -> Response:
         return PlainTextResponse("index not loaded", status_code=500)
@@ -151,7 +160,8 @@ def bad_server() -> Iterator[str]:
 
 @pytest.mark.parametrize(
     ("path", "says"),
-    [("slow", "did not answer within 1s"), ("fail", "answered HTTP 500: index not loaded"),
+    [("slow", "did not answer within 1s"), ("trickle", "did not answer within 1s"),
+     ("fail", "answered HTTP 500: index not loaded"),
      ("html", "not JSON"), ("shape", "result[0][0] has no text"), ("score", "score is not a finite number"),
      ("huge", "exceeds 8 MiB"), ("gone", "HTTP 404")],
 )  # fmt: skip
