@@ -52,7 +52,6 @@ _PROFESSIONS = [
     "poet",
     "chemist",
 ]
-_ARTICLE_CHARS = 2000  # of one article in a search's answer: a corpus may hold long documents
 _PRODUCTS = ["lanterns", "clockwork birds", "salt bricks", "river barges", "silk maps", "copper bells"]
 
 
@@ -186,6 +185,9 @@ def _mentions(text: str, phrase: str) -> bool:
     """Whether ``phrase`` occurs in ``text`` as whole words, after QA normalisation."""
     needle = normalize_answer(phrase)
     return bool(needle) and f" {needle} " in f" {normalize_answer(text)} "
+
+
+_ARTICLE_CHARS = 2000  # of one article in a search's answer: a corpus may hold long documents
 
 
 class SearchEnv(ToolEnvironment):
