@@ -10,6 +10,7 @@ in memory, once per process.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import mmap
@@ -19,7 +20,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -142,7 +143,7 @@ def _lines(path: Path, hasher: Any) -> Iterable[tuple[str, Any]]:
                 continue
             where = f"line {number}"
             try:
-                yield where, json.loads(line.decode("utf-8"))
+                yield where, json.loads(line.decode("utf-8-sig" if number == 1 else "utf-8"))
             except UnicodeDecodeError:
                 yield where, _Unreadable("not UTF-8")
             except json.JSONDecodeError as e:
@@ -155,8 +156,10 @@ def _root() -> Path:
 
 def _file(path: str | os.PathLike[str]) -> Path:
     p = Path(path).expanduser()
-    if not p.is_file():
+    if not p.exists():
         raise CorpusError(f"corpus file not found: {p}", fix="a JSONL path as this process sees it")
+    if not p.is_file():  # a directory, a device or a FIFO (which would block a reader)
+        raise CorpusError(f"corpus {p} is not a regular file", fix="a JSONL file")
     return p.resolve()
 
 
@@ -195,15 +198,25 @@ def _write(path: Path, text: str) -> None:
 def build_index(path: str | os.PathLike[str]) -> str:
     """The corpus's digest, its index built under the cache first unless already there."""
     p = _file(path)
-    digest = corpus_digest(p)
-    final = _root() / digest
-    if (final / "meta.json").is_file():
-        return digest
-    with _LOCK:
+    with _os_errors():
+        digest = corpus_digest(p)
+        final = _root() / digest
         if (final / "meta.json").is_file():
             return digest
-        _build(p, digest, final)
+        with _LOCK:
+            if not (final / "meta.json").is_file():
+                _build(p, digest, final)
     return digest
+
+
+@contextlib.contextmanager
+def _os_errors() -> Iterator[None]:
+    """An unreadable file or an unwritable cache raised as a CorpusError, not a traceback."""
+    try:
+        yield
+    except OSError as e:
+        where = f"{e.filename}: " if e.filename else ""
+        raise CorpusError(f"{where}{e.strerror or e}", fix="a readable corpus, a writable $PQRL_CACHE") from e
 
 
 def _build(p: Path, digest: str, final: Path) -> None:
@@ -278,7 +291,7 @@ class LocalIndex:
     @classmethod
     def open(cls, digest: str) -> LocalIndex:
         """The indexed corpus ``digest`` (hex), memory-mapped; once per process."""
-        with _LOCK:
+        with _LOCK, _os_errors():
             if digest not in _OPEN:
                 where = _root() / digest
                 if not (where / "meta.json").is_file():

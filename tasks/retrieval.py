@@ -131,6 +131,14 @@ def _hit(doc: Any, score: float, where: str) -> Hit:
     return Hit(str(doc.get("id", "")), title, text, score)
 
 
+def _http_url(url: str) -> bool:
+    try:
+        parsed = httpx.URL(url)
+    except (httpx.InvalidURL, TypeError, ValueError):
+        return False
+    return parsed.scheme in ("http", "https") and bool(parsed.host)
+
+
 def retriever_for(config: dict[str, Any]) -> tuple[Retriever, int]:
     """(the retriever the environment's config names, the most articles one search returns).
 
@@ -143,8 +151,8 @@ def retriever_for(config: dict[str, Any]) -> tuple[Retriever, int]:
     url = config.get("retriever_url")
     if url is None:
         return LocalRetriever(open_corpus(config.get("corpus"))), topk
-    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-        raise ValueError(f"retriever_url must be an http(s) URL, got {url!r}")
+    if not isinstance(url, str) or not _http_url(url):
+        raise ValueError(f"retriever_url must be an http(s) URL with a host, got {clipped(repr(url), 200)}")
     timeout = config.get("retriever_timeout", 10.0)
     if not isinstance(timeout, int | float) or isinstance(timeout, bool) or not 0 < timeout <= 300:
         raise ValueError(f"retriever_timeout must be seconds in (0, 300], got {timeout!r}")

@@ -58,6 +58,12 @@ def test_bad_lines_are_named_with_their_line_and_field(tmp_path):
         build_index(write(tmp_path / "empty.jsonl", ["", "  "]))
     with pytest.raises(CorpusError, match="not found"):
         build_index(tmp_path / "missing.jsonl")
+    for odd in (tmp_path, "/dev/null"):  # a directory; a device (a FIFO would block its reader)
+        with pytest.raises(CorpusError, match="not a regular file"):
+            build_index(odd)
+    bom = tmp_path / "bom.jsonl"  # as some editors save UTF-8
+    bom.write_bytes(b"\xef\xbb\xbf" + json.dumps({"id": "a", "text": "Velmora"}).encode() + b"\r\n")
+    assert open_corpus(str(bom)).search(["velmora"], 3)[0][0].id == "a"
     with pytest.raises(CorpusError, match=r"corpus\[1\]: field text: missing"):
         LocalIndex.from_documents([{"id": "x", "text": "t"}, {"id": "y"}])
     with pytest.raises(CorpusError, match="is not indexed here"):
@@ -92,6 +98,10 @@ def test_an_index_is_built_once_and_a_later_process_reuses_it_without_rehashing(
     bad = _pqrl("search", "index", "--corpus", str(write(tmp_path / "b.jsonl", [{"id": 1}])), cache=cache)
     assert bad.returncode == 2 and "line 1: field text: missing" in bad.stderr
     assert "Traceback" not in bad.stderr
+    (tmp_path / "file").write_text("")
+    unwritable = _pqrl("search", "index", "--corpus", str(corpus), cache=tmp_path / "file" / "cache")
+    assert unwritable.returncode == 2 and "Not a directory" in unwritable.stderr, unwritable.stderr
+    assert "Traceback" not in unwritable.stderr
 
 
 async def test_a_corpus_file_answers_as_the_same_corpus_inline_does(tmp_path, client):

@@ -187,7 +187,8 @@ async def test_an_unreachable_retriever_and_bad_settings(client):
         0
     ]
     assert out.status is ToolStatus.ERROR and "unreachable: ConnectError" in out.content
-    for bad in ({"retriever_url": "ftp://x"}, {"retriever_url": "http://x", "retriever_timeout": 0},
+    for bad in ({"retriever_url": "ftp://x"}, {"retriever_url": "http://"}, {"retriever_url": "http://[::1"},
+                {"retriever_url": "http://x", "retriever_timeout": 0},
                 {"retriever_topk": 11}, {"retriever_topk": True}):  # fmt: skip
         with pytest.raises(Exception, match="retriever_"):
             await client.create_session("search-v1", task.model_dump(), env_kwargs=bad)
