@@ -274,6 +274,7 @@ class LocalIndex:
 
     def __init__(self, retriever: bm25s.BM25, count: int, doc: Callable[[int], dict[str, str]], name: str):
         self.retriever, self.count, self._doc, self.name = retriever, count, doc, name
+        self.inline = name == "inline"
 
     @classmethod
     def from_documents(cls, documents: list[Any]) -> LocalIndex:
@@ -311,21 +312,29 @@ class LocalIndex:
             return _OPEN[digest]
 
     def search(self, queries: list[str], k: int) -> list[list[Hit]]:
-        """The best ``k`` documents per query with a score above 0, best first."""
-        tokens = _tokens(queries)
-        known = [i for i, t in enumerate(tokens) if any(w in self.retriever.vocab_dict for w in t if w)]
-        out: list[list[Hit]] = [[] for _ in queries]
-        if not known:
-            return out
-        found = self.retriever.retrieve(
-            [tokens[i] for i in known], k=min(k, self.count), show_progress=False
-        )  # fmt: skip
-        for row, i in enumerate(known):
-            for j, score in zip(found.documents[row], found.scores[row], strict=True):
-                if score > 0:
-                    d = self._doc(int(j))
-                    out[i].append(Hit(d["id"], d["title"], d["text"], float(score)))
+        """The best ``k`` documents per query with a score above 0, best first. Ties: in a file's
+        index the document earlier in the file first; inline, bm25s's own order (what the
+        generated suite has always shown)."""
+        out = []
+        for words in _tokens(queries):
+            ids = self.retriever.get_tokens_ids([w for w in words if w])
+            found = (self._bm25s_order(words, k) if self.inline else self._best(ids, k)) if ids else []
+            out.append([Hit(**self._doc(j), score=score) for j, score in found])
         return out
+
+    def _best(self, ids: list[int], k: int) -> list[tuple[int, float]]:
+        scores = self.retriever.get_scores_from_ids(ids)
+        # only documents holding a query word score above 0: select among those, not the whole
+        # corpus (bm25s partitions all of it: 40 times slower on 200,000 documents)
+        found = np.flatnonzero(scores > 0)
+        if len(found) > k:
+            found = found[np.argpartition(scores[found], -k)[-k:]]
+        return [(int(j), float(scores[j])) for j in found[np.lexsort((found, -scores[found]))]]
+
+    def _bm25s_order(self, words: list[str], k: int) -> list[tuple[int, float]]:
+        found = self.retriever.retrieve([words], k=min(k, self.count), show_progress=False)
+        pairs = zip(found.documents[0], found.scores[0], strict=True)
+        return [(int(j), float(score)) for j, score in pairs if score > 0]
 
 
 def open_corpus(spec: Any) -> LocalIndex:
