@@ -89,7 +89,8 @@ def _document(raw: Any, where: str) -> tuple[dict[str, str] | None, list[str]]:
         doc_id = str(doc_id)
     if not isinstance(doc_id, str) or not doc_id.strip():
         problems.append(f"{where}: field id: {'missing' if doc_id is None else 'not a non-empty string'}")
-    title, text = raw.get("title", ""), raw.get("text")
+    title, text = raw.get("title"), raw.get("text")
+    title = "" if title is None else title
     if text is None and isinstance(raw.get("contents"), str):
         head, text = split_contents(raw["contents"])
         title = head or title
@@ -239,9 +240,8 @@ def _build(p: Path, digest: str, final: Path) -> None:
         if hasher.hexdigest() != digest:
             raise CorpusError(f"{p} changed while it was being indexed", fix="index it again")
         np.save(tmp / "offsets.npy", np.asarray(offsets, dtype=np.int64))
-        retriever = bm25s.BM25()
-        retriever.index(bm25s.tokenize(texts, stopwords="en", show_progress=False), show_progress=False)
-        texts.clear()  # the tokens are what the index needs
+        retriever = _bm25(texts, str(p))
+        texts.clear()  # the index holds what it needs
         retriever.save(str(tmp / "bm25"), show_progress=False)
         meta = {"digest": digest, "documents": count, "source": str(p),
                 "index_s": round(time.monotonic() - started, 2), "bm25s": bm25s.__version__}  # fmt: skip
@@ -258,6 +258,16 @@ def _build(p: Path, digest: str, final: Path) -> None:
         stats["built"] += 1
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _bm25(texts: list[str], name: str) -> bm25s.BM25:
+    """The BM25 index of ``texts`` (title and text of each document)."""
+    tokens = bm25s.tokenize(texts, stopwords="en", show_progress=False)
+    if not any(tokens.vocab):  # bm25s cannot index a corpus without a word
+        raise CorpusError(f"{name}: no document has a word to search for (all are stopwords or punctuation)")
+    retriever = bm25s.BM25()
+    retriever.index(tokens, show_progress=False)
+    return retriever
 
 
 def _tokens(queries: list[str]) -> list[list[str]]:
@@ -283,9 +293,7 @@ class LocalIndex:
         if key not in _INLINE:
             docs: list[dict[str, str]] = []
             _check(((f"corpus[{i}]", d) for i, d in enumerate(documents)), docs.append, "inline corpus")
-            retriever = bm25s.BM25()
-            texts = [f"{d['title']} {d['text']}" for d in docs]
-            retriever.index(bm25s.tokenize(texts, stopwords="en", show_progress=False), show_progress=False)
+            retriever = _bm25([f"{d['title']} {d['text']}" for d in docs], "inline corpus")
             _INLINE[key] = cls(retriever, len(docs), docs.__getitem__, "inline")
         return _INLINE[key]
 

@@ -56,6 +56,14 @@ def test_bad_lines_are_named_with_their_line_and_field(tmp_path):
     assert e.value.exit_code == 2 and isinstance(e.value, ValueError)
     with pytest.raises(CorpusError, match="no documents"):
         build_index(write(tmp_path / "empty.jsonl", ["", "  "]))
+    with pytest.raises(CorpusError, match="no document has a word to search for"):
+        build_index(write(tmp_path / "stop.jsonl", [{"id": "a", "text": "the"}, {"id": "b", "text": "!!"}]))
+    with pytest.raises(CorpusError, match="no document has a word to search for"):
+        LocalIndex.from_documents([{"id": "a", "text": "of the"}])
+    untitled = write(
+        tmp_path / "untitled.jsonl", [{"id": 7, "title": None, "text": "Velmora lies on the Kalo"}]
+    )
+    assert open_corpus(str(untitled)).search(["Kalo"], 1)[0][0].id == "7"
     with pytest.raises(CorpusError, match="not found"):
         build_index(tmp_path / "missing.jsonl")
     for odd in (tmp_path, "/dev/null"):  # a directory; a device (a FIFO would block its reader)
