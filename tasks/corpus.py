@@ -102,7 +102,7 @@ def _document(raw: Any, where: str) -> tuple[dict[str, str] | None, list[str]]:
         problems.append(f"{where}: field title: not a string")
     if problems:
         return None, problems
-    return {"id": doc_id, "title": title, "text": text}, []
+    return {"id": str(doc_id), "title": str(title), "text": str(text)}, []  # all strings, checked above
 
 
 def _check(documents: Iterable[tuple[str, Any]], keep: Callable[[dict[str, str]], None], name: str) -> int:
@@ -300,24 +300,33 @@ class LocalIndex:
     @classmethod
     def open(cls, digest: str) -> LocalIndex:
         """The indexed corpus ``digest`` (hex), memory-mapped; once per process."""
+        if digest in _OPEN:  # not behind the lock: another corpus may be building
+            return _OPEN[digest]
         with _LOCK, _os_errors():
             if digest not in _OPEN:
-                where = _root() / digest
-                if not (where / "meta.json").is_file():
-                    raise CorpusError(
-                        f"corpus {_DIGEST}{digest} is not indexed here", fix="run pqrl search index FILE"
-                    )
-                meta = json.loads((where / "meta.json").read_text())
-                retriever = bm25s.BM25.load(str(where / "bm25"), mmap=True)
-                offsets = np.load(where / "offsets.npy", mmap_mode="r")
-                with (where / "docs.jsonl").open("rb") as f:
-                    data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-
-                def doc(i: int) -> dict[str, str]:
-                    return json.loads(data[int(offsets[i]) : int(offsets[i + 1])])
-
-                _OPEN[digest] = cls(retriever, int(meta["documents"]), doc, f"{_DIGEST}{digest}")
+                _OPEN[digest] = cls._load(_root() / digest)
             return _OPEN[digest]
+
+    @classmethod
+    def _load(cls, where: Path) -> LocalIndex:
+        name = f"{_DIGEST}{where.name}"
+        if not (where / "meta.json").is_file():
+            raise CorpusError(f"corpus {name} is not indexed here", fix="run pqrl search index FILE")
+        try:
+            meta = json.loads((where / "meta.json").read_text())
+            retriever = bm25s.BM25.load(str(where / "bm25"), mmap=True)
+            offsets = np.load(where / "offsets.npy", mmap_mode="r")
+        except (ValueError, KeyError) as e:
+            raise CorpusError(
+                f"the index of {name} is damaged: {e}", fix=f"remove {where} and index again"
+            ) from e
+        with (where / "docs.jsonl").open("rb") as f:
+            data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+
+        def doc(i: int) -> dict[str, str]:
+            return json.loads(data[int(offsets[i]) : int(offsets[i + 1])])
+
+        return cls(retriever, int(meta["documents"]), doc, name)
 
     def search(self, queries: list[str], k: int) -> list[list[Hit]]:
         """The best ``k`` documents per query with a score above 0, best first. Ties: in a file's

@@ -106,6 +106,9 @@ def test_an_index_is_built_once_and_a_later_process_reuses_it_without_rehashing(
     bad = _pqrl("search", "index", "--corpus", str(write(tmp_path / "b.jsonl", [{"id": 1}])), cache=cache)
     assert bad.returncode == 2 and "line 1: field text: missing" in bad.stderr
     assert "Traceback" not in bad.stderr
+    (built / "meta.json").write_text("{half")  # a damaged index says what to do, without a traceback
+    damaged = _pqrl("search", "index", "--corpus", str(write(corpus, DOCS)), cache=cache)
+    assert damaged.returncode == 2 and f"remove {built}" in damaged.stderr, damaged.stderr
     (tmp_path / "file").write_text("")
     unwritable = _pqrl("search", "index", "--corpus", str(corpus), cache=tmp_path / "file" / "cache")
     assert unwritable.returncode == 2 and "Not a directory" in unwritable.stderr, unwritable.stderr
