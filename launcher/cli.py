@@ -42,6 +42,12 @@ def _cmd_build_image(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_search(args: argparse.Namespace) -> int:
+    from tasks.retrieval_server import index_command, serve
+
+    return serve(args) if args.search_command == "serve" else index_command(args)
+
+
 def _cmd_reap(args: argparse.Namespace) -> int:
     import asyncio
 
@@ -241,7 +247,21 @@ def build_parser() -> argparse.ArgumentParser:
     # the parser imports no torch
     for add in (_add_demo_and_model, _add_sandbox_and_env, _add_tasks, _add_engine, _add_rollout, _add_train):
         add(sub, group)
+    _add_search(sub, group)
     return parser
+
+
+def _add_search(sub: _SubParsers, group: Callable[[str, str], _SubParsers]) -> None:
+    search = group("search", "search corpora and the retrieval server")
+    serve = search.add_parser("serve", help="serve a corpus over Search-R1's retrieval API (/retrieve)")
+    index = search.add_parser("index", help="check and index a corpus file once; prints its sha256: name")
+    for p in (serve, index):
+        p.add_argument("--corpus", required=True, help="JSONL of id, title, text")
+        p.set_defaults(func=_cmd_search)
+    serve.add_argument("--host", default="127.0.0.1", help="no token is asked: keep it on loopback")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--topk", type=int, default=3, help="for requests that give none (1 to 100)")
+    serve.add_argument("--log-level", default="warning")
 
 
 def _add_demo_and_model(sub: _SubParsers, group: Callable[[str, str], _SubParsers]) -> None:
