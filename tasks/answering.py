@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from env_server import RewardResult, ToolEnvironment, tool
 from pqrl.finite import finite
 from tasks.graders import exact_number_match, shaped_reward
 
-__all__ = ["NumberAnswerEnv"]
+__all__ = ["NumberAnswerConfig", "NumberAnswerEnv"]
+
+
+class NumberAnswerConfig(BaseModel):
+    """The keyword arguments of calc-v1 and data-v1 (a suite's ``defaults``)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    shots: int = Field(1, ge=0, le=2, description="worked examples rendered into the prompt")
+    level: Literal[1, 2] = Field(2, description="which worked examples come first")
+    format_reward: float = Field(0.0, ge=0, lt=1, description="credit for a grounded miss")
 
 
 class NumberAnswerEnv(ToolEnvironment):
@@ -16,6 +27,8 @@ class NumberAnswerEnv(ToolEnvironment):
     tools saw: whether they were used on the task and the numbers they returned. Config:
     ``format_reward`` (default 0, see ``tasks.graders.shaped_reward``)."""
 
+    config_model = NumberAnswerConfig
+    reward_names = ("exact_match",)
     expected: str
     submitted: str | None = None
 

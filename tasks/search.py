@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from typing import Annotated, Any
 
 import bm25s
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from env_server import Message, RewardResult, ToolEnvironment, tool
 from env_server.tools import tool_call_text
-from env_server.types import Observation
+from env_server.types import Observation, ToolCall
 from pqrl.finite import finite
 from tasks.graders import normalize_answer, qa_score, shaped_reward
 from tasks.suite import QATask, Suite, SuiteManifest
@@ -198,9 +198,37 @@ def _mentions(text: str, phrase: str) -> bool:
     return bool(needle) and f" {needle} " in f" {normalize_answer(text)} "
 
 
+class Document(BaseModel):
+    """One article of a search corpus (other fields are kept and ignored)."""
+
+    model_config = ConfigDict(extra="allow")
+    id: str
+    title: str = ""
+    text: str = Field(min_length=1)
+
+
+class SearchConfig(BaseModel):
+    """The keyword arguments of search-v1 (a suite's ``defaults``)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    corpus: list[Document] = Field(min_length=1, description="the documents search reads")
+    shots: int = Field(0, ge=0, le=len(_DEMOS))
+    format_reward: float = Field(0.0, ge=0, lt=1)
+
+
 class SearchEnv(ToolEnvironment):
     """Task: a QATask dict. Config: ``corpus``, the documents ``search`` reads, ``shots`` worked
     examples in the prompt (default 0) and ``format_reward`` (default 0, see ``evaluate``)."""
+
+    task_model = QATask
+    config_model = SearchConfig
+    reward_names = ("qa_em_f1",)
+
+    @classmethod
+    def worked_example(cls, task: dict[str, Any]) -> list[ToolCall] | None:
+        t = QATask.model_validate(task)
+        return [ToolCall(name="search", arguments={"query": t.question}, id="w1"),
+                ToolCall(name="answer", arguments={"text": t.answers[0]}, id="w2")]  # fmt: skip
 
     async def reset(self, *, task: dict[str, Any], seed: int | None = None) -> Observation:
         t = QATask.model_validate(task)
