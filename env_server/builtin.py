@@ -43,7 +43,6 @@ class EchoEnv(ToolEnvironment):
     """Task ``{"prompt": str, "expected": str}``: reward 1 when the submitted answer is ``expected``."""
 
     task_model = EchoTask
-    config_model = NoConfig
 
     async def reset(self, *, task: dict[str, Any], seed: int | None = None) -> Observation:
         self.expected = str(task.get("expected", ""))

@@ -92,11 +92,12 @@ REWARD_FUNCTIONS: dict[str, Callable[..., float]] = {
 }
 
 
-def terms(spec: RewardSpec, env_names: Sequence[str] = ()) -> list[RewardTerm]:
+def terms(spec: RewardSpec | list[dict[str, Any]], env_names: Sequence[str] = ()) -> list[RewardTerm]:
     """``spec`` as weighted terms; a name in ``env_names`` (what the environment calls its
     evaluate) is ``env``."""
-    items = [spec] if isinstance(spec, str) else spec
-    out = [RewardTerm(fn=t) if isinstance(t, str) else t for t in items]
+    items: list[Any] = [spec] if isinstance(spec, str) else list(spec)
+    # a queued task carries its terms as JSON objects
+    out = [RewardTerm(fn=t) if isinstance(t, str) else RewardTerm.model_validate(t) for t in items]
     return [t.model_copy(update={"fn": "env"}) if t.fn in env_names else t for t in out]
 
 
@@ -130,7 +131,7 @@ def resolve_function(name: str) -> Callable[..., float]:
     return fn  # type: ignore[no-any-return]
 
 
-def combine(spec: RewardSpec, ep: Episode, env_names: Sequence[str] = ()) -> tuple[float, dict[str, float]]:
+def combine(spec: RewardSpec | list[dict[str, Any]], ep: Episode, env_names: Sequence[str] = ()) -> tuple[float, dict[str, float]]:
     """(the weighted sum, each term's unweighted value by its position and name). Raises
     ValueError for a function that fails or gives a value that is not a finite number."""
     total, values = 0.0, {}

@@ -49,6 +49,7 @@ def check_environment_of(env_id: str, kind: str, defaults: dict[str, Any], rewar
     findings: list[Finding] = []
     if model is not None and task_kind(model) != kind:
         findings.append(("kind", f"{env_id} runs tasks of kind {task_kind(model)!r}, not {kind!r}"))
+        model = _model_of_kind(kind)  # the tasks are still checked as what they say they are
     findings += config_problems(cls, s, defaults)
     findings += reward_problems(reward, cls.reward_names)
     return EnvCheck(model, findings, cls.reward_names)
