@@ -151,9 +151,16 @@ class _Episode:
         """The suite's reward functions over this episode; one that fails fails the episode like a
         grader that raised (failed_infra, the cause kept)."""
         ok = sum(s is ToolStatus.OK for s in self.calls)
-        ep = Episode(env_reward=self.out.reward, env_info=dict(self.out.reward_info),
-                     completion="".join(self.texts), turns=builder.num_turns, tool_calls=len(self.calls),
-                     ok_calls=ok, generated_tokens=builder.num_generated, task=dict(self.queued["task"]))  # fmt: skip
+        ep = Episode(
+            env_reward=self.out.reward,
+            env_info=dict(self.out.reward_info),
+            completion="".join(self.texts),
+            turns=builder.num_turns,
+            tool_calls=len(self.calls),
+            ok_calls=ok,
+            generated_tokens=builder.num_generated,
+            task=dict(self.queued["task"]),
+        )
         try:
             total, values = combine(self.queued["reward"], ep)
         except ValueError as e:

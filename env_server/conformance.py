@@ -102,7 +102,9 @@ async def check_environment(
     report.check("class loads")
     schemas = cls.tool_schemas()
     names = [t["function"]["name"] for t in schemas]
-    report.check("unique tool names", [] if len(set(names)) == len(names) else f"duplicate tool names {names}")
+    report.check(
+        "unique tool names", [] if len(set(names)) == len(names) else f"duplicate tool names {names}"
+    )
     bad_schema = []
     for schema in schemas:
         try:
@@ -142,11 +144,19 @@ async def _session_rules(
     first = await manager.create(s.id, task, seed)
     report.check("reset gives messages", [] if first.observation.messages else "reset returned no messages")
     same = first.observation.tools == cls.tool_schemas()
-    report.check("reset gives the class's tools", [] if same else "reset's tools differ from the class's tool schemas")
+    report.check(
+        "reset gives the class's tools", [] if same else "reset's tools differ from the class's tool schemas"
+    )
     calls = [ToolCall(name="no_such_tool_xyz", arguments={}, id="c1")]
-    calls += [ToolCall(name=n, arguments={"no_such_argument_xyz": 1}, id=f"c{i + 2}") for i, n in enumerate(names)]
+    calls += [
+        ToolCall(name=n, arguments={"no_such_argument_xyz": 1}, id=f"c{i + 2}") for i, n in enumerate(names)
+    ]
     result = await manager.step(first.session_id, calls)
-    replies = [] if len(result.messages) == len(calls) else [f"{len(calls)} calls gave {len(result.messages)} tool messages"]
+    replies = (
+        []
+        if len(result.messages) == len(calls)
+        else [f"{len(calls)} calls gave {len(result.messages)} tool messages"]
+    )
     invalid = []
     for call, msg in zip(calls, result.messages, strict=False):
         if msg.role != "tool" or msg.tool_call_id != call.id:
@@ -165,7 +175,10 @@ async def _session_rules(
     required = cls.tools[final[0]].args_model.model_json_schema().get("required", []) if final else []
     if final and not result.done and not required:  # a final tool callable without arguments must end it
         end = await manager.step(first.session_id, [ToolCall(name=final[0], arguments={})])
-        report.check("a final tool ends the episode", [] if end.done else f"calling final tool {final[0]} did not end the episode")
+        report.check(
+            "a final tool ends the episode",
+            [] if end.done else f"calling final tool {final[0]} did not end the episode",
+        )
         if end.done:
             try:
                 await manager.step(first.session_id, [ToolCall(name=final[0], arguments={})])
@@ -177,7 +190,10 @@ async def _session_rules(
         a = await manager.create(s.id, task, seed)
         b = await manager.create(s.id, task, seed)
         differ = a.observation != b.observation
-        report.check("deterministic reset", "deterministic, but the same task and seed gave different observations" if differ else [])
+        report.check(
+            "deterministic reset",
+            "deterministic, but the same task and seed gave different observations" if differ else [],
+        )
         await manager.close(a.session_id)
         await manager.close(b.session_id)
 
@@ -201,7 +217,9 @@ async def _worked_example(
                 problems.append(f"worked call {call.name} answered {msg.status.value}: {msg.content[:120]!r}")
         scored = await manager.evaluate(session.session_id)
         if scored.reward != 1.0:
-            problems.append(f"the correct episode earned {scored.reward:g}, not 1 (info {str(scored.info)[:200]})")
+            problems.append(
+                f"the correct episode earned {scored.reward:g}, not 1 (info {str(scored.info)[:200]})"
+            )
     except GraderFailure as e:
         problems.append(f"evaluate failed: {e.__cause__ or e}")
     finally:

@@ -23,7 +23,7 @@ def add_check_arguments(p: argparse.ArgumentParser) -> None:
 
 def env_check(args: argparse.Namespace) -> int:
     try:
-        report = _report(args.env_id, args.seed)
+        _report(args.env_id, args.seed)
     except PqrlError as e:  # one line, no traceback, the class's exit status
         print(f"pqrl env check: {e.line()}", file=sys.stderr)
         return e.exit_code
@@ -50,6 +50,8 @@ def _report(env_id: str, seed: int) -> ConformanceReport:
         print(rule)
     if not report.ok:
         failed = list(dict.fromkeys(r.name for r in report.rules if not r.passed))
-        raise UsageError(f"{env_id} fails {len(failed)} rule(s): {'; '.join(failed)}", fix="see the FAIL lines")
+        raise UsageError(
+            f"{env_id} fails {len(failed)} rule(s): {'; '.join(failed)}", fix="see the FAIL lines"
+        )
     print(f"{env_id}: all {len(report.rules)} rules pass")
     return report

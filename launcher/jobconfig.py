@@ -156,8 +156,11 @@ class SuiteRef(_Section):
             suite = generate_suite(self._generate())
         if self.reward is None:
             return suite
-        rescored = Suite(suite.manifest.model_copy(update={"reward": self.reward}), suite.tasks)
-        return parse_suite(rescored.to_jsonl(), source=f"{self.path or self.generate} with reward {self.reward}")
+        manifest = type(suite.manifest).model_validate(suite.manifest.model_dump() | {"reward": self.reward})
+        rescored = Suite(manifest, suite.tasks)
+        return parse_suite(
+            rescored.to_jsonl(), source=f"{self.path or self.generate} with reward {self.reward}"
+        )
 
 
 class TasksSection(_Section):

@@ -131,7 +131,9 @@ def resolve_function(name: str) -> Callable[..., float]:
     return fn  # type: ignore[no-any-return]
 
 
-def combine(spec: RewardSpec | list[dict[str, Any]], ep: Episode, env_names: Sequence[str] = ()) -> tuple[float, dict[str, float]]:
+def combine(
+    spec: RewardSpec | list[dict[str, Any]], ep: Episode, env_names: Sequence[str] = ()
+) -> tuple[float, dict[str, float]]:
     """(the weighted sum, each term's unweighted value by its position and name). Raises
     ValueError for a function that fails or gives a value that is not a finite number."""
     total, values = 0.0, {}

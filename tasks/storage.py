@@ -29,8 +29,8 @@ from typing import Any, NamedTuple
 import redis.asyncio as aioredis
 
 from pqrl.store import TaskEntry, TrajectoryStore
-from tasks.sampler import SamplerConfig, Schedule, SuiteShare, skips
 from tasks.rewards import queued_terms
+from tasks.sampler import SamplerConfig, Schedule, SuiteShare, skips
 from tasks.suite import Suite, parse_suite
 
 __all__ = ["RunSampler", "SuiteStore", "WeightedSuite", "fetch_suite", "queued_task", "task_key"]

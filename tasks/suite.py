@@ -201,10 +201,14 @@ def _manifest(record: Any, n: int) -> tuple[SuiteManifest | None, EnvCheck | Non
     return manifest, env, [Problem(n, None, f"suite.{f}", r) for f, r in env.findings]
 
 
-def _task(record: Any, n: int, manifest: SuiteManifest | None, model: type[BaseModel] | None) -> tuple[Any, list[Problem]]:
+def _task(
+    record: Any, n: int, manifest: SuiteManifest | None, model: type[BaseModel] | None
+) -> tuple[Any, list[Problem]]:
     task_id = record.get("id") if isinstance(record, dict) and isinstance(record.get("id"), str) else None
     if manifest is not None and isinstance(record, dict) and record.get("kind") != manifest.kind:
-        return None, [Problem(n, task_id, "kind", f"{record.get('kind')!r} in a suite of kind {manifest.kind!r}")]
+        return None, [
+            Problem(n, task_id, "kind", f"{record.get('kind')!r} in a suite of kind {manifest.kind!r}")
+        ]
     try:
         return (model or OpenTask).model_validate(record), []
     except ValidationError as e:

@@ -70,8 +70,11 @@ def config_problems(cls: type[ToolEnvironment], s: EnvSpec, defaults: dict[str, 
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
         return []  # takes any keyword: nothing to check against
     names = {p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)} - {"self"}
-    return [(f"defaults.{k}", f"{s.id} takes no argument {k!r}; it takes: {', '.join(sorted(names)) or 'none'}")
-            for k in defaults if k not in names]  # fmt: skip
+    return [
+        (f"defaults.{k}", f"{s.id} takes no argument {k!r}; it takes: {', '.join(sorted(names)) or 'none'}")
+        for k in defaults
+        if k not in names
+    ]
 
 
 def reward_problems(reward: RewardSpec, env_names: tuple[str, ...]) -> list[Finding]:

@@ -79,7 +79,9 @@ async def test_a_registered_worked_example_passes_and_every_rule_is_reported(res
     report = await check_environment("pytest-strict-example-v1")
     assert report.ok and report.env_id == "pytest-strict-example-v1"
     names = [r.name for r in report.rules]
-    assert {"worked example earns 1", "empty episode earns 0", "invalid calls are not answered ok"} <= set(names)
+    assert {"worked example earns 1", "empty episode earns 0", "invalid calls are not answered ok"} <= set(
+        names
+    )
     assert not any(r.skipped for r in report.rules)
 
 

@@ -7,7 +7,7 @@ import json
 from typing import Any, Literal
 
 import pytest
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 
 from env_server import Message, RewardResult, ToolEnvironment, tool
 from env_server import registry as registry_module
@@ -69,7 +69,9 @@ def restore_registry():
 
 
 def _suite(env_id: str, kind: str, *tasks: dict[str, Any], defaults: dict[str, Any] | None = None) -> str:
-    manifest = {"suite": {"name": "u", "version": "1", "env_id": env_id, "kind": kind, "defaults": defaults or {}}}
+    manifest = {
+        "suite": {"name": "u", "version": "1", "env_id": env_id, "kind": kind, "defaults": defaults or {}}
+    }
     return "\n".join(json.dumps(r) for r in (manifest, *tasks)) + "\n"
 
 
@@ -79,10 +81,24 @@ def test_a_plugin_kind_validates_against_its_model_with_line_and_field_problems(
     suite = parse_suite(_suite("pytest-unit-v1", "unit", good))
     assert isinstance(suite.tasks[0], UnitTask) and suite.manifest.reward == "env"
     with pytest.raises(SuiteInvalid) as err:
-        parse_suite(_suite("pytest-unit-v1", "unit", good, {"id": "u2", "kind": "unit", "value": "x", "unit": "mi"},
-                           {"id": "u3", "kind": "calc", "question": "?", "answer": "1"}, {"id": "u4", "kind": "unit"}))  # fmt: skip
+        parse_suite(
+            _suite(
+                "pytest-unit-v1",
+                "unit",
+                good,
+                {"id": "u2", "kind": "unit", "value": "x", "unit": "mi"},
+                {"id": "u3", "kind": "calc", "question": "?", "answer": "1"},
+                {"id": "u4", "kind": "unit"},
+            )
+        )
     found = {(p.line, p.task_id, p.field) for p in err.value.problems}
-    assert found == {(3, "u2", "value"), (3, "u2", "unit"), (4, "u3", "kind"), (5, "u4", "value"), (5, "u4", "unit")}
+    assert found == {
+        (3, "u2", "value"),
+        (3, "u2", "unit"),
+        (4, "u3", "kind"),
+        (5, "u4", "value"),
+        (5, "u4", "unit"),
+    }
     with pytest.raises(SuiteInvalid) as err:
         parse_suite(_suite("pytest-unit-v1", "calc", good))
     assert "pytest-unit-v1 runs tasks of kind 'unit', not 'calc'" in str(err.value)
@@ -107,7 +123,9 @@ def test_an_environment_without_a_model_takes_open_tasks_and_checks_its_init_arg
                                defaults={"scale": 2}))  # fmt: skip
     assert isinstance(suite.tasks[0], OpenTask) and suite.tasks[0].model_dump()["prompt"] == "hi"
     with pytest.raises(SuiteInvalid) as err:
-        parse_suite(_suite("pytest-free-v1", "anything", {"id": "Bad Id", "kind": "anything"}, defaults={"scal": 2}))
+        parse_suite(
+            _suite("pytest-free-v1", "anything", {"id": "Bad Id", "kind": "anything"}, defaults={"scal": 2})
+        )
     found = {(p.line, p.field): p.reason for p in err.value.problems}
     assert "takes no argument 'scal'; it takes: scale" in found[(1, "suite.defaults.scal")]
     assert (2, "id") in found

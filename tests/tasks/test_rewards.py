@@ -32,11 +32,21 @@ def test_tool_format_is_the_share_of_calls_that_ran():
 
 @pytest.mark.parametrize(
     ("tokens", "limit", "buffer", "expected"),
-    [(100, 128, 32, -0.125), (96, 128, 32, 0.0), (112, 128, 32, -0.5), (128, 128, 32, -1.0), (400, 128, 32, -1.0),
-     (128, 128, 0, 0.0), (129, 128, 0, -1.0)],
-)  # fmt: skip
+    [
+        (100, 128, 32, -0.125),
+        (96, 128, 32, 0.0),
+        (112, 128, 32, -0.5),
+        (128, 128, 32, -1.0),
+        (400, 128, 32, -1.0),
+        (128, 128, 0, 0.0),
+        (129, 128, 0, -1.0),
+    ],
+)
 def test_length_penalty_is_dapo_overlong_shaping(tokens, limit, buffer, expected):
-    assert length_penalty(Episode(env_reward=0.0, generated_tokens=tokens), limit=limit, buffer=buffer) == expected
+    assert (
+        length_penalty(Episode(env_reward=0.0, generated_tokens=tokens), limit=limit, buffer=buffer)
+        == expected
+    )
 
 
 def test_length_penalty_rejects_a_buffer_past_the_limit():
@@ -57,9 +67,13 @@ def test_weighted_sum_of_builtin_and_user_terms():
 def test_the_environments_own_name_is_env():
     assert combine("exact_match", EP, env_names=("exact_match",)) == (1.0, {"0:env": 1.0})
     assert [t.fn for t in terms(["exact_match", "tool_format"], ("exact_match",))] == ["env", "tool_format"]
-    assert queued_terms("exact_match") is None and queued_terms("env") is None, "evaluate alone: nothing queued"
+    assert queued_terms("exact_match") is None and queued_terms("env") is None, (
+        "evaluate alone: nothing queued"
+    )
     assert queued_terms(["qa_em_f1", "tool_format"]) == [
-        {"fn": "env", "weight": 1.0, "args": {}}, {"fn": "tool_format", "weight": 1.0, "args": {}}]  # fmt: skip
+        {"fn": "env", "weight": 1.0, "args": {}},
+        {"fn": "tool_format", "weight": 1.0, "args": {}},
+    ]
 
 
 @pytest.mark.parametrize(

@@ -137,5 +137,10 @@ def test_every_builtin_kind_is_a_registered_task_model():
     from tasks.suite import CalcTask, CodingTask, DataTask, QATask
 
     models = {env_id: s.load_task_model() for env_id, s in registry().items()}
-    assert {"calc-v1": CalcTask, "search-v1": QATask, "data-v1": DataTask, "coding-v1": CodingTask}.items() <= models.items()
+    assert {
+        "calc-v1": CalcTask,
+        "search-v1": QATask,
+        "data-v1": DataTask,
+        "coding-v1": CodingTask,
+    }.items() <= models.items()
     assert {task_kind(m) for m in models.values() if m} >= {"calc", "qa", "data", "coding", "echo", "shell"}

@@ -10,6 +10,10 @@ from env_server.tools import tool_call_text
 
 METRES = {"m": 1.0, "km": 1000.0, "cm": 0.01, "mi": 1609.344, "ft": 0.3048, "in": 0.0254}
 Unit = Literal["m", "km", "cm", "mi", "ft", "in"]
+SYSTEM = (
+    'Call a tool by writing <tool_call>{"name": TOOL, "arguments": {...}}</tool_call>. Units: m, km, cm, mi, '
+    "ft, in. Get the factor, then submit the value times the factor."
+)
 
 
 class ConvertTask(BaseModel):  # a suite of kind "convert" validates against this
@@ -33,7 +37,7 @@ class ConvertEnv(ToolEnvironment):
     async def reset(self, *, task, seed=None):
         self.task, self.submitted = ConvertTask.model_validate(task), None
         shown = [("Convert 2 km to m.", "km", "m", "1000", "2000")]  # a worked example
-        msgs = []
+        msgs = [Message(role="system", content=SYSTEM)]
         for q, a, b, f, v in shown:
             msgs += [Message(role="user", content=q),
                      Message(role="assistant", content=tool_call_text("factor", source=a, target=b)),
@@ -41,7 +45,9 @@ class ConvertEnv(ToolEnvironment):
                      Message(role="assistant", content=tool_call_text("submit", value=v)),
                      Message(role="tool", name="submit", content="submitted")]  # fmt: skip
         t = self.task
-        return self.observation([*msgs, Message(role="user", content=f"Convert {t.value:g} {t.source} to {t.target}.")])
+        return self.observation(
+            [*msgs, Message(role="user", content=f"Convert {t.value:g} {t.source} to {t.target}.")]
+        )
 
     @tool
     async def factor(self, source: Unit, target: Unit) -> str:
@@ -65,7 +71,8 @@ class ConvertEnv(ToolEnvironment):
 
     async def evaluate(self):
         ok = self.submitted is not None and math.isclose(
-            self.submitted, self.task.answer, rel_tol=self.config.get("tolerance", 1e-3))
+            self.submitted, self.task.answer, rel_tol=self.config.get("tolerance", 1e-3)
+        )
         return RewardResult(reward=float(ok), info={"submitted": self.submitted})
 
 
