@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from env_server import RewardResult, ToolEnvironment, tool
+from env_server import RewardResult, ToolCall, ToolEnvironment, tool
 from pqrl.finite import finite
 from tasks.graders import exact_number_match, shaped_reward
 
@@ -29,8 +29,20 @@ class NumberAnswerEnv(ToolEnvironment):
 
     config_model = NumberAnswerConfig
     reward_names = ("exact_match",)
+    # the task's gold-solution field, the tool that runs it, and that tool's argument
+    solution: ClassVar[tuple[str, str, str]]
     expected: str
     submitted: str | None = None
+
+    @classmethod
+    def worked_example(cls, task: dict[str, Any]) -> list[ToolCall] | None:
+        """The gold solution run with its tool, then its answer submitted."""
+        field, tool_name, argument = cls.solution
+        gold = task.get(field)
+        if not isinstance(gold, str):
+            return None
+        return [ToolCall(name=tool_name, arguments={argument: gold}, id="w1"),
+                ToolCall(name="answer", arguments={"value": str(task["answer"])}, id="w2")]  # fmt: skip
 
     @tool(final=True)
     async def answer(self, value: str) -> str:

@@ -18,7 +18,7 @@ from typing import Any
 
 from env_server import Message, RewardResult, tool
 from env_server.tools import tool_call_text
-from env_server.types import Observation, ToolCall
+from env_server.types import Observation
 from tasks.answering import NumberAnswerEnv
 from tasks.suite import CalcTask, Suite, SuiteManifest
 
@@ -173,14 +173,7 @@ class CalcEnv(NumberAnswerEnv):
     calculator from the problem's quantities but missed."""
 
     task_model = CalcTask
-
-    @classmethod
-    def worked_example(cls, task: dict[str, Any]) -> list[ToolCall] | None:
-        t = CalcTask.model_validate(task)
-        if t.expression is None:
-            return None
-        return [ToolCall(name="calculator", arguments={"expression": t.expression}, id="w1"),
-                ToolCall(name="answer", arguments={"value": t.answer}, id="w2")]  # fmt: skip
+    solution = ("expression", "calculator", "expression")
 
     async def reset(self, *, task: dict[str, Any], seed: int | None = None) -> Observation:
         t = CalcTask.model_validate(task)

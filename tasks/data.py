@@ -16,7 +16,7 @@ from typing import Any
 
 from env_server import Message, RewardResult, tool
 from env_server.tools import tool_call_text
-from env_server.types import Observation, ToolCall
+from env_server.types import Observation
 from tasks.answering import NumberAnswerEnv
 from tasks.suite import DataTask, Suite, SuiteManifest
 
@@ -149,14 +149,7 @@ class DataEnv(NumberAnswerEnv):
 
     needs_sandbox = True
     task_model = DataTask
-
-    @classmethod
-    def worked_example(cls, task: dict[str, Any]) -> list[ToolCall] | None:
-        t = DataTask.model_validate(task)
-        if t.solution is None:
-            return None
-        return [ToolCall(name="run", arguments={"command": t.solution}, id="w1"),
-                ToolCall(name="answer", arguments={"value": t.answer}, id="w2")]  # fmt: skip
+    solution = ("solution", "run", "command")
 
     async def reset(self, *, task: dict[str, Any], seed: int | None = None) -> Observation:
         t = DataTask.model_validate(task)

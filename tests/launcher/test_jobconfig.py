@@ -193,7 +193,8 @@ def test_a_suite_entry_may_replace_the_suites_reward(tmp_path):
     from tasks.storage import queued_task
     from tasks.suite import SuiteInvalid
 
-    text = "run: x\ntasks:\n  suites: [{generate: calc, n: 2, reward: [exact_match, {fn: tool_format, weight: 0.1}]}]\n"
+    reward = "[exact_match, {fn: tool_format, weight: 0.1}]"
+    text = f"run: x\ntasks:\n  suites: [{{generate: calc, n: 2, reward: {reward}}}]\n"
     ref = load_config(_write(tmp_path, text)).tasks.suites[0]
     plain, rescored = ref.model_copy(update={"reward": None}).build(), ref.build()
     assert rescored.id != plain.id and rescored.tasks == plain.tasks, "the scoring is part of the content"
