@@ -122,8 +122,14 @@ async def check_environment(
     own = manager is None
     manager = manager or SessionManager(pool_size=0)
     try:
-        await _session_rules(report, manager, s, cls, names, seed)
-        await _worked_example(report, manager, s, cls, seed)
+        for phase in (
+            _session_rules(report, manager, s, cls, names, seed),
+            _worked_example(report, manager, s, cls, seed),
+        ):
+            try:
+                await phase
+            except Exception as e:  # the environment's own failure is a broken rule, not a crash
+                report.check("episodes run without an environment error", f"{type(e).__name__}: {e}")
     finally:
         if own:
             await manager.shutdown()
@@ -202,7 +208,13 @@ async def _worked_example(
     report: ConformanceReport, manager: SessionManager, s: EnvSpec, cls: type[ToolEnvironment], seed: int
 ) -> None:
     """The environment's correct episode earns the full reward (1) and an empty one earns 0."""
-    calls = worked_calls(s, cls)
+    try:
+        calls = worked_calls(s, cls)
+    except Exception as e:
+        report.check(
+            "worked example earns 1", f"the worked example could not be built: {type(e).__name__}: {e}"
+        )
+        return
     if calls is None:
         report.skip("worked example earns 1", "the environment gives no worked example")
         return

@@ -85,8 +85,10 @@ class EnvSpec:
     def load(self) -> type[ToolEnvironment]:
         try:
             cls = resolve(self.entry_point)
-        except (ImportError, AttributeError) as e:
-            raise ImportError(f"environment {self.id!r}: cannot load {self.entry_point!r}: {e}") from e
+        except Exception as e:  # a plug-in's module may fail at import in any way: it cannot load
+            raise ImportError(
+                f"environment {self.id!r}: cannot load {self.entry_point!r}: {type(e).__name__}: {e}"
+            ) from e
         if not (isinstance(cls, type) and issubclass(cls, ToolEnvironment)):
             raise TypeError(
                 f"environment {self.id!r}: {self.entry_point!r} is not a ToolEnvironment subclass"
@@ -99,7 +101,7 @@ class EnvSpec:
         if isinstance(model, str):
             try:
                 model = resolve(model)
-            except (ImportError, AttributeError) as e:
+            except Exception as e:
                 raise ImportError(f"environment {self.id!r}: cannot load task model {model!r}: {e}") from e
         if model is not None:
             task_kind(model)  # checks its shape

@@ -213,6 +213,8 @@ def _task(
         return (model or OpenTask).model_validate(record), []
     except ValidationError as e:
         return None, _problems(e, n, task_id)
+    except Exception as e:  # a plug-in model's validator that raised something else
+        return None, [Problem(n, task_id, "(record)", f"{type(e).__name__}: {e}")]
 
 
 def parse_suite(text: str, *, source: str = "<suite>") -> Suite:

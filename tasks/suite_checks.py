@@ -65,8 +65,13 @@ def config_problems(cls: type[ToolEnvironment], s: EnvSpec, defaults: dict[str, 
         except ValidationError as e:
             return [("defaults." + field_path(err["loc"]) if err["loc"] else "defaults", err["msg"])
                     for err in e.errors()]  # fmt: skip
+        except Exception as e:  # a validator of the plug-in's that raised something else
+            return [("defaults", f"{cls.config_model.__name__} failed: {type(e).__name__}: {e}")]
         return []
-    params = inspect.signature(cls.__init__).parameters.values()
+    try:
+        params = inspect.signature(cls.__init__).parameters.values()
+    except (TypeError, ValueError):
+        return []
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
         return []  # takes any keyword: nothing to check against
     names = {p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)} - {"self"}
@@ -82,10 +87,17 @@ def reward_problems(reward: RewardSpec, env_names: tuple[str, ...]) -> list[Find
     for i, term in enumerate(terms(reward, env_names)):
         where = "reward" if isinstance(reward, str) else f"reward.{i}"
         try:
-            resolve_function(term.fn)
+            fn = resolve_function(term.fn)
         except ValueError as e:
             hint = f"; this environment's evaluate is 'env' or {', '.join(env_names)}" if env_names else ""
             out.append((where, f"{e}{hint}"))
+            continue
+        try:  # its args must fit: a term that cannot be called would fail every episode
+            inspect.signature(fn).bind(None, **term.args)
+        except TypeError as e:
+            out.append((f"{where}.args" if where != "reward" else where, f"{term.fn}: {e}"))
+        except ValueError:
+            pass  # no signature to check (a builtin)
     return out
 
 

@@ -98,3 +98,17 @@ def test_pqrl_env_check_prints_each_rule_and_fails_with_usage_status(restore_reg
     assert "echo-v1: all 12 rules pass" in capsys.readouterr().out
     assert main(["env", "check", "nope-v1"]) == 2
     assert "unknown environment 'nope-v1'" in capsys.readouterr().err
+
+
+async def test_an_environment_that_raises_is_a_failed_rule_not_a_crash(restore_registry):
+    register_environment("pytest-brokenstep-v1", f"{HERE}:BrokenStep")
+    report = await check_environment("pytest-brokenstep-v1", raise_on_failure=False)
+    failed = {r.name: r.detail for r in report.rules if not r.passed}
+    assert "step bug" in failed["episodes run without an environment error"], failed
+    register_environment("pytest-badexample-v1", f"{HERE}:StrictTaskEnv", sample_task={"answer": "1"},
+                         example_calls=[{"arguments": {}}])  # fmt: skip
+    report = await check_environment("pytest-badexample-v1", raise_on_failure=False)
+    failed = {r.name: r.detail for r in report.rules if not r.passed}
+    assert failed["worked example earns 1"].startswith("the worked example could not be built: KeyError"), (
+        failed
+    )

@@ -7,7 +7,7 @@ import json
 from typing import Any, Literal
 
 import pytest
-from pydantic import BaseModel
+from pydantic import BaseModel, model_validator
 
 from env_server import Message, RewardResult, ToolEnvironment, tool
 from env_server import registry as registry_module
@@ -129,3 +129,53 @@ def test_an_environment_without_a_model_takes_open_tasks_and_checks_its_init_arg
     found = {(p.line, p.field): p.reason for p in err.value.problems}
     assert "takes no argument 'scal'; it takes: scale" in found[(1, "suite.defaults.scal")]
     assert (2, "id") in found
+
+
+class PickyTask(UnitTask):
+    @model_validator(mode="after")
+    def _picky(self) -> PickyTask:
+        if self.value < 0:
+            raise TypeError("a plug-in validator that raises TypeError")
+        return self
+
+
+class PickyEnv(UnitEnv):
+    task_model = PickyTask
+
+
+def test_a_plugin_that_cannot_load_or_validate_is_a_problem_not_a_traceback(restore_registry):
+    register_environment("pytest-missing-v1", "tests.tasks.no_such_module_xyz:Env")
+    found = _found(_suite("pytest-missing-v1", "unit", {"id": "u1", "kind": "unit", "value": 1, "unit": "m"}))
+    assert (
+        "cannot load 'tests.tasks.no_such_module_xyz:Env': ModuleNotFoundError" in found[(1, "suite.env_id")]
+    )
+    register_environment("pytest-picky-v1", f"{HERE}:PickyEnv")
+    found = _found(_suite("pytest-picky-v1", "unit", {"id": "u1", "kind": "unit", "value": -1, "unit": "m"}))
+    assert found[(2, "(record)")] == "TypeError: a plug-in validator that raises TypeError"
+
+
+@pytest.mark.parametrize(
+    ("reward", "field", "reason"),
+    [
+        ("length_penalty", "suite.reward", "missing a required argument: 'limit'"),
+        (
+            ["env", {"fn": "length_penalty", "args": {"limit": 9, "cap": 1}}],
+            "suite.reward.1.args",
+            "unexpected keyword",
+        ),
+        (["env", {"fn": "tool_format", "weight": "heavy"}], "suite.reward", ""),
+    ],
+)
+def test_reward_terms_whose_args_do_not_fit_are_problems(restore_registry, reward, field, reason):
+    register_environment("pytest-unit-v1", f"{HERE}:UnitEnv")
+    text = _suite("pytest-unit-v1", "unit", {"id": "u1", "kind": "unit", "value": 1, "unit": "m"})
+    manifest = json.loads(text.splitlines()[0])
+    manifest["suite"]["reward"] = reward
+    found = _found(json.dumps(manifest) + "\n" + text.splitlines()[1] + "\n")
+    assert any(f.startswith(field) and reason in r for (_, f), r in found.items()), found
+
+
+def _found(text: str) -> dict[tuple[int, str], str]:
+    with pytest.raises(SuiteInvalid) as err:
+        parse_suite(text)
+    return {(p.line, p.field): p.reason for p in err.value.problems}
