@@ -18,9 +18,9 @@ import importlib
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 __all__ = [
     "REWARD_FUNCTIONS",
@@ -59,7 +59,28 @@ class RewardTerm(BaseModel):
     args: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of fn")
 
 
-RewardSpec = str | list[str | RewardTerm]
+def _spec(value: Any) -> Any:
+    """A reward spec's shape, with one message per bad term (a union's errors name its members)."""
+    if isinstance(value, str):
+        if not value:
+            raise ValueError("give 'env', a function's name or a list of terms")
+        return value
+    if not isinstance(value, list) or not value:
+        raise ValueError("must be a name or a non-empty list of terms")
+    out: list[str | RewardTerm] = []
+    for i, term in enumerate(value):
+        if isinstance(term, str | RewardTerm):
+            out.append(term)
+            continue
+        try:
+            out.append(RewardTerm.model_validate(term))
+        except ValidationError as e:
+            why = "; ".join(f"{'.'.join(map(str, err['loc'])) or 'term'}: {err['msg']}" for err in e.errors())
+            raise ValueError(f"term {i}: {why}") from None
+    return out
+
+
+RewardSpec = Annotated[str | list[str | RewardTerm], BeforeValidator(_spec)]
 
 
 def env_reward(ep: Episode) -> float:

@@ -233,6 +233,9 @@ def parse_suite(text: str, *, source: str = "<suite>") -> Suite:
         except json.JSONDecodeError as e:
             problems.append(Problem(n, None, "(json)", f"not valid JSON: {e.msg} at column {e.colno}"))
             continue
+        except RecursionError:
+            problems.append(Problem(n, None, "(json)", "nested too deeply to read"))
+            continue
         if n == lines[0][0]:
             manifest, env, found = _manifest(record, n)
             model = env.task_model if env is not None else None
@@ -258,6 +261,6 @@ def load_suite(path: str | Path) -> Suite:
     p = Path(path)
     try:
         text = p.read_text()
-    except OSError as e:
+    except (OSError, UnicodeDecodeError) as e:
         raise SuiteInvalid(str(p), [Problem(0, None, "file", str(e))]) from None
     return parse_suite(text, source=str(p))
