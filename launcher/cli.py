@@ -202,6 +202,12 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return train_command(args)
 
 
+def _cmd_eval(args: argparse.Namespace) -> int:
+    from launcher.eval_command import eval_command
+
+    return eval_command(args)
+
+
 def _cmd_status(args: argparse.Namespace) -> int:
     from launcher.status import status_command
 
@@ -348,12 +354,18 @@ def _add_rollout(sub: _SubParsers, group: Callable[[str, str], _SubParsers]) -> 
 
 
 def _add_train(sub: _SubParsers, group: Callable[[str, str], _SubParsers]) -> None:
+    from launcher.eval_command import add_eval_arguments  # light: argparse only until called
     from launcher.status import add_status_arguments
     from launcher.train_command import add_train_arguments  # light: no torch until called
 
     tr = sub.add_parser("train", help="a whole training job from one YAML config (embedded or distributed)")
     add_train_arguments(tr)
     tr.set_defaults(func=_cmd_train)
+    ev = sub.add_parser(
+        "eval", help="held-out pass@1 and pass@k of a checkpoint (or a model), with intervals"
+    )
+    add_eval_arguments(ev)
+    ev.set_defaults(func=_cmd_eval)
     st = sub.add_parser("status", help="a running job's step, version, queue, staleness, reward trend")
     add_status_arguments(st)
     st.set_defaults(func=_cmd_status)

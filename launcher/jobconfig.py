@@ -20,7 +20,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
-from agent_loop.config import EpisodeConfig, ManagerConfig
+from agent_loop.config import MAX_FAILED_INFRA, EpisodeConfig, ManagerConfig
 from launcher.precision import Dtype, cpu_bfloat16
 from pqrl.model_cache import DEFAULT_MODEL
 from pqrl.settings import fields_of, type_name
@@ -245,6 +245,13 @@ class EvalSection(_Section):
     every: int = Field(0, ge=0, description="outer steps between evaluations; 0 = only before and after")
     suite: SuiteRef | None = Field(None, description="held-out tasks (never trained on); none = no eval")
     k: int = Field(4, ge=1, description="samples per task for pass@k (greedy pass@1 is separate)")
+    max_failed_infra: float = Field(
+        MAX_FAILED_INFRA,
+        ge=0,
+        le=1,
+        description="report no pass rate when a larger share of the tasks failed on infrastructure "
+        "(their episodes never ran)",
+    )
 
 
 class TrainConfig(_Section):

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
@@ -164,7 +165,7 @@ def local_engine(model: str) -> Iterator[str]:
 def filter_tasks(args: argparse.Namespace) -> int:
     """``pqrl tasks filter``: pass rates with the given policy, a filtered suite and a table."""
     from agent_loop.config import EpisodeConfig
-    from agent_loop.difficulty import estimate_rewards
+    from agent_loop.difficulty import rewards_that_ran, run_samples
     from engine.client import EngineClient
     from env_server.client import LocalEnvClient
     from loss_masking import ChatRenderer
@@ -188,8 +189,9 @@ def filter_tasks(args: argparse.Namespace) -> int:
         engine, env = EngineClient(url), LocalEnvClient()
         try:
             renderer = ChatRenderer(load_tokenizer(args.model))
-            return await estimate_rewards(suite, engine=engine, env=env, renderer=renderer,
-                                          samples=args.samples, cfg=cfg, progress=progress)  # fmt: skip
+            ran = await run_samples(suite, engine=engine, env=env, renderer=renderer,
+                                    samples=args.samples, cfg=cfg, progress=progress)  # fmt: skip
+            return rewards_that_ran(ran)
         finally:
             await engine.aclose()
             await env.aclose()
@@ -200,10 +202,19 @@ def filter_tasks(args: argparse.Namespace) -> int:
         with local_engine(args.model) as url:
             rewards = asyncio.run(run(url))
     print(file=sys.stderr)
-    rates = pass_rates(rewards)
-    kept = filter_suite(suite, rates, low=args.low, high=args.high)
+    rates = pass_rates(rewards)  # a task whose every episode failed on infrastructure has none
+    never = len(suite.tasks) - len(rates)
+    if not rates:
+        print(f"pqrl tasks filter: no pass rate: no task ran, all {never} failed on infrastructure",
+              file=sys.stderr)  # fmt: skip
+        return 1
+    ran = dataclasses.replace(suite, tasks=tuple(t for t in suite.tasks if t.id in rates))
+    kept = filter_suite(ran, rates, low=args.low, high=args.high)
     with open(args.output, "w") as f:
         f.write(kept.to_jsonl())
+    if never:
+        print(f"pqrl tasks filter: {never} of {len(suite.tasks)} tasks never ran (their episodes failed on "
+              "infrastructure): left out, not rated", file=sys.stderr)  # fmt: skip
     print(f"{suite.id}: {args.samples} samples per task with {args.model}")
     print(distribution_table(rates))
     print(f"mean pass rate {sum(rates.values()) / max(len(rates), 1):.3f}; wrote {kept.id} to {args.output}")
