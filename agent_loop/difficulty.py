@@ -55,9 +55,9 @@ async def run_samples(
                 s = Sample(0.0, failed_infra=True, error=f"engine: {e}")
             else:
                 infra = t.status is Status.FAILED_INFRA
-                s = Sample(
-                    t.reward, infra, len(t.turns), str(t.reward_info.get("error", "")) if infra else ""
-                )
+                # solved or not is the environment's score; a suite's reward terms shape training only
+                score = float(t.reward_info.get("env_reward", t.reward))
+                s = Sample(score, infra, len(t.turns), str(t.reward_info.get("error", "")) if infra else "")
         out[suite.tasks[k].id][i] = s
         done += 1
         if progress is not None:

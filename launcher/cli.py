@@ -300,6 +300,11 @@ def _add_sandbox_and_env(sub: _SubParsers, group: Callable[[str, str], _SubParse
     group("env", "tool environments").add_parser(
         "list", help="registered environments and tools"
     ).set_defaults(func=_cmd_env_list)
+    from launcher.env_check import add_check_arguments, env_check
+
+    check = group("env", "tool environments").add_parser("check", help="run the conformance checker on one")
+    add_check_arguments(check)
+    check.set_defaults(func=env_check)
 
 
 def _add_tasks(sub: _SubParsers, group: Callable[[str, str], _SubParsers]) -> None:
