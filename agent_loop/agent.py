@@ -6,9 +6,9 @@ environment, and append the tool results as a chat-template delta (loss mask 0).
 when the environment says done, the model makes no tool call, the turn or token budget runs out,
 or too many consecutive turns had only invalid calls. Then the environment scores it.
 
-Failures of the environment's infrastructure (its server, its sandbox, a grader that raised) give
-a ``failed_infra`` Trajectory with the cause, never a silent zero reward; the trainer keeps those
-out of advantage statistics.
+Transient failures of the environment's infrastructure (its server, its sandbox, a grader that
+raised) give a ``failed_infra`` Trajectory with the cause, never a silent zero reward; the trainer
+keeps those out of advantage statistics. Permanent ones (``pqrl.faults``) raise, for the manager.
 
 Deliberately left out: streaming, parallel tool calls across turns, and reward shaping.
 """
@@ -30,6 +30,7 @@ from env_server.client import EnvClient
 from env_server.sessions import EnvServerError
 from env_server.types import Message, Observation
 from loss_masking import ChatRenderer, EpisodeBuilder, TruncationPolicy, describe_tools
+from pqrl.faults import Fault, fault_of
 from pqrl.trajectory import Status, ToolCall, ToolStatus, Trajectory
 
 __all__ = ["EpisodeConfig", "failed_trajectory", "run_episode"]
@@ -98,10 +99,10 @@ class _Episode:
                 env_kwargs=self.queued.get("env_kwargs") or {},
             )
         except EnvServerError as e:
-            # the environment side could not open it (a sandbox, a reset that failed, a bad reply):
-            # failed_infra with the cause, so the manager's bounded reruns apply and the group is
-            # written or dropped, never left pending to be leased again; a client error propagates
-            if e.status < 500:
+            # a transient failure of the environment side (a sandbox, a reset that crashed, a bad
+            # reply): failed_infra with the cause, so the manager's bounded reruns apply; a permanent
+            # one (pqrl.faults: a wrong token, a bad task, Docker down) is the manager's to handle
+            if fault_of(e) is not Fault.TRANSIENT:
                 raise
             return failed_trajectory(
                 self.queued,
@@ -129,7 +130,7 @@ class _Episode:
             self.record("grade_s", t0)
             self.out.reward, self.out.reward_info = scored.reward, dict(scored.info)
         except EnvServerError as e:
-            if not _server_fault(e):
+            if fault_of(e) is not Fault.TRANSIENT:  # see pqrl.faults: a lost session (404) is transient
                 raise
             self.out.status, self.out.error = Status.FAILED_INFRA, str(e)
             self.out.reason = self.out.reason or "the environment failed"
@@ -208,14 +209,6 @@ class _Episode:
             status=out.status if out.status is Status.FAILED_INFRA else None,
             timings=self.timings,
         )
-
-
-def _server_fault(e: EnvServerError) -> bool:
-    """The environment side failed (a sandbox: 502, a grader: 500, no server: 503, any other 5xx),
-    or the session this episode opened is gone (404: the env server restarted and lost it): this
-    episode is failed_infra, the rest of its group stands. Client-side errors (auth, a step after
-    the end) still propagate."""
-    return e.status >= 500 or e.status == 404
 
 
 def _new_builder(renderer: ChatRenderer, observation: Observation, cfg: EpisodeConfig) -> EpisodeBuilder:
