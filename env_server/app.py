@@ -328,7 +328,7 @@ _ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
         (409, "session done, or a request id reused with another body"), (413, "body too large"),
         (422, "invalid request"), (429, "too many sessions (Retry-After)"),
         (500, "the environment's own code failed (grader_failure: its grader raised)"),
-        (502, "the session's sandbox failed"),
+        (502, "the session's sandbox failed"), (503, "the sandbox backend (Docker) is down"),
     ]
 }  # fmt: skip
 

@@ -1,5 +1,6 @@
 """Before a job leases its first task: the env servers are ready (their sandbox backend answers,
-within the grace), take the job's token and know every environment of its suites. A permanent fault
+within the grace) and take the job's token, and every environment of its suites is known (there or
+in this process). A permanent fault
 found here stops the job with one line before anything of its task plan is spent."""
 
 from __future__ import annotations
@@ -21,10 +22,8 @@ POLL_S = 0.5
 async def check_env_servers(env: Any, env_ids: set[str], *, grace_s: float, children: Any = None) -> None:
     """Raises ``PermanentFault`` naming the server, the cause and the fix; returns when all is well.
     ``children`` (launcher.children): a child that dies meanwhile ends the wait with its own line."""
-    if not isinstance(env, HttpEnvClient):
-        return  # environments in this process: their faults reach the rollout manager's classification
     t0 = time.monotonic()
-    while down := await env.not_ready():
+    while isinstance(env, HttpEnvClient) and (down := await env.not_ready()):
         if children is not None and (line := children.death()) is not None:
             raise SystemExit(line)
         if time.monotonic() - t0 > grace_s:
@@ -43,8 +42,8 @@ async def check_env_servers(env: Any, env_ids: set[str], *, grace_s: float, chil
     known = {str(e.get("id")) for e in listed}
     missing = sorted(env_ids - known)
     if missing:
+        where = f"the env server {env.urls[0]}" if isinstance(env, HttpEnvClient) else "this process"
         raise PermanentFault(
-            f"the env server {env.urls[0]} has no environment {', '.join(missing)} (it has: "
-            f"{', '.join(sorted(known)) or 'none'})",
+            f"{where} has no environment {', '.join(missing)} (it has: {', '.join(sorted(known)) or 'none'})",
             fix=fix_for(UnknownEnv("")),
         )

@@ -61,13 +61,19 @@ def job_services(cfg: TrainConfig, *, quiet: bool = False) -> Iterator[dict[str,
 
 def sandboxed_envs(cfg: TrainConfig) -> list[str]:
     """The environments of the job's suites (training and evaluation) that need a sandbox."""
-    from env_server.registry import spec
+    from env_server.registry import UnknownEnvironment, spec
+    from env_server.sessions import UnknownEnv
+    from pqrl.errors import PermanentFault
+    from pqrl.faults import fix_for
     from tasks.generators import GENERATED
 
     refs = [*cfg.tasks.suites, *([cfg.eval.suite] if cfg.eval.suite else [])]
     # a generated suite's environment is known from its kind: no need to build it here too
     env_ids = sorted({GENERATED[r.generate] if r.generate else r.build().manifest.env_id for r in refs})
-    return [e for e in env_ids if spec(e).load().needs_sandbox]
+    try:
+        return [e for e in env_ids if spec(e).load().needs_sandbox]
+    except UnknownEnvironment as e:  # every task of it would fail the same way
+        raise PermanentFault(str(e), fix=fix_for(UnknownEnv(""))) from None
 
 
 def _service_process(log: Path, cmd: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
