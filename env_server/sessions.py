@@ -32,8 +32,18 @@ from sandboxes.pool import SandboxPool
 from sandboxes.protocol import SandboxCallFailed, SandboxError, SandboxUnavailable
 
 __all__ = [
-    "EnvServerError", "BackendDown", "BadTask", "EnvironmentBroken", "GraderFailure", "InfraFailure",
-    "InvalidRequest", "NotFound", "SessionDone", "SessionManager", "TooManySessions", "UnknownEnv",
+    "BackendDown",
+    "BadTask",
+    "EnvServerError",
+    "EnvironmentBroken",
+    "GraderFailure",
+    "InfraFailure",
+    "InvalidRequest",
+    "NotFound",
+    "SessionDone",
+    "SessionManager",
+    "TooManySessions",
+    "UnknownEnv",
 ]
 
 log = logging.getLogger(__name__)
@@ -71,8 +81,7 @@ class InvalidRequest(EnvServerError):
 
 
 class BadTask(InvalidRequest):
-    """The task itself is wrong (its reset rejects it, its grader fails its own gold): retrying it
-    cannot help, other tasks may run."""
+    """The task itself is wrong (its reset rejects it, its grader fails its own gold): not retried."""
 
     code = "bad_task"
 
@@ -319,14 +328,11 @@ class SessionManager:
     async def backend_down(self) -> str | None:
         """Why the sandbox backend cannot serve (Docker does not answer its ping); None when it can."""
         try:
-            if self._docker_api is None:
-                self._docker_api = DockerAPI()
+            self._docker_api = self._docker_api or DockerAPI()
             async with asyncio.timeout(5.0):
                 await self._docker_api.ping()
-        except SandboxError as e:
-            return str(e)
-        except TimeoutError:
-            return "the Docker engine did not answer its ping within 5 s"
+        except (SandboxError, TimeoutError) as e:
+            return str(e) or "the Docker engine did not answer its ping within 5 s"
         return None
 
     @property

@@ -127,19 +127,6 @@ def test_the_first_ctrl_c_ends_a_trainer_waiting_for_groups_and_resume_trains_th
     assert sorted(state["trained_groups"]) == ["grp0", "grp1"]
 
 
-@pytest.fixture(scope="module")
-def long_tiny_model(tmp_path_factory) -> Path:
-    """The tiny model with room for a whole calc prompt."""
-    from pqrl.model_cache import load_tokenizer
-    from tests.models import tiny_llama
-
-    tok = load_tokenizer()
-    path = tmp_path_factory.mktemp("tiny-long")
-    tiny_llama(len(tok), positions=2048).save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
-
-
 def test_a_job_whose_task_plan_runs_out_ends_with_the_counts(long_tiny_model, tmp_path):
     """Two tasks, one epoch, five steps of one group: at most two groups can ever come."""
     config = _write(tmp_path / "job.yaml", {

@@ -10,24 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.launcher.test_fail_fast import _processes_mentioning, _pqrl_train, _write
+from tests.launcher.test_fail_fast import _pqrl_train, _processes_mentioning, _write
 from tests.servers import env_server_process
 
 pytestmark = pytest.mark.timeout(400)
 
 TOKEN = "the-right-token"
-
-
-@pytest.fixture(scope="module")
-def long_tiny_model(tmp_path_factory) -> Path:
-    from pqrl.model_cache import load_tokenizer
-    from tests.models import tiny_llama
-
-    tok = load_tokenizer()
-    path = tmp_path_factory.mktemp("tiny-long")
-    tiny_llama(len(tok), positions=2048).save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
 
 
 def _job(tmp_path: Path, model: Path, suite: dict, **extra: dict) -> dict:
