@@ -99,19 +99,15 @@ class _Episode:
                 env_kwargs=self.queued.get("env_kwargs") or {},
             )
         except EnvServerError as e:
-            # a transient failure of the environment side (a sandbox, a reset that crashed, a bad
-            # reply): failed_infra with the cause, so the manager's bounded reruns apply; a permanent
-            # one (pqrl.faults: a wrong token, a bad task, Docker down) is the manager's to handle
-            if fault_of(e) is not Fault.TRANSIENT:
+            # the environment side could not open it: failed_infra with the cause and its class
+            # (pqrl.faults), for the manager to rerun it, dead-letter the task or wait out an outage;
+            # a job-wide fault (a wrong token, an unknown environment) raises
+            if fault_of(e) is Fault.JOB:
                 raise
-            return failed_trajectory(
-                self.queued,
-                self.run_id,
-                self.group_id,
-                self.rollout_id,
-                f"could not open a session: {e}",
-                self.timings,
-            )
+            t = failed_trajectory(self.queued, self.run_id, self.group_id, self.rollout_id,
+                                  f"could not open a session: {e}", self.timings)  # fmt: skip
+            t.reward_info.update(_fault_info(e))
+            return t
         self.record("open_s", t0)
         builder = _new_builder(self.renderer, session.observation, self.cfg)
         await self._play(session.session_id, builder)
@@ -130,9 +126,10 @@ class _Episode:
             self.record("grade_s", t0)
             self.out.reward, self.out.reward_info = scored.reward, dict(scored.info)
         except EnvServerError as e:
-            if fault_of(e) is not Fault.TRANSIENT:  # see pqrl.faults: a lost session (404) is transient
+            if fault_of(e) is Fault.JOB:
                 raise
             self.out.status, self.out.error = Status.FAILED_INFRA, str(e)
+            self.out.reward_info = _fault_info(e)
             self.out.reason = self.out.reason or "the environment failed"
         finally:
             self.engine.release(self.rollout_id)
@@ -209,6 +206,15 @@ class _Episode:
             status=out.status if out.status is Status.FAILED_INFRA else None,
             timings=self.timings,
         )
+
+
+def _fault_info(e: EnvServerError) -> dict[str, Any]:
+    """What a failed_infra episode records of a permanent fault (a task's, an outage): its class,
+    status and code; nothing for a transient one."""
+    fault = fault_of(e)
+    if fault is Fault.TRANSIENT:
+        return {}
+    return {"fault": fault.value, "fault_status": e.status, "fault_code": e.code}
 
 
 def _new_builder(renderer: ChatRenderer, observation: Observation, cfg: EpisodeConfig) -> EpisodeBuilder:

@@ -285,7 +285,6 @@ class RolloutManager:
         except _JobFault:
             pass  # the lease stays pending: the task runs again when the job does
         except Exception as e:  # the task's own fault, or a bug: never leased again for ever
-            self.stats.failures[type(e.__cause__ if isinstance(e, _TaskFault) else e).__name__] += 1
             with contextlib.suppress(StoreUnavailable):
                 await self._dead_letter(entry, e)
         finally:
@@ -297,7 +296,9 @@ class RolloutManager:
     async def _dead_letter(self, entry: TaskEntry, e: Exception) -> None:
         """Moves ``entry``'s task to the run's dead tasks with the cause (its lease acknowledged)."""
         cause = e.__cause__ if isinstance(e, _TaskFault) and e.__cause__ is not None else e
-        reason = f"{type(cause).__name__}: {cause}"[:1000]
+        reason = (str(cause) if isinstance(cause, _Recorded) else f"{type(cause).__name__}: {cause}")[:1000]
+        if not isinstance(e, _TaskFault):
+            self.stats.failures[type(e).__name__] += 1  # a bug: counted by its kind too
         task_id = str(entry.task.get("task_id") or entry.task.get("task", {}).get("id", "?"))
         log.error("task %s dead-lettered (not retried): %s", task_id, reason)
         await self._through_outage(lambda: self.store.tasks.dead_letter(TASK_CONSUMER_GROUP, entry, reason))
@@ -354,11 +355,13 @@ class RolloutManager:
                     t = await run_episode(queued, engine=engine, env=self.env, renderer=self.renderer,
                                           run_id=self.store.run_id, group_id=group_id, index=index,
                                           cfg=self.cfg.episode)  # fmt: skip
+                if "fault" in t.reward_info:  # a permanent failure the episode recorded (agent_loop.agent)
+                    raise _Recorded(t.reward_info)
             except TimeoutError:
                 self.stats.failures["episode_deadline"] += 1
                 await self._back_off(attempt)
                 continue
-            except (EngineError, EnvServerError) as e:
+            except (EngineError, EnvServerError, _Recorded) as e:
                 fault = fault_of(e)
                 if fault is Fault.JOB:
                     what = "engine" if isinstance(e, EngineError) else "env server"
@@ -419,6 +422,14 @@ class RolloutManager:
 
 
 DEAD_TASKS_TO_STOP = 3  # tasks dead-lettered before any group was written: the suite, not a task
+
+
+class _Recorded(Exception):
+    """A failed_infra episode's recorded fault, as the error it was (for ``pqrl.faults``)."""
+
+    def __init__(self, info: dict[str, Any]) -> None:
+        super().__init__(str(info.get("error", "")))
+        self.status, self.code = info.get("fault_status"), str(info.get("fault_code", ""))
 
 
 class _JobFault(Exception):

@@ -1,6 +1,7 @@
 """The rollout manager against a real env server process (real HTTP), the built-in engine and Redis:
 a permanent job-wide fault stops it at once with the task left queued, a task's own permanent fault
-dead-letters that task at once and the manager goes on, a sandbox backend that is down is waited
+(its reset rejects it, its grader fails its own gold) dead-letters that task at once and the manager
+goes on, a sandbox backend that is down is waited
 for only within its grace; ``/readyz`` tells a down Docker from a live one."""
 
 from __future__ import annotations
@@ -13,13 +14,18 @@ import pytest
 from agent_loop.agent import EpisodeConfig
 from agent_loop.manager import TASK_CONSUMER_GROUP, ManagerConfig, RolloutManager
 from engine.client import EngineClient
+from env_server import RewardResult
+from env_server import registry as registry_module
+from env_server.app import ServerSettings, create_app
 from env_server.client import HttpEnvClient
+from env_server.registry import register_environment
 from loss_masking import ChatRenderer
 from pqrl.errors import PermanentFault
 from pqrl.store import TrajectoryStore
-from tasks.calc import calc_suite
+from tasks.calc import CalcEnv, calc_suite
+from tasks.coding.grader import GoldReferenceError
 from tasks.storage import queued_task
-from tests.servers import env_server_process
+from tests.servers import env_server_process, serve_in_thread
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -156,4 +162,37 @@ async def test_a_docker_that_stays_down_stops_the_manager_after_its_grace(
         assert "DOCKER_HOST" in fault.fix
         assert await _pending(store) == 1 and await store.tasks.dead() == [], "the task waits for the fix"
     finally:
+        await store.close()
+
+
+class GoldFails(CalcEnv):
+    """calc-v1 whose grader finds the task's own reference broken (as the coding grader does when the
+    gold patch fails its tests)."""
+
+    evaluations = 0
+
+    async def evaluate(self) -> RewardResult:
+        GoldFails.evaluations += 1
+        raise GoldReferenceError("task calc-x: the gold patch fails its own rewritten checks")
+
+
+async def test_a_grader_that_fails_its_own_gold_dead_letters_the_task_without_retries(
+    served, smollm, redis_server
+):
+    register_environment("pytest-gold-fails-v1", f"{__name__}:GoldFails")
+    store = TrajectoryStore(redis_server.url, "gold")
+    try:
+        with serve_in_thread(create_app(ServerSettings(token=TOKEN, sandbox_pool_size=0))) as url:
+            task = {**queued_task(calc_suite(1, seed=2), 0), "env_id": "pytest-gold-fails-v1"}
+            await store.tasks.push([task])
+            env = HttpEnvClient(url, token=TOKEN, backoff_s=0.01)
+            _, stats = await _run(store, served[0], smollm, env, _cfg(infra_retries=3, group_size=2))
+        assert not isinstance(stats, Exception), stats
+        assert stats.tasks_dead_lettered == 1 and stats.groups_written == 0, stats
+        assert "infra_retry" not in stats.failures and GoldFails.evaluations <= 2, stats.failures
+        ((_, reason),) = await store.tasks.dead()
+        assert "the gold patch fails its own rewritten checks" in reason, reason
+        assert await _pending(store) == 0
+    finally:
+        registry_module._REGISTRY.pop("pytest-gold-fails-v1", None)
         await store.close()
