@@ -214,7 +214,7 @@ def _fault_info(e: EnvServerError) -> dict[str, Any]:
     fault = fault_of(e)
     if fault is Fault.TRANSIENT:
         return {}
-    return {"fault": fault.value, "fault_status": e.status, "fault_code": e.code}
+    return {"fault_class": fault.value, "fault_status": e.status, "fault_code": e.code}
 
 
 def _new_builder(renderer: ChatRenderer, observation: Observation, cfg: EpisodeConfig) -> EpisodeBuilder:

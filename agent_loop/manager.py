@@ -355,8 +355,8 @@ class RolloutManager:
                     t = await run_episode(queued, engine=engine, env=self.env, renderer=self.renderer,
                                           run_id=self.store.run_id, group_id=group_id, index=index,
                                           cfg=self.cfg.episode)  # fmt: skip
-                if "fault" in t.reward_info:  # a permanent failure the episode recorded (agent_loop.agent)
-                    raise _Recorded(t.reward_info)
+                if t.status is Status.FAILED_INFRA and "fault_class" in t.reward_info:  # agent_loop.agent
+                    raise _Recorded(t.reward_info)  # a permanent failure the episode recorded
             except TimeoutError:
                 self.stats.failures["episode_deadline"] += 1
                 await self._back_off(attempt)
