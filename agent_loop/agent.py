@@ -6,9 +6,9 @@ environment, and append the tool results as a chat-template delta (loss mask 0).
 when the environment says done, the model makes no tool call, the turn or token budget runs out,
 or too many consecutive turns had only invalid calls. Then the environment scores it.
 
-Failures of the environment's infrastructure (its server, its sandbox, a grader that raised) give
-a ``failed_infra`` Trajectory with the cause, never a silent zero reward; the trainer keeps those
-out of advantage statistics.
+Transient failures of the environment's infrastructure (its server, its sandbox, a grader that
+raised) give a ``failed_infra`` Trajectory with the cause, never a silent zero reward; the trainer
+keeps those out of advantage statistics. Permanent ones (``pqrl.faults``) raise, for the manager.
 
 A queued task may carry ``reward`` terms (its suite's reward functions, tasks.rewards): the
 environment's score is then one input of their weighted sum, computed here where the episode's
@@ -34,6 +34,7 @@ from env_server.client import EnvClient
 from env_server.sessions import EnvServerError
 from env_server.types import Message, Observation
 from loss_masking import ChatRenderer, EpisodeBuilder, TruncationPolicy, describe_tools
+from pqrl.faults import Fault, fault_of
 from pqrl.trajectory import Status, ToolCall, ToolStatus, Trajectory
 from tasks.rewards import Episode, combine
 
@@ -105,19 +106,15 @@ class _Episode:
                 env_kwargs=self.queued.get("env_kwargs") or {},
             )
         except EnvServerError as e:
-            # the environment side could not open it (a sandbox, a reset that failed, a bad reply):
-            # failed_infra with the cause, so the manager's bounded reruns apply and the group is
-            # written or dropped, never left pending to be leased again; a client error propagates
-            if e.status < 500:
+            # the environment side could not open it: failed_infra with the cause and its class
+            # (pqrl.faults), for the manager to rerun it, dead-letter the task or wait out an outage;
+            # a job-wide fault (a wrong token, an unknown environment) raises
+            if fault_of(e) is Fault.JOB:
                 raise
-            return failed_trajectory(
-                self.queued,
-                self.run_id,
-                self.group_id,
-                self.rollout_id,
-                f"could not open a session: {e}",
-                self.timings,
-            )
+            t = failed_trajectory(self.queued, self.run_id, self.group_id, self.rollout_id,
+                                  f"could not open a session: {e}", self.timings)  # fmt: skip
+            t.reward_info.update(_fault_info(e))
+            return t
         self.record("open_s", t0)
         builder = _new_builder(self.renderer, session.observation, self.cfg)
         await self._play(session.session_id, builder)
@@ -138,9 +135,10 @@ class _Episode:
             if self.queued.get("reward"):
                 self._combine(builder)
         except EnvServerError as e:
-            if not _server_fault(e):
+            if fault_of(e) is Fault.JOB:
                 raise
             self.out.status, self.out.error = Status.FAILED_INFRA, str(e)
+            self.out.reward_info = _fault_info(e)
             self.out.reason = self.out.reason or "the environment failed"
         finally:
             self.engine.release(self.rollout_id)
@@ -244,12 +242,13 @@ class _Episode:
         )
 
 
-def _server_fault(e: EnvServerError) -> bool:
-    """The environment side failed (a sandbox: 502, a grader: 500, no server: 503, any other 5xx),
-    or the session this episode opened is gone (404: the env server restarted and lost it): this
-    episode is failed_infra, the rest of its group stands. Client-side errors (auth, a step after
-    the end) still propagate."""
-    return e.status >= 500 or e.status == 404
+def _fault_info(e: EnvServerError) -> dict[str, Any]:
+    """What a failed_infra episode records of a permanent fault (a task's, an outage): its class,
+    status and code; nothing for a transient one."""
+    fault = fault_of(e)
+    if fault is Fault.TRANSIENT:
+        return {}
+    return {"fault_class": fault.value, "fault_status": e.status, "fault_code": e.code}
 
 
 def _new_builder(renderer: ChatRenderer, observation: Observation, cfg: EpisodeConfig) -> EpisodeBuilder:

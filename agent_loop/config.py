@@ -52,6 +52,12 @@ class ManagerConfig(Settings):
     # a restarting env server or engine is back within seconds: retrying at once would spend every
     # rerun before it answers and drop the group
     infra_backoff_s: float = setting(2.0, "wait before the first rerun; doubled before each next one", ge=0)
+    backend_grace_s: float = setting(
+        60.0,
+        "how long a sandbox backend that is down (Docker unreachable) is waited for before the job "
+        "stops with a permanent fault",
+        gt=0,
+    )
     min_valid: int = setting(
         MIN_GROUP_EPISODES, "a group with fewer usable episodes is dropped", ge=MIN_GROUP_EPISODES
     )

@@ -11,6 +11,14 @@ which the trainer would drop it) is dropped, counted, and frees its place in the
 A group that falls too far behind the policy to be trained (``agent_loop.culling``) is cancelled
 while it generates, frees its place, and its task is queued again (``stale_requeues`` times).
 
+Failures are classified by ``pqrl.faults``: a permanent job-wide one (a wrong token, an unknown
+environment or model, the sandbox backend down past ``backend_grace_s``) stops the manager at once
+and ``run`` raises it as ``pqrl.errors.PermanentFault``, the task left unacknowledged (it runs again
+when the job does); a permanent one of the task (its reset rejects it, its grader fails its own
+gold) moves the task to the run's dead tasks with the cause, and the manager goes on; transient
+ones are retried as above. A group that raised anything else is dead-lettered too: no lease is left
+pending for ever.
+
 When the run has a task sampler (tasks.storage.RunSampler: epochs, seeded shuffling, per-suite
 mixing weights) a manager with nothing in the queue claims the sampler's next slot, atomically
 with leasing it, so several managers share one schedule without taking a slot twice. Tasks
@@ -36,7 +44,10 @@ from agent_loop.config import ManagerConfig
 from agent_loop.culling import GroupWatch
 from engine.protocol import CatchesUpFromDisk, Engine, EngineError
 from env_server.client import EnvClient
+from env_server.sessions import EnvServerError
 from loss_masking import ChatRenderer
+from pqrl.errors import PermanentFault
+from pqrl.faults import Fault, fault_of, fix_for
 from pqrl.store import StoreUnavailable, TaskEntry, TrajectoryStore
 from pqrl.store.gate import HOLDER_TTL_MS
 from pqrl.store.tasks import task_json
@@ -56,6 +67,8 @@ class _Stats:
     groups_written: int = 0
     groups_dropped: int = 0
     groups_culled: int = 0  # cancelled as too stale to train
+    dead_tasks: dict[str, str] = field(default_factory=dict)  # task id -> why (the first few)
+    tasks_dead_lettered: int = 0
     episodes: int = 0
     failures: collections.Counter[str] = field(default_factory=collections.Counter)
     started: float = field(default_factory=time.monotonic)
@@ -86,6 +99,8 @@ class RolloutManager:
         self._sampler: RunSampler | None = None  # loaded when the run has one (it may be set later)
         self._told: set[str] = set()
         self._weights_checked = float("-inf")
+        self.fault: PermanentFault | None = None  # why this manager stopped for good
+        self._down_since: float | None = None  # the sandbox backend's outage, while it lasts
 
     def stop(self) -> None:
         """Graceful shutdown: no new groups; groups in flight finish and are written."""
@@ -130,6 +145,8 @@ class RolloutManager:
                 culling.cancel()
             with contextlib.suppress(StoreUnavailable):
                 await self._progress()
+        if self.fault is not None:
+            raise self.fault
         return self.stats
 
     async def _start_one(self) -> str:
@@ -234,8 +251,8 @@ class RolloutManager:
             if me is not None and self.cfg.cull_stale:
                 self._generating[me] = watch
             try:
-                results = await asyncio.gather(
-                    *(self._episode(entry.task, group_id, i, tap) for i, tap in enumerate(watch.taps))
+                results = await _all_or_none(
+                    [self._episode(entry.task, group_id, i, tap) for i, tap in enumerate(watch.taps)]
                 )
             except asyncio.CancelledError:
                 if not watch.culled or self._abandoning or me is None:
@@ -265,14 +282,54 @@ class RolloutManager:
                     rewards = [t.reward for t in valid]
                     await self._through_outage(lambda: sampler.record(entry.task, rewards))
             await self._through_outage(lambda: self.store.tasks.ack(TASK_CONSUMER_GROUP, [entry.entry_id]))
-        except Exception as e:  # the lease stays pending: another manager reclaims the task later
-            self.stats.failures[type(e).__name__] += 1
-            log.error("group %s failed: %r", group_id, e)
+        except _JobFault:
+            pass  # the lease stays pending: the task runs again when the job does
+        except Exception as e:  # the task's own fault, or a bug: never leased again for ever
+            with contextlib.suppress(StoreUnavailable):
+                await self._dead_letter(entry, e)
         finally:
             with contextlib.suppress(StoreUnavailable):  # gone for good: a restart frees the place
                 await self._through_outage(
                     lambda: self.store.gate.finish(holder=self.consumer, accepted=written)
                 )
+
+    async def _dead_letter(self, entry: TaskEntry, e: Exception) -> None:
+        """Moves ``entry``'s task to the run's dead tasks with the cause (its lease acknowledged)."""
+        cause = e.__cause__ if isinstance(e, _TaskFault) and e.__cause__ is not None else e
+        reason = (str(cause) if isinstance(cause, _Recorded) else f"{type(cause).__name__}: {cause}")[:1000]
+        if not isinstance(e, _TaskFault):
+            self.stats.failures[type(e).__name__] += 1  # a bug: counted by its kind too
+        task_id = str(entry.task.get("task_id") or entry.task.get("task", {}).get("id", "?"))
+        log.error("task %s dead-lettered (not retried): %s", task_id, reason)
+        await self._through_outage(lambda: self.store.tasks.dead_letter(TASK_CONSUMER_GROUP, entry, reason))
+        self.stats.tasks_dead_lettered += 1
+        self.stats.failures["dead_lettered"] += 1
+        if len(self.stats.dead_tasks) < 20:
+            self.stats.dead_tasks[task_id] = reason
+        if self.stats.groups_written == 0 and self.stats.tasks_dead_lettered >= DEAD_TASKS_TO_STOP:
+            n = self.stats.tasks_dead_lettered
+            self._stop_for(PermanentFault(f"the first {n} tasks all failed permanently, the last: {reason}",
+                                          fix=fix_for(cause) or "fix the suite's tasks"))  # fmt: skip
+
+    def _stop_for(self, fault: PermanentFault) -> None:
+        """Stops this manager for a permanent fault; ``run`` raises it."""
+        if self.fault is None:
+            self.fault = fault
+            log.error("%s", fault.line())
+        self.abandon()
+
+    async def _outage(self, e: Exception) -> None:
+        """The sandbox backend is down: waited for until ``backend_grace_s`` has passed since it was
+        first seen down (any episode that ran meanwhile starts the count again), then a job fault."""
+        now = time.monotonic()
+        self._down_since = self._down_since or now
+        self._tell("sandbox backend down", str(e))
+        if now - self._down_since > self.cfg.backend_grace_s:
+            self._stop_for(PermanentFault(
+                f"the sandbox backend is still down after {self.cfg.backend_grace_s:g} s: {e}", fix=fix_for(e)
+            ))  # fmt: skip
+            raise _JobFault() from e
+        await asyncio.sleep(min(max(self.cfg.infra_backoff_s, 0.1), 2.0))
 
     async def _through_outage(self, write: Any, patience_s: float = 300.0) -> Any:
         """``write()``, retried while Redis is unreachable (a restart: with appendfsync always it comes
@@ -290,22 +347,39 @@ class RolloutManager:
                 delay = min(delay * 2, 5.0)
 
     async def _episode(self, queued: dict[str, Any], group_id: str, index: int, engine: Engine) -> Trajectory:
-        for attempt in range(self.cfg.infra_retries + 1):
+        attempt = -1
+        while attempt < self.cfg.infra_retries:
+            attempt += 1
             try:
                 async with asyncio.timeout(self.cfg.episode_deadline_s):
                     t = await run_episode(queued, engine=engine, env=self.env, renderer=self.renderer,
                                           run_id=self.store.run_id, group_id=group_id, index=index,
                                           cfg=self.cfg.episode)  # fmt: skip
+                if t.status is Status.FAILED_INFRA and "fault_class" in t.reward_info:  # agent_loop.agent
+                    raise _Recorded(t.reward_info)  # a permanent failure the episode recorded
             except TimeoutError:
                 self.stats.failures["episode_deadline"] += 1
                 await self._back_off(attempt)
                 continue
-            except EngineError as e:
-                self.stats.failures["engine"] += 1
-                self._tell("engine failed", str(e))
+            except (EngineError, EnvServerError, _Recorded) as e:
+                fault = fault_of(e)
+                if fault is Fault.JOB:
+                    what = "engine" if isinstance(e, EngineError) else "env server"
+                    self._stop_for(PermanentFault(f"the {what} refuses the job: {e}", fix=fix_for(e)))
+                    raise _JobFault() from e
+                if fault is Fault.TASK:
+                    raise _TaskFault() from e
+                if fault is Fault.OUTAGE:
+                    await self._outage(e)
+                    attempt -= 1  # the grace bounds these waits, not the reruns
+                    continue
+                self.stats.failures["engine" if isinstance(e, EngineError) else "env"] += 1
+                self._tell("engine failed" if isinstance(e, EngineError) else "environment failed", str(e))
                 await self._back_off(attempt)
                 continue
             self.stats.episodes += 1
+            if t.status is not Status.FAILED_INFRA:
+                self._down_since = None
             if t.status is Status.FAILED_INFRA:
                 self._tell("environment failed", str(t.reward_info.get("error")))
             if t.status is not Status.FAILED_INFRA or attempt == self.cfg.infra_retries:
@@ -345,3 +419,34 @@ class RolloutManager:
             self.stats.groups_dropped, self.stats.groups_culled, len(self._in_flight), policy.version, gate,
             sampler, failures,
         )  # fmt: skip
+
+
+DEAD_TASKS_TO_STOP = 3  # tasks dead-lettered before any group was written: the suite, not a task
+
+
+class _Recorded(Exception):
+    """A failed_infra episode's recorded fault, as the error it was (for ``pqrl.faults``)."""
+
+    def __init__(self, info: dict[str, Any]) -> None:
+        super().__init__(str(info.get("error", "")))
+        self.status, self.code = info.get("fault_status"), str(info.get("fault_code", ""))
+
+
+class _JobFault(Exception):
+    """A group's end for the manager's permanent fault (``RolloutManager.fault``)."""
+
+
+class _TaskFault(Exception):
+    """A group's end for its task's permanent fault (the cause is ``__cause__``)."""
+
+
+async def _all_or_none(episodes: list[Any]) -> list[Trajectory]:
+    """The episodes' results; the first that raises cancels the others (and is raised)."""
+    tasks = [asyncio.ensure_future(e) for e in episodes]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise

@@ -29,6 +29,8 @@ class EngineHTTPError(EngineError):
     def __init__(self, url: str, status: int, body: str) -> None:
         super().__init__(f"{url}: HTTP {status}: {body[:500]}")
         self.url, self.status, self.body = url, status, body
+        # for pqrl.faults: no such route (or model) at that URL is the job's setup, not this request
+        self.code = "engine_not_found" if status == 404 else ""
 
 
 class WeightUpdateFailed(EngineError):

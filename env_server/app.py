@@ -1,8 +1,9 @@
 """The env server: registered tool environments as sessions over HTTP (``pqrl env-server``).
 
-Routes (all but ``/healthz`` need ``Authorization: Bearer <token>``):
+Routes (all but ``/healthz`` and ``/readyz`` need ``Authorization: Bearer <token>``):
 
     GET    /healthz                          liveness, no auth
+    GET    /readyz                           readiness (the sandbox backend answers), no auth; 503 + cause
     GET    /metrics                          Prometheus text
     GET    /environments                     registered environments and their tools
     POST   /sessions                         {env_id, task, seed} -> session id + first observation
@@ -11,12 +12,13 @@ Routes (all but ``/healthz`` need ``Authorization: Bearer <token>``):
     DELETE /sessions/{id}                    close (releases the sandbox)
 
 Errors carry ``{"error": code, "detail": message}``: 401 no/bad token, 403 wrong token, 404
-unknown session or environment, 409 step after done, 413 body too large, 422 invalid input,
+unknown session or environment (``unknown_environment``), 409 step after done, 413 body too large,
+422 invalid input (``bad_task``: the task's reset rejects it or its grader fails its own gold),
 429 session limit (with ``Retry-After``), 500 the environment's own code failed
 (``environment_error``: it cannot load, its reset raised or ran a sandbox call that failed, or a
 reply of it holds a number that is not finite; ``grader_failure``: its grader raised or scored
 NaN; either way that episode is ``failed_infra``), 502 the session's sandbox failed
-(``failed_infra``).
+(``failed_infra``), 503 the sandbox backend is down (``sandbox_backend_down``).
 A step's ``request_id`` makes retries safe: the same id is applied once and answered again.
 """
 
@@ -47,6 +49,9 @@ from pqrl.finite import nonfinite_path
 __all__ = ["ServerSettings", "create_app"]
 
 log = logging.getLogger(__name__)
+
+
+_OPEN_PATHS = ("/healthz", "/readyz")  # probes: no token
 
 
 class ServerSettings(BaseSettings):
@@ -183,13 +188,13 @@ class _Unexpected:
 
 class _TokenGate:
     """Checks the bearer token before anything reads the body (a bad body must not answer 422
-    to a caller without a token). /healthz is open."""
+    to a caller without a token). /healthz and /readyz are open."""
 
     def __init__(self, app: ASGIApp, token: str | None) -> None:
         self.app, self.token = app, token
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or self.token is None or scope["path"] == "/healthz":
+        if scope["type"] != "http" or self.token is None or scope["path"] in _OPEN_PATHS:
             return await self.app(scope, receive, send)
         header = dict(scope.get("headers") or []).get(b"authorization", b"").decode("latin-1")
         scheme, _, given = header.partition(" ")
@@ -219,7 +224,7 @@ def create_app(settings: ServerSettings | None = None, manager: SessionManager |
         pool_size=settings.sandbox_pool_size,
         run=settings.run,
     )
-    # The OpenAPI spec is served (behind the token, like every route but /healthz); no HTML docs.
+    # The OpenAPI spec is served (behind the token, like every route but the probes); no HTML docs.
     app = FastAPI(
         title="pqrl env server",
         version="1",
@@ -233,7 +238,7 @@ def create_app(settings: ServerSettings | None = None, manager: SessionManager |
     app.add_middleware(_TokenGate, token=settings.token)  # added last: runs first
     app.state.sessions = sessions
     _add_error_handlers(app)
-    # Every route on this router needs the token; /healthz sits on the app itself.
+    # Every route on this router needs the token; the probes sit on the app itself.
     api = APIRouter(dependencies=[Depends(_authorizer(settings))], responses=_ERROR_RESPONSES)
     _add_info_routes(app, api, sessions)
     _add_session_routes(api, sessions)
@@ -323,17 +328,24 @@ _ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
         (409, "session done, or a request id reused with another body"), (413, "body too large"),
         (422, "invalid request"), (429, "too many sessions (Retry-After)"),
         (500, "the environment's own code failed (grader_failure: its grader raised)"),
-        (502, "the session's sandbox failed"),
+        (502, "the session's sandbox failed"), (503, "the sandbox backend (Docker) is down"),
     ]
 }  # fmt: skip
 
 
 def _add_info_routes(app: FastAPI, api: APIRouter, sessions: SessionManager) -> None:
-    """/healthz (open, on the app), /metrics and /environments (behind the token, on ``api``)."""
+    """/healthz and /readyz (open, on the app), /metrics and /environments (behind the token, on ``api``)."""
 
     @app.get("/healthz", operation_id="health")
     async def health() -> dict[str, Any]:
         return {"ok": True, "sessions": sessions.live}
+
+    @app.get("/readyz", operation_id="ready")
+    async def ready() -> JSONResponse:
+        down = await sessions.backend_down()
+        if down is not None:
+            return JSONResponse({"error": "sandbox_backend_down", "detail": down}, status_code=503)
+        return JSONResponse({"ok": True})
 
     @api.get("/metrics", operation_id="metrics", response_class=PlainTextResponse)
     async def metrics() -> PlainTextResponse:

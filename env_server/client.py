@@ -17,6 +17,8 @@ import httpx
 from pydantic import BaseModel, ValidationError
 
 from env_server.sessions import (
+    BackendDown,
+    BadTask,
     EnvironmentBroken,
     EnvServerError,
     GraderFailure,
@@ -27,6 +29,7 @@ from env_server.sessions import (
     SessionDone,
     SessionManager,
     TooManySessions,
+    UnknownEnv,
 )
 from env_server.types import RewardResult, SessionInfo, StepResult, ToolCall, ToolCallRequest
 from pqrl.finite import bounded, loads_finite
@@ -124,6 +127,9 @@ _ERRORS: dict[str, type[EnvServerError]] = {
         GraderFailure,
         EnvironmentBroken,
         AuthError,
+        UnknownEnv,
+        BadTask,
+        BackendDown,
     )
 }
 
@@ -168,6 +174,19 @@ class HttpEnvClient:
 
     async def environments(self) -> list[dict[str, Any]]:
         return await self._call("GET", self.urls[0], "/environments")
+
+    async def not_ready(self) -> dict[str, str]:
+        """The servers whose ``/readyz`` does not answer 200, with the cause (empty: all ready)."""
+        out = {}
+        for url in self.urls:
+            try:
+                r = await self._http.get(url + "/readyz", timeout=10)
+            except httpx.TransportError as e:
+                out[url] = f"unreachable: {e!r}"
+                continue
+            if r.status_code != 200:
+                out[url] = f"HTTP {r.status_code}: {_body(r)[1]}"
+        return out
 
     async def create_session(
         self,

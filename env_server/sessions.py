@@ -22,15 +22,18 @@ from env_server.environment import ToolEnvironment
 from env_server.registry import UnknownEnvironment, make, registry, spec
 from env_server.types import Message, Observation, RewardResult, SessionInfo, StepResult, ToolCall, ToolStatus
 from env_server.wrappers import Wrapper
+from pqrl import faults
 from pqrl.finite import nonfinite_path
 from pqrl.text import clipped
 from sandboxes.docker import DockerSandbox
 from sandboxes.docker_api import DockerAPI
 from sandboxes.hardening import SandboxSettings
 from sandboxes.pool import SandboxPool
-from sandboxes.protocol import SandboxCallFailed, SandboxError
+from sandboxes.protocol import SandboxCallFailed, SandboxError, SandboxUnavailable
 
 __all__ = [
+    "BackendDown",
+    "BadTask",
     "EnvServerError",
     "EnvironmentBroken",
     "GraderFailure",
@@ -40,6 +43,7 @@ __all__ = [
     "SessionDone",
     "SessionManager",
     "TooManySessions",
+    "UnknownEnv",
 ]
 
 log = logging.getLogger(__name__)
@@ -56,6 +60,12 @@ class NotFound(EnvServerError):
     status, code = 404, "not_found"
 
 
+class UnknownEnv(NotFound):
+    """No environment of that id is registered here: every task of it would fail the same way."""
+
+    code = "unknown_environment"
+
+
 class SessionDone(EnvServerError):
     status, code = 409, "session_done"
 
@@ -68,6 +78,18 @@ class RequestConflict(EnvServerError):
 
 class InvalidRequest(EnvServerError):
     status, code = 422, "invalid_request"
+
+
+class BadTask(InvalidRequest):
+    """The task itself is wrong (its reset rejects it, its grader fails its own gold): not retried."""
+
+    code = "bad_task"
+
+
+class BackendDown(EnvServerError):
+    """The sandbox backend (Docker) does not answer: no sandboxed session can open until it does."""
+
+    status, code = 503, "sandbox_backend_down"
 
 
 class TooManySessions(EnvServerError):
@@ -264,6 +286,10 @@ class SessionManager:
             except SandboxError as e:
                 self._error("infra")
                 raise InfraFailure(f"session {session_id}: sandbox failed during evaluation: {e}") from e
+            except faults.BadTask as e:  # the task's own reference fails: no episode of it can be graded
+                self._error("bad_task")
+                raise BadTask(clipped(f"session {session_id}: {s.env_id}: {type(e).__name__}: {e}",
+                                      _CAUSE_CHARS)) from e  # fmt: skip
             except Exception as e:  # a grader bug costs this episode only, never the server or the group
                 self._error("grader")
                 log.error("session %s (%s): the grader failed", session_id, s.env_id, exc_info=e)
@@ -298,6 +324,16 @@ class SessionManager:
         self._pools.clear()
         if self._docker_api is not None:
             await self._docker_api.close()
+
+    async def backend_down(self) -> str | None:
+        """Why the sandbox backend cannot serve (Docker does not answer its ping); None when it can."""
+        try:
+            self._docker_api = self._docker_api or DockerAPI()
+            async with asyncio.timeout(5.0):
+                await self._docker_api.ping()
+        except (SandboxError, TimeoutError) as e:
+            return str(e) or "the Docker engine did not answer its ping within 5 s"
+        return None
 
     @property
     def live(self) -> int:
@@ -338,7 +374,7 @@ class SessionManager:
             spec(env_id).load()
         except UnknownEnvironment as e:
             self._error("not_found")
-            raise NotFound(str(e)) from None
+            raise UnknownEnv(str(e)) from None
         except (ImportError, TypeError) as e:
             self._error("environment_error")
             raise EnvironmentBroken(clipped(str(e), _CAUSE_CHARS)) from None
@@ -346,7 +382,7 @@ class SessionManager:
             env = make(env_id, **env_kwargs)
         except TypeError as e:
             self._error("bad_task")
-            raise InvalidRequest(clipped(f"{env_id} rejected its env_kwargs: {e}", _CAUSE_CHARS)) from None
+            raise BadTask(clipped(f"{env_id} rejected its env_kwargs: {e}", _CAUSE_CHARS)) from None
         inner = env.unwrapped if isinstance(env, Wrapper) else env
         sandbox = pool = None
         try:
@@ -360,6 +396,8 @@ class SessionManager:
             failure = self._reset_failure(env_id, e)
             if failure is e:
                 raise
+            if isinstance(failure, InfraFailure) and (down := await self.backend_down()) is not None:
+                failure = BackendDown(clipped(f"{env_id}: the sandbox backend is down: {down}", _CAUSE_CHARS))
             raise failure from e
         try:  # an observation that cannot be sent fails here, as the environment's, not in the reply
             _replyable(observation, "reset")
@@ -375,7 +413,7 @@ class SessionManager:
     def _reset_failure(self, env_id: str, e: BaseException) -> BaseException:
         """What a reset that raised ``e`` answers; every message bounded."""
         cause = f"{type(e).__name__}: {e}"
-        if isinstance(e, SandboxError):
+        if isinstance(e, SandboxError) and not isinstance(e, SandboxUnavailable):
             self._error("infra")
             return InfraFailure(clipped(f"{env_id}: sandbox unavailable: {e}", _CAUSE_CHARS))
         if isinstance(e, SandboxCallFailed):
@@ -384,9 +422,12 @@ class SessionManager:
             return EnvironmentBroken(
                 clipped(f"{env_id}: reset failed: a sandbox call of its setup failed: {e}", _CAUSE_CHARS)
             )
-        if isinstance(e, KeyError | ValueError | TypeError):
+        if isinstance(e, SandboxUnavailable):
+            self._error("backend_down")
+            return BackendDown(clipped(f"{env_id}: the sandbox backend is down: {e}", _CAUSE_CHARS))
+        if isinstance(e, KeyError | ValueError | TypeError | faults.BadTask):
             self._error("bad_task")
-            return InvalidRequest(clipped(f"{env_id} rejected the task: {cause}", _CAUSE_CHARS))
+            return BadTask(clipped(f"{env_id} rejected the task: {cause}", _CAUSE_CHARS))
         if isinstance(e, Exception):
             self._error("environment_error")
             return EnvironmentBroken(clipped(f"{env_id}: reset failed: {cause}", _CAUSE_CHARS))

@@ -318,7 +318,7 @@ def step_config(cfg: TrainConfig) -> StepConfig:
 
 # how one rollout process paces itself: workers may differ here, never in what they sample
 _PER_PROCESS = {"max_concurrent_groups", "progress_every_s", "put_timeout_s", "lease_timeout_s",
-                "episode_deadline_s"}  # fmt: skip
+                "episode_deadline_s", "backend_grace_s"}  # fmt: skip
 
 
 def shared_settings(cfg: TrainConfig) -> dict[str, Any]:

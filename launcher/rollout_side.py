@@ -65,6 +65,7 @@ class Job:
             if self.engine is not None:
                 await self._wait_for_engines()
             self.suites = [r.build() for r in cfg.tasks.suites]
+            await self._check_env_servers()
         except BaseException:
             await self.__aexit__()
             raise
@@ -81,6 +82,14 @@ class Job:
 
         what = "the engine" + "s" * (len(self.services["engines"]) > 1)
         await children.wait_until(healthy, what=what, timeout_s=timeout_s, stop=self.stopping)
+
+    async def _check_env_servers(self) -> None:
+        """Ready, taking the token, knowing the suites' environments: else a permanent fault now."""
+        from launcher.preflight import check_env_servers
+
+        env_ids = {s.manifest.env_id for s in self.suites}
+        await check_env_servers(self.env, env_ids, grace_s=self.cfg.rollout.backend_grace_s,
+                                children=self.services.get("children"))  # fmt: skip
 
     def _on_signal(self) -> None:
         """Ctrl-C (or SIGTERM) once: the step in progress finishes and is checkpointed, then the job
@@ -198,4 +207,5 @@ class Job:
             "groups_written": stats.groups_written,
             "groups_dropped": stats.groups_dropped,
             "failures": dict(stats.failures),
+            "dead_tasks": dict(stats.dead_tasks),
         }

@@ -27,6 +27,7 @@ from typing import Any
 import yaml
 
 from launcher.jobconfig import ConfigInvalid, TrainConfig, explain_lines, explain_markdown, load_config
+from pqrl.errors import PqrlError
 
 __all__ = ["add_train_arguments", "train_command"]
 
@@ -160,20 +161,23 @@ def _rank(cfg: TrainConfig, args: argparse.Namespace, ctx: Any) -> int:
     barrier(ctx)
     from launcher.services import job_services
 
-    with job_services(cfg, quiet=args.quiet) as services:
-        how = {"role": args.role, "quiet": args.quiet, "ctx": ctx, "fresh": args.fresh}
-        try:
-            summary = asyncio.run(_run_job(cfg, services, **how))
-        finally:
-            # the job is over: a second Ctrl-C that comes late must not cut short stopping its services
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
-            if services.get("children") is not None:
-                services["children"].disarm()
+    try:
+        with job_services(cfg, quiet=args.quiet) as services:
+            how = {"role": args.role, "quiet": args.quiet, "ctx": ctx, "fresh": args.fresh}
+            try:
+                summary = asyncio.run(_run_job(cfg, services, **how))
+            finally:
+                # the job is over: a late second Ctrl-C must not cut short stopping its services
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
+                if services.get("children") is not None:
+                    services["children"].disarm()
+    except PqrlError as e:  # before training began (a preflight) or on a rollout worker
+        summary = {"run": cfg.run, "updates": 0, "ended": e.line(), "exit_code": e.exit_code}
     print(json.dumps(summary))
-    if summary.get("ended"):  # short of its step budget: say why on the last line
+    code = int(summary.get("exit_code", 0))
+    if code:  # short of its step budget: say why on the last line
         print(f"pqrl train: {summary['ended']}", file=sys.stderr)
-        return 1
-    return 0
+    return code
 
 
 async def _run_job(cfg: TrainConfig, services: dict[str, Any], **how: Any) -> dict[str, Any]:

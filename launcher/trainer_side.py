@@ -20,6 +20,7 @@ from launcher.jobconfig import loop_config
 from launcher.ram_weights import model_bytes, ram_weights_dir
 from launcher.rollout_side import Job
 from launcher.trainer_build import build_trainer
+from pqrl.errors import PqrlError
 from pqrl.redis_server import free_port
 
 __all__ = ["train"]
@@ -90,6 +91,8 @@ class _Run:
         self.rewards: list[float] = []
         self.dropped: collections.Counter[str] = collections.Counter()  # by reason, this process
         self.plan_end: str | None = None  # why the job ended before its step budget
+        self.fault: PqrlError | None = None  # a permanent fault that ended it
+        self.stopped_by: str | None = None  # "time budget" when max_time_min ended it
 
     async def run(self, *, resumed: bool) -> dict[str, Any]:
         from trainer.metrics import plot_curves
@@ -102,14 +105,19 @@ class _Run:
             if before is not None:
                 evals["before"] = before
         await self._start_rollouts()
-        started = time.monotonic()
+        started, first_step = time.monotonic(), self.trainer.state.step
         try:
             await self._steps(started)
+        except PqrlError as e:  # a permanent fault of the rollout side: summarised, then raised
+            self.fault = e
+            log.error("%s", e.line())
         finally:
             await self._wind_down()
         if self.leader is not None:
             await asyncio.to_thread(self.leader.stop)  # the other ranks' work is done
-        if self.eval_suite is not None and self.job.stopping.is_set():
+        if self.eval_suite is not None and self.fault is not None:
+            log.info("final evaluation skipped: %s", self.fault)
+        elif self.eval_suite is not None and self.job.stopping.is_set():
             # stopped by the user: the checkpoint is written; the final evaluation would keep them
             # waiting minutes more, so it runs when the job is resumed and finishes instead
             log.info("stopped at step %d: final evaluation skipped; run the same command again to "
@@ -124,16 +132,32 @@ class _Run:
         summary: dict[str, Any] = {
             "run": self.cfg.run,
             "steps": self.trainer.state.step,
+            "updates": self.trainer.state.step - first_step,  # optimizer steps taken by this process
             "policy_version": self.trainer.state.policy_version,
             "minutes": round((time.monotonic() - started) / 60, 2),
             "metrics": str(self.writer.path),
             "plot": str(png),
         }
-        if self.plan_end is not None:
-            summary["ended"] = self.plan_end
+        summary |= self._ending()
+        manager = self.job.manager
+        if manager is not None and manager.stats.tasks_dead_lettered:
+            summary["dead_tasks"] = manager.stats.tasks_dead_lettered
+            summary["dead_task_causes"] = dict(manager.stats.dead_tasks)
         for when, (rate, _, why) in evals.items():  # a refused rate is left out, with the reason
             summary |= {f"eval_{when}": rate} if why is None else {f"eval_{when}_refused": why}
         return summary
+
+    def _ending(self) -> dict[str, Any]:
+        """``ended``: why the job ended, in words; ``exit_code``: what the process exits with."""
+        if self.fault is not None:
+            return {"ended": self.fault.line(), "exit_code": self.fault.exit_code}
+        if self.plan_end is not None:
+            return {"ended": self.plan_end, "exit_code": 1}
+        if self.job.stopping.is_set():
+            return {"ended": "stopped by a signal (Ctrl-C or SIGTERM)", "exit_code": 0}
+        if self.stopped_by is not None:
+            return {"ended": self.stopped_by, "exit_code": 0}
+        return {"ended": "done: the step budget is trained", "exit_code": 0}
 
     async def _write_manifest(self) -> None:
         """``manifest.json`` in the run directory (each checkpoint copies it); its gist for pqrl status."""
@@ -205,6 +229,7 @@ class _Run:
                     await self._evaluate(step)
                 if timeout:
                     log.info("time budget of %.1f min reached at step %d", t.max_time_min, step)
+                    self.stopped_by = f"time budget of {t.max_time_min:g} min reached (train.max_time_min)"
                     break
         finally:
             bar.close()
@@ -344,6 +369,8 @@ async def _first(
         if rollout_task is not None and rollout_task.done():
             step_task.cancel()
             exc = rollout_task.exception()
+            if isinstance(exc, PqrlError):  # a permanent fault, already in words
+                raise exc
             raise RuntimeError(f"the rollout manager stopped: {exc!r}")
         pending = {t for t in (step_task, rollout_task, starved) if t is not None and not t.done()}
         await asyncio.wait(pending, timeout=0.2, return_when=asyncio.FIRST_COMPLETED)

@@ -80,6 +80,11 @@ class RunKeys:
         return f"{self.prefix}:tasks"
 
     @property
+    def dead_tasks(self) -> str:
+        """Stream of tasks given up for their own permanent fault: ``task`` (JSON) and ``reason``."""
+        return f"{self.prefix}:dead-tasks"
+
+    @property
     def task_batches(self) -> str:
         """Set of the task batch ids already queued (a batch is queued once per run)."""
         return f"{self.prefix}:task-batches"

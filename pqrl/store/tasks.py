@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import redis.asyncio as aioredis
 
@@ -98,6 +98,22 @@ class TaskQueue(RunPart):
     async def ack(self, consumer_group: str, entry_ids: Iterable[str]) -> int:
         """Acknowledges leases of ``consumer_group`` and trims what every consumer group has acked."""
         return await self._streams.ack(self.key, consumer_group, entry_ids)
+
+    @redis_errors
+    async def dead_letter(self, consumer_group: str, entry: TaskEntry, reason: str) -> None:
+        """Moves leased ``entry`` to the run's dead tasks with ``reason``: the copy and the ack are one
+        transaction, so the task is never both lost and acknowledged, nor run again."""
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.xadd(self.keys.dead_tasks, {"task": task_json(entry.task), "reason": reason})
+            pipe.xack(self.key, consumer_group, entry.entry_id)
+            await pipe.execute()
+        await self._streams.trim(self.key)
+
+    @redis_errors
+    async def dead(self) -> list[tuple[dict[str, Any], str]]:
+        """(task, reason) of every task dead-lettered in this run, oldest first."""
+        rows = cast(list[tuple[bytes, dict[bytes, bytes]]], await self.redis.xrange(self.keys.dead_tasks))
+        return [(json.loads(f[b"task"]), decode_str(f[b"reason"])) for _, f in rows]
 
     @redis_errors
     async def backlog(self) -> int:

@@ -59,6 +59,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
+from pqrl.faults import BadTask
 from sandboxes.docker import DockerSandbox
 from sandboxes.protocol import Sandbox, SandboxDied
 from tasks.coding import probes
@@ -420,9 +421,9 @@ class _RunnerFailed(Exception):
         self.info = info
 
 
-class GoldReferenceError(RuntimeError):
+class GoldReferenceError(BadTask, RuntimeError):
     """The gold solution does not pass its own rewritten tests: the task (or the grader) is broken,
-    never the submission's fault."""
+    never the submission's fault; a ``BadTask``, so the task is dead-lettered, not retried."""
 
 
 _REFERENCES: dict[str, Reference] = {}

@@ -104,11 +104,11 @@ async def test_environments_lists_tools(raw):
 
 
 def protected_routes(server: LiveServer) -> list[tuple[str, str]]:
-    """Every (method, path) of the app's own schema but /healthz, with a made-up session id."""
+    """Every (method, path) of the app's own schema but the probes, with a made-up session id."""
     routes = [
         (method.upper(), path.replace("{session_id}", NO_SESSION))
         for path, operations in server.app.openapi()["paths"].items()
-        if path != "/healthz"
+        if path not in ("/healthz", "/readyz")
         for method in operations
     ]
     assert len(routes) == 6, f"unexpected route set {routes}"
@@ -162,7 +162,7 @@ async def test_malformed_body_without_token_is_401(server):
 
 async def test_unknown_environment_is_404_listing_the_registered(raw, client):
     status, code, detail = error_of(await raw.post("/sessions", json={"env_id": "nope-v1"}))
-    assert (status, code) == (404, "not_found")
+    assert (status, code) == (404, "unknown_environment")
     assert detail.startswith("unknown environment 'nope-v1'; registered: ") and "echo-v1" in detail, detail
     with pytest.raises(NotFound, match="registered: .*echo-v1"):
         await client.create_session("nope-v1", {})
@@ -298,7 +298,7 @@ async def test_session_limit_is_429_with_retry_after(limited_server):
 
 async def test_a_task_the_environment_rejects_is_422(raw, client):
     status, code, detail = error_of(await raw.post("/sessions", json={"env_id": "pytest-strict-task-v1"}))
-    assert (status, code) == (422, "invalid_request")
+    assert (status, code) == (422, "bad_task")
     assert detail == "pytest-strict-task-v1 rejected the task: KeyError: 'answer'", detail
     with pytest.raises(InvalidRequest, match="ValueError: answer must be a string, got int"):
         await client.create_session("pytest-strict-task-v1", {"answer": 3})
@@ -313,7 +313,7 @@ async def test_env_kwargs_configure_the_environment(raw, client):
     status, code, detail = error_of(
         await raw.post("/sessions", json={"env_id": "pytest-counter-v1", "env_kwargs": {"bogus": 1}})
     )
-    assert (status, code) == (422, "invalid_request"), detail
+    assert (status, code) == (422, "bad_task"), detail
     assert detail.startswith("pytest-counter-v1 rejected its env_kwargs:") and "'bogus'" in detail, detail
     local = LocalEnvClient(SessionManager(pool_size=0, run=RUN_LABEL))
     try:

@@ -114,7 +114,9 @@ def test_the_first_ctrl_c_ends_a_trainer_waiting_for_groups_and_resume_trains_th
         took = time.monotonic() - t0
         assert proc.returncode == 0 and took < 10, f"{proc.returncode} after {took:.1f} s:\n{err[-3000:]}"
         assert "stopped while step 1 waited for groups" in err, err[-3000:]
-        assert json.loads(out.strip().splitlines()[-1])["steps"] == 0
+        summary = json.loads(out.strip().splitlines()[-1])
+        assert summary["steps"] == 0 and summary["updates"] == 0, summary
+        assert summary["ended"].startswith("stopped by a signal") and summary["exit_code"] == 0, summary
         assert asyncio.run(_pending(redis.url)) == 1, "the group read is left unacknowledged, not trained"
 
         asyncio.run(_put_group(redis.url, 1))  # resumed, the trainer trains the first group with it
@@ -125,19 +127,6 @@ def test_the_first_ctrl_c_ends_a_trainer_waiting_for_groups_and_resume_trains_th
         assert asyncio.run(_pending(redis.url)) == 0
     state = json.loads((tmp_path / "out" / "r" / "checkpoints" / "step-000001" / "state.json").read_text())
     assert sorted(state["trained_groups"]) == ["grp0", "grp1"]
-
-
-@pytest.fixture(scope="module")
-def long_tiny_model(tmp_path_factory) -> Path:
-    """The tiny model with room for a whole calc prompt."""
-    from pqrl.model_cache import load_tokenizer
-    from tests.models import tiny_llama
-
-    tok = load_tokenizer()
-    path = tmp_path_factory.mktemp("tiny-long")
-    tiny_llama(len(tok), positions=2048).save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
 
 
 def test_a_job_whose_task_plan_runs_out_ends_with_the_counts(long_tiny_model, tmp_path):
@@ -159,7 +148,8 @@ def test_a_job_whose_task_plan_runs_out_ends_with_the_counts(long_tiny_model, tm
     assert last.startswith("pqrl train: the task plan is used up"), err[-3000:]
     assert "groups produced 2" in last and "read by the trainer 2" in last, last
     summary = json.loads(out.strip().splitlines()[-1])
-    assert summary["ended"] in last and summary["steps"] <= 2
+    assert summary["ended"] in last and summary["steps"] <= 2 and summary["updates"] == summary["steps"]
+    assert summary["exit_code"] == 1
     assert _processes_mentioning(tmp_path, long_tiny_model) == [], "the job's Redis and engine are gone"
 
 

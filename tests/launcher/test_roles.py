@@ -47,7 +47,7 @@ def test_shared_settings_leave_out_only_how_a_process_paces_itself(tmp_path):
     shared = shared_settings(cfg)["rollout"]
     left_out = set(RolloutSection.model_fields) - set(shared)
     assert left_out == {"max_concurrent_groups", "progress_every_s", "put_timeout_s", "lease_timeout_s",
-                        "episode_deadline_s"}  # fmt: skip
+                        "episode_deadline_s", "backend_grace_s"}  # fmt: skip
     assert {"temperature", "top_p", "group_size", "max_new_tokens", "max_staleness"} <= set(shared)
     paced = load_config(_config(tmp_path, max_concurrent_groups=9))
     assert shared_settings(paced) == shared_settings(cfg), "a worker may run more groups at once"
