@@ -42,6 +42,7 @@ _KNOWN: list[tuple[str, str, type[PqrlError], str]] = [
     ("engine.errors", "EngineError", RetriesExhausted, "start the engine, or check --engine"),
     ("env_server.client", "AuthError", PermanentFault, "give the env server's token (PQRL_ENV_TOKEN)"),
     ("env_server.client", "EnvUnavailable", RetriesExhausted, "start the env server, or check --env-server"),
+    ("env_server.sessions", "NotFound", PermanentFault, ""),  # an unknown environment: it lists the known
     ("env_server.sessions", "TooManySessions", RetriesExhausted, "retry later, or raise the server's limit"),
     ("env_server.sessions", "EnvServerError", PermanentFault, "see the env server's log"),
     ("sandboxes.protocol", "ImageMissing", PermanentFault, "pqrl sandbox build-image builds it"),
@@ -98,13 +99,18 @@ def _status(e: BaseException) -> int | None:
 
 
 def classify(e: BaseException) -> PqrlError | None:
-    """The ``PqrlError`` that ``e`` (or what caused it) amounts to; None when no class is known."""
-    for link in _chain(e):
+    """The ``PqrlError`` that ``e`` amounts to: the outermost one in its chain of causes, else the
+    first row of the table that any of the chain matches; None when no class is known."""
+    chain = list(_chain(e))
+    for link in chain:
         if isinstance(link, PqrlError):
             return link
-        for module, name, cls, fix in _KNOWN:
-            t = _known_type(module, name)
-            if t is not None and isinstance(link, t):
+    for module, name, cls, fix in _KNOWN:
+        t = _known_type(module, name)
+        if t is None:
+            continue
+        for link in chain:
+            if isinstance(link, t):
                 status = _status(link)
                 if status is not None and status in _TRANSIENT_STATUS:
                     cls = RetriesExhausted

@@ -217,7 +217,7 @@ def filter_tasks(args: argparse.Namespace) -> int:
     print(distribution_table(rates))
     mean = f"mean pass rate {sum(rates.values()) / max(len(rates), 1):.3f}"
     if not kept.tasks:
-        fix = "sample more (--samples), widen --low/--high, or filter another suite"
+        fix = "filter a suite this policy sometimes solves, or sample more (--samples)"
         raise JobEnded(
             f"no task has a pass rate in ({args.low:g}, {args.high:g}) ({mean}); nothing written", fix=fix
         )
