@@ -161,9 +161,8 @@ def _cmd_tasks(args: argparse.Namespace) -> int:
                         print(f"  {t.id}: {getattr(t, 'question', getattr(t, 'issue', ''))[:100]}")
                     print(f"  ... {len(shown.tasks)} tasks")
             return 0
-        except KeyError as e:
-            print(f"pqrl tasks: {e.args[0]}", file=sys.stderr)
-            return 1
+        except KeyError as e:  # no such suite or task
+            raise UsageError(str(e.args[0]), fix="pqrl tasks list shows the stored suites") from None
         finally:
             await store.aclose()
 
@@ -340,7 +339,7 @@ def _add_rollout(sub: _SubParsers, group: Callable[[str, str], _SubParsers]) -> 
     )
     show.add_argument("--run", required=True)
     show.add_argument("--redis-url", default=None, help="default: $PQRL_REDIS_URL")
-    show.add_argument("--groups", type=int, default=2, help="the most recent N groups")
+    show.add_argument("--groups", type=positive_int, default=2, help="the most recent N groups")
     show.add_argument("--model", default=DEFAULT_MODEL, help="tokenizer to decode with")
     show.add_argument("--brief", action="store_true", help="figures only, no token streams")
     show.set_defaults(func=_cmd_trajectories_show)

@@ -21,7 +21,6 @@ __all__ = ["Parser", "classify", "command_name", "debugging", "one_line", "posit
 
 _PATH = "check the path"
 _REDIS = "start Redis, or check --redis-url / PQRL_REDIS_URL"
-_DOCKER = "start dockerd (scripts/setup.sh does)"
 # (module, class) -> (pqrl.errors class, what to do), first match wins: subclasses before their bases.
 # A module not imported yet cannot have raised, so nothing here imports anything.
 _KNOWN: list[tuple[str, str, type[PqrlError], str]] = [
@@ -46,7 +45,7 @@ _KNOWN: list[tuple[str, str, type[PqrlError], str]] = [
     ("env_server.sessions", "TooManySessions", RetriesExhausted, "retry later, or raise the server's limit"),
     ("env_server.sessions", "EnvServerError", PermanentFault, "see the env server's log"),
     ("sandboxes.protocol", "ImageMissing", PermanentFault, "pqrl sandbox build-image builds it"),
-    ("sandboxes.protocol", "SandboxUnavailable", PermanentFault, _DOCKER),
+    ("sandboxes.protocol", "SandboxUnavailable", PermanentFault, ""),  # it says how to start dockerd
     ("sandboxes.protocol", "SandboxError", PermanentFault, "see the Docker engine's log"),
     ("sandboxes.image", "ImageBuildError", PermanentFault, ""),  # its message says what is missing
     ("tasks.coding.grader", "GoldReferenceError", PermanentFault, "its gold patch must pass its tests"),

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pqrl.envvars import setting
+from pqrl.envvars import checked_redis_url, setting
 from pqrl.errors import UsageError
 
 __all__ = ["add_status_arguments", "status_command"]
@@ -27,7 +27,9 @@ def status_command(args: argparse.Namespace) -> int:
     services = Path(args.output_dir) / args.run / "services.json"
     if not url and services.is_file():
         url = json.loads(services.read_text())["redis_url"]
-    if not url:
+    if url:
+        checked_redis_url(url)
+    else:
         raise UsageError(f"no Redis URL and no running embedded job at {services}",
                          fix="give --redis-url or set PQRL_REDIS_URL")  # fmt: skip
 

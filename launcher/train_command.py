@@ -28,7 +28,7 @@ import yaml
 
 from launcher.jobconfig import ConfigInvalid, TrainConfig, explain_lines, explain_markdown, load_config
 from launcher.quiet import QUIET_HELP
-from pqrl.envvars import setting
+from pqrl.envvars import checked_redis_url, setting
 
 __all__ = ["add_train_arguments", "train_command"]
 
@@ -117,6 +117,8 @@ def train_command(args: argparse.Namespace) -> int:
         print("pqrl train: give a CONFIG file (pqrl train --explain lists its fields)", file=sys.stderr)
         return 2
     cfg = load_config(args.config, _overrides(args.set) | _service_overrides(args))  # ConfigInvalid: status 2
+    if cfg.services.redis_url:
+        checked_redis_url(cfg.services.redis_url)
     if cfg.embedded and args.role != "all":
         print("pqrl train: --role needs the run's Redis (--redis-url, $PQRL_REDIS_URL or services.redis_url)",
               file=sys.stderr)  # fmt: skip

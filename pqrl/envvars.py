@@ -13,7 +13,7 @@ from collections.abc import Mapping
 
 from pqrl.errors import UsageError
 
-__all__ = ["OLD_NAMES", "SETTINGS", "redis_url", "setting"]
+__all__ = ["OLD_NAMES", "SETTINGS", "checked_redis_url", "redis_url", "setting"]
 
 log = logging.getLogger("pqrl.env")
 
@@ -59,4 +59,13 @@ def redis_url(given: str | None) -> str:
     url = given or setting("PQRL_REDIS_URL")
     if not url:
         raise UsageError("no Redis URL given", fix="give --redis-url or set PQRL_REDIS_URL")
+    return checked_redis_url(url)
+
+
+def checked_redis_url(url: str) -> str:
+    """``url`` when it is a Redis URL; a UsageError (naming no password) when it is not."""
+    scheme = url.partition("://")[0] if "://" in url else ""
+    if scheme not in ("redis", "rediss", "unix"):
+        raise UsageError(f"{url.rpartition('@')[2]!r} is not a Redis URL",
+                         fix="give redis://HOST:PORT/DB, rediss://... or unix:///PATH")  # fmt: skip
     return url

@@ -47,6 +47,7 @@ def _bad_inputs(tmp: Path) -> list[tuple[list[str], int | set[int], str]]:
         (["tasks", "submit", none, "--run", "r", "--redis-url", CLOSED], 2, "No such file"),
         (["tasks", "list", "--redis-url", CLOSED], 4, "Redis"),
         (["tasks", "list"], 2, "PQRL_REDIS_URL"),
+        (["tasks", "list", "--redis-url", "localhost:6379"], 2, "not a Redis URL"),
         (["tasks", "show", "x", "--redis-url", CLOSED], 4, "Redis"),
         (["tasks", "generate", "calc", "--n", "0", "-o", str(tmp / "x.jsonl")], 2, "positive"),
         (["tasks", "generate", "calc", "--n", "2", "-o", str(tmp / "no" / "x.jsonl")], 2, "No such file"),
@@ -171,6 +172,9 @@ def test_every_subcommand_reads_the_one_redis_variable(redis_server):
     assert old.stderr.splitlines() == ["pqrl: REDIS_URL is deprecated; set PQRL_REDIS_URL instead"]
     wins = _pqrl("tasks", "list", env={"PQRL_REDIS_URL": redis_server.url, "REDIS_URL": CLOSED})
     assert wins.returncode == 0, wins.stderr
+    missing = _pqrl("tasks", "show", "nope", env={"PQRL_REDIS_URL": redis_server.url})
+    assert missing.returncode == 2 and missing.stderr.startswith("pqrl tasks show: "), missing.stderr
+    assert len(missing.stderr.splitlines()) == 1
 
 
 _READ = re.compile(
@@ -193,7 +197,7 @@ def test_every_variable_read_is_one_pqrl_setting_in_the_docs_table():
         for path in (ROOT / package).rglob("*.py"):
             for name in _READ.findall(path.read_text()):
                 read.setdefault(name, set()).add(str(path.relative_to(ROOT)))
-    assert {"PQRL_REDIS_URL", "PQRL_ENGINES", "PQRL_CACHE"} <= set(read), "the scan finds the reads"
+    assert {"PQRL_REDIS_URL", "PQRL_ENV_TOKEN", "PQRL_CACHE"} <= set(read), "the scan finds the reads"
     settings = set(read) - _INTERNAL - _OTHERS
     assert settings <= set(envvars.SETTINGS), (
         f"read outside pqrl.envvars.SETTINGS: {settings - set(envvars.SETTINGS)}"
