@@ -9,6 +9,7 @@ prints the traceback too. Exit status 1 is also what an unexpected exception get
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import traceback
 from collections.abc import Callable, Iterator
@@ -147,6 +148,9 @@ def run_command(func: Callable[[argparse.Namespace], Any], args: argparse.Namesp
         be_quiet()
     try:
         return int(func(args) or 0)
+    except BrokenPipeError:  # the reader of stdout went away (| head): nothing is wrong, nothing to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     except KeyboardInterrupt:
         print(f"{name}: interrupted", file=sys.stderr)
         return 130  # the shell's status for a SIGINT; no class of ours
