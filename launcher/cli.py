@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
@@ -39,6 +40,8 @@ def _cmd_build_image(args: argparse.Namespace) -> int:
         print(m, file=sys.stderr)
 
     if args.dockerfile:
+        if not os.path.isfile(args.dockerfile):
+            raise UsageError(f"--dockerfile {args.dockerfile}: no such file", fix="check the path")
         name = args.name or "pqrl-sandbox"
         print(build_image_from_dockerfile(args.dockerfile, name=name, force=args.force, progress=progress))
     else:

@@ -29,6 +29,7 @@ import yaml
 from launcher.jobconfig import ConfigInvalid, TrainConfig, explain_lines, explain_markdown, load_config
 from launcher.quiet import QUIET_HELP
 from pqrl.envvars import checked_redis_url, setting
+from pqrl.errors import UsageError
 
 __all__ = ["add_train_arguments", "train_command"]
 
@@ -116,6 +117,8 @@ def train_command(args: argparse.Namespace) -> int:
     if not args.config:
         print("pqrl train: give a CONFIG file (pqrl train --explain lists its fields)", file=sys.stderr)
         return 2
+    if not os.path.isfile(args.config):
+        raise UsageError(f"{args.config}: no such file", fix="check the path")
     cfg = load_config(args.config, _overrides(args.set) | _service_overrides(args))  # ConfigInvalid: status 2
     if cfg.services.redis_url:
         checked_redis_url(cfg.services.redis_url)
