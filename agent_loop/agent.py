@@ -10,7 +10,11 @@ Failures of the environment's infrastructure (its server, its sandbox, a grader 
 a ``failed_infra`` Trajectory with the cause, never a silent zero reward; the trainer keeps those
 out of advantage statistics.
 
-Deliberately left out: streaming, parallel tool calls across turns, and reward shaping.
+A queued task may carry ``reward`` terms (its suite's reward functions, tasks.rewards): the
+environment's score is then one input of their weighted sum, computed here where the episode's
+text and calls are known.
+
+Deliberately left out: streaming and parallel tool calls across turns.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from env_server.sessions import EnvServerError
 from env_server.types import Message, Observation
 from loss_masking import ChatRenderer, EpisodeBuilder, TruncationPolicy, describe_tools
 from pqrl.trajectory import Status, ToolCall, ToolStatus, Trajectory
+from tasks.rewards import Episode, combine
 
 __all__ = ["EpisodeConfig", "failed_trajectory", "run_episode"]
 
@@ -83,6 +88,8 @@ class _Episode:
         self.t_start = time.perf_counter()
         self.out = _Outcome()
         self.invalid_streak = 0
+        self.texts: list[str] = []  # each turn's decoded text, for reward functions
+        self.calls: list[ToolStatus] = []  # every call's status, likewise
 
     def record(self, kind: str, t0: float) -> None:
         self.timings[kind] = self.timings.get(kind, 0.0) + time.perf_counter() - t0
@@ -128,6 +135,8 @@ class _Episode:
             scored = await self.env.evaluate(session_id)
             self.record("grade_s", t0)
             self.out.reward, self.out.reward_info = scored.reward, dict(scored.info)
+            if self.queued.get("reward"):
+                self._combine(builder)
         except EnvServerError as e:
             if not _server_fault(e):
                 raise
@@ -137,6 +146,28 @@ class _Episode:
             self.engine.release(self.rollout_id)
             with contextlib.suppress(EnvServerError):  # expired or gone: nothing left to release
                 await self.env.close_session(session_id)
+
+    def _combine(self, builder: EpisodeBuilder) -> None:
+        """The suite's reward functions over this episode; one that fails fails the episode like a
+        grader that raised (failed_infra, the cause kept)."""
+        ok = sum(s is ToolStatus.OK for s in self.calls)
+        ep = Episode(
+            env_reward=self.out.reward,
+            env_info=dict(self.out.reward_info),
+            completion="".join(self.texts),
+            turns=builder.num_turns,
+            tool_calls=len(self.calls),
+            ok_calls=ok,
+            generated_tokens=builder.num_generated,
+            task=dict(self.queued["task"]),
+        )
+        try:
+            total, values = combine(self.queued["reward"], ep)
+        except ValueError as e:
+            self.out.status, self.out.error = Status.FAILED_INFRA, f"reward: {e}"
+            return
+        self.out.reward_info |= {"env_reward": self.out.reward, "reward_terms": values}
+        self.out.reward = total
 
     async def _turn(self, session_id: str, builder: EpisodeBuilder, turn: int) -> str | None:
         """Generates one turn and runs its tool calls: the reason to stop, or None to go on."""
@@ -150,7 +181,9 @@ class _Episode:
         info = builder.add_turn(
             gen.output_ids, gen.logprobs, gen.versions, finish_reason=gen.finish_reason.type
         )
-        calls = parse_tool_calls(self.renderer.decode(info.content_ids))
+        text = self.renderer.decode(info.content_ids)
+        self.texts.append(text)
+        calls = parse_tool_calls(text)
         if info.budget_hit or builder.stopped:
             return "context budget"
         if not calls:
@@ -178,6 +211,7 @@ class _Episode:
         results, records, done = await _run_calls(self.env, session_id, calls, turn)
         self.record("tools_s", t0)
         builder.set_tool_calls(records)
+        self.calls += [r.status for r in records]
         failed = all(r.status is not ToolStatus.OK for r in records)
         self.invalid_streak = self.invalid_streak + 1 if failed else 0
         if done:

@@ -9,7 +9,10 @@ from typing import Literal
 from pqrl.settings import Settings, setting
 from pqrl.staleness import MIN_GROUP_EPISODES
 
-__all__ = ["EpisodeConfig", "ManagerConfig"]
+__all__ = ["MAX_FAILED_INFRA", "EpisodeConfig", "ManagerConfig"]
+
+# an evaluation that lost a larger share of its tasks to infrastructure reports no pass rate
+MAX_FAILED_INFRA = 0.2
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -49,12 +49,14 @@ async def _greedy(
         engine = EngineClient(url)
         env = HttpEnvClient(env_url, token=token) if env_url else LocalEnvClient()
         try:
-            _, solved = await evaluate(suite, engine=engine, env=env, cfg=episode_config(cfg), k=1,
-                                       renderer=ChatRenderer(load_tokenizer(model)))  # fmt: skip
+            result = await evaluate(suite, engine=engine, env=env, cfg=episode_config(cfg), k=1,
+                                    renderer=ChatRenderer(load_tokenizer(model)))  # fmt: skip
         finally:
             await engine.aclose()
             await env.aclose()
-    return solved
+    if result.refused:
+        sys.exit(f"no pass rate: {result.refused['eval/pass@1']}")
+    return result.solved
 
 
 def greedy_pass(

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from env_server.environment import ToolEnvironment
 from env_server.registry import register_environment
@@ -11,11 +13,36 @@ from env_server.tools import tool
 from env_server.types import Message, Observation, RewardResult
 from pqrl.finite import bounded
 
-__all__ = ["EchoEnv", "ShellEnv", "register"]
+__all__ = ["EchoEnv", "EchoTask", "ShellEnv", "ShellTask", "register"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class EchoTask(_Strict):
+    kind: Literal["echo"] = "echo"
+    id: str = Field(pattern=r"^[a-z0-9][a-z0-9_.-]{0,63}$")
+    prompt: str = "Say something."
+    expected: str = ""
+
+
+class ShellTask(_Strict):
+    kind: Literal["shell"] = "shell"
+    id: str = Field(pattern=r"^[a-z0-9][a-z0-9_.-]{0,63}$")
+    prompt: str = ""
+    setup: list[str] = Field(default_factory=list, description="commands run in the sandbox first")
+    check: str = Field(min_length=1, description="the command whose exit status 0 earns reward 1")
+
+
+class NoConfig(_Strict):
+    """An environment that takes no keyword arguments."""
 
 
 class EchoEnv(ToolEnvironment):
     """Task ``{"prompt": str, "expected": str}``: reward 1 when the submitted answer is ``expected``."""
+
+    task_model = EchoTask
 
     async def reset(self, *, task: dict[str, Any], seed: int | None = None) -> Observation:
         self.expected = str(task.get("expected", ""))
@@ -50,6 +77,8 @@ class ShellEnv(ToolEnvironment):
     is 1 when ``check`` exits 0 in the sandbox after the episode."""
 
     needs_sandbox = True
+    task_model = ShellTask
+    config_model = NoConfig
 
     async def reset(self, *, task: dict[str, Any], seed: int | None = None) -> Observation:
         self.check = task.get("check")
@@ -116,6 +145,7 @@ def register() -> None:
         entry_point="env_server.builtin:EchoEnv",
         max_turns=8,
         sample_task={"prompt": "Submit 42.", "expected": "42"},
+        example_calls=[{"name": "submit", "arguments": {"answer": "42"}}],
     )
     register_environment(
         "shell-v1",
@@ -126,4 +156,8 @@ def register() -> None:
             "setup": ["mkdir -p /workspace/src"],
             "check": "test -f hello.txt",
         },
+        example_calls=[
+            {"name": "write_file", "arguments": {"path": "hello.txt", "content": "hi"}},
+            {"name": "submit", "arguments": {}},
+        ],
     )

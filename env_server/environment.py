@@ -38,6 +38,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any, ClassVar
 
+from pydantic import BaseModel
+
 from env_server.tools import ToolSpec, collect_tools
 from env_server.types import Message, Observation, RewardResult, StepResult, ToolCall, ToolStatus
 from pqrl.text import clipped, encodable
@@ -57,18 +59,28 @@ class ToolEnvironment:
         sandbox_settings: settings of that sandbox (default: the hardened defaults).
         deterministic: ``reset`` with the same task and seed gives the same observation (checked
             by the conformance checker).
+        task_model: the pydantic model of its tasks (a suite of its ``kind`` validates against it).
+        config_model: the pydantic model of its keyword arguments (a suite's ``defaults``); when
+            set, a construction with arguments it rejects raises ValueError.
+        reward_names: names of what ``evaluate`` scores (e.g. ``exact_match``), which a suite's
+            ``reward`` may give instead of ``env``.
     """
 
     needs_sandbox: ClassVar[bool] = False
     sandbox_settings: ClassVar[SandboxSettings | None] = None
     deterministic: ClassVar[bool] = True
     tools: ClassVar[dict[str, ToolSpec]] = {}
+    task_model: ClassVar[type[BaseModel] | None] = None
+    config_model: ClassVar[type[BaseModel] | None] = None
+    reward_names: ClassVar[tuple[str, ...]] = ()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         cls.tools = collect_tools(cls)
 
     def __init__(self, **config: Any) -> None:
+        if self.config_model is not None:
+            self.config_model.model_validate(config)  # a ValidationError is a ValueError
         self.config = config
         self.sandbox: Sandbox | None = None
         self.done = False
@@ -85,6 +97,12 @@ class ToolEnvironment:
 
     async def close(self) -> None:
         """Releases what the environment holds (the server releases the sandbox itself)."""
+
+    @classmethod
+    def worked_example(cls, task: dict[str, Any]) -> list[ToolCall] | None:
+        """The calls of a correct episode of ``task`` (one step each), for ``pqrl env check``; None
+        when the environment gives none."""
+        return None
 
     # ---------------------------------------------------------------- provided
 

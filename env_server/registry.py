@@ -5,6 +5,10 @@
 
 Installed packages add environments through the entry-point group ``pqrl.environments``: each
 entry point names a callable that calls ``register_environment`` (see examples/custom_env).
+
+An environment declares the tasks it runs (``task_model``: a pydantic model with ``id`` and a
+``kind`` whose default names the kind) and a worked example (``example_calls``: the tool calls of a
+correct episode of ``sample_task``), on its class or when it registers; the registration wins.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ import re
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any
+
+from pydantic import BaseModel
 
 from env_server.environment import ToolEnvironment
 from env_server.wrappers import ObservationCap, ToolTimeout, TurnLimit, Wrapper
@@ -27,6 +33,7 @@ __all__ = [
     "register_environment",
     "registry",
     "spec",
+    "task_kind",
 ]
 
 log = logging.getLogger(__name__)
@@ -60,6 +67,9 @@ class EnvSpec:
         tool_timeout_s: per tool call (``ToolTimeout``); None for no limit.
         max_observation_chars: per message (``ObservationCap``); None for no cap.
         sample_task: a task the conformance checker can run (see env_server.conformance).
+        task_model: the tasks' pydantic model, or ``"module:Class"``; None: the class's own.
+        example_calls: the calls (``{"name", "arguments"}``) of a correct episode of
+            ``sample_task``, one step each; None: the class's ``worked_example``.
     """
 
     id: str
@@ -69,17 +79,44 @@ class EnvSpec:
     tool_timeout_s: float | None = 60.0
     max_observation_chars: int | None = 16_384
     sample_task: dict[str, Any] = field(default_factory=dict)
+    task_model: Any = None
+    example_calls: tuple[dict[str, Any], ...] | None = None
 
     def load(self) -> type[ToolEnvironment]:
         try:
             cls = resolve(self.entry_point)
-        except (ImportError, AttributeError) as e:
-            raise ImportError(f"environment {self.id!r}: cannot load {self.entry_point!r}: {e}") from e
+        except Exception as e:  # a plug-in's module may fail at import in any way: it cannot load
+            raise ImportError(
+                f"environment {self.id!r}: cannot load {self.entry_point!r}: {type(e).__name__}: {e}"
+            ) from e
         if not (isinstance(cls, type) and issubclass(cls, ToolEnvironment)):
             raise TypeError(
                 f"environment {self.id!r}: {self.entry_point!r} is not a ToolEnvironment subclass"
             )
         return cls
+
+    def load_task_model(self) -> type[BaseModel] | None:
+        """The model of this environment's tasks: the registration's, else the class's, else None."""
+        model = self.task_model if self.task_model is not None else self.load().task_model
+        if isinstance(model, str):
+            try:
+                model = resolve(model)
+            except Exception as e:
+                raise ImportError(f"environment {self.id!r}: cannot load task model {model!r}: {e}") from e
+        if model is not None:
+            task_kind(model)  # checks its shape
+        return model
+
+
+def task_kind(model: Any) -> str:
+    """The kind a task model declares: the default of its ``kind`` field (it must also have ``id``)."""
+    fields = getattr(model, "model_fields", None)
+    if not (isinstance(model, type) and issubclass(model, BaseModel) and fields):
+        raise TypeError(f"task model {model!r} is not a pydantic model")
+    kind = fields["kind"].default if "kind" in fields else None
+    if not isinstance(kind, str) or "id" not in fields:
+        raise TypeError(f"task model {model.__name__} needs an 'id' field and a 'kind' field with a default")
+    return kind
 
 
 def register_environment(
@@ -90,6 +127,8 @@ def register_environment(
     tool_timeout_s: float | None = 60.0,
     max_observation_chars: int | None = 16_384,
     sample_task: dict[str, Any] | None = None,
+    task_model: Any = None,
+    example_calls: list[dict[str, Any]] | None = None,
     **kwargs: Any,
 ) -> EnvSpec:
     """Registers ``env_id``; re-registering the same spec is a no-op, a different one an error."""
@@ -97,6 +136,8 @@ def register_environment(
         raise ValueError(f"environment id {env_id!r} must look like 'name-v1'")
     if ":" not in entry_point:
         raise ValueError(f"entry_point {entry_point!r} must look like 'package.module:ClassName'")
+    if task_model is not None and not isinstance(task_model, str):
+        task_kind(task_model)
     new = EnvSpec(
         env_id,
         entry_point,
@@ -105,6 +146,8 @@ def register_environment(
         tool_timeout_s,
         max_observation_chars,
         dict(sample_task or {}),
+        task_model,
+        None if example_calls is None else tuple(dict(c) for c in example_calls),
     )
     old = _REGISTRY.get(env_id)
     if old is not None and old != new:

@@ -35,9 +35,11 @@ class _Child:
 
 @dataclass
 class Children:
-    """The job's child processes by name; ``quiet`` silences the progress of waits."""
+    """The job's child processes by name; ``quiet`` silences the progress of waits; ``command``
+    begins every line."""
 
     quiet: bool = False
+    command: str = "pqrl train"
     children: list[_Child] = field(default_factory=list)
     _deadline: threading.Timer | None = field(default=None, repr=False)
 
@@ -49,7 +51,7 @@ class Children:
         for c in self.children:
             code = c.proc.poll()
             if code is not None:
-                return f"pqrl train: the {c.name} (pid {c.proc.pid}) {_status(code)}; {tail(c.log)}"
+                return f"{self.command}: the {c.name} (pid {c.proc.pid}) {_status(code)}; {tail(c.log)}"
         return None
 
     def exit_unless_done_in(self, seconds: float, line: str) -> None:
@@ -89,13 +91,13 @@ class Children:
                 raise SystemExit(line)
             waited = time.monotonic() - t0
             if stop.is_set():
-                raise SystemExit(f"pqrl train: stopped while waiting for {what} ({waited:.0f} s)")
+                raise SystemExit(f"{self.command}: stopped while waiting for {what} ({waited:.0f} s)")
             if waited > timeout_s:
                 logs = "".join(f"; {c.name}: {tail(c.log)}" for c in self.children)
-                raise SystemExit(f"pqrl train: {what} not ready after {timeout_s:g} s{logs}")
+                raise SystemExit(f"{self.command}: {what} not ready after {timeout_s:g} s{logs}")
             if not self.quiet and time.monotonic() - told >= progress_every_s:
                 told = time.monotonic()
-                print(f"pqrl train: waiting for {what}: {waited:.0f} s", file=sys.stderr, flush=True)
+                print(f"{self.command}: waiting for {what}: {waited:.0f} s", file=sys.stderr, flush=True)
             await asyncio.sleep(POLL_S)
 
 

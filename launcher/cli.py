@@ -49,6 +49,12 @@ def _cmd_build_image(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_search(args: argparse.Namespace) -> int:
+    from tasks.retrieval_server import index_command, serve
+
+    return serve(args) if args.search_command == "serve" else index_command(args)
+
+
 def _cmd_reap(args: argparse.Namespace) -> int:
     import asyncio
 
@@ -202,6 +208,12 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return train_command(args)
 
 
+def _cmd_eval(args: argparse.Namespace) -> int:
+    from launcher.eval_command import eval_command
+
+    return eval_command(args)
+
+
 def _cmd_status(args: argparse.Namespace) -> int:
     from launcher.status import status_command
 
@@ -234,7 +246,21 @@ def build_parser() -> argparse.ArgumentParser:
     # the parser imports no torch
     for add in (_add_demo_and_model, _add_sandbox_and_env, _add_tasks, _add_engine, _add_rollout, _add_train):
         add(sub, group)
+    _add_search(sub, group)
     return parser
+
+
+def _add_search(sub: _SubParsers, group: Callable[[str, str], _SubParsers]) -> None:
+    search = group("search", "search corpora and the retrieval server")
+    serve = search.add_parser("serve", help="serve a corpus over Search-R1's retrieval API (/retrieve)")
+    index = search.add_parser("index", help="check and index a corpus file once; prints its sha256: name")
+    for p in (serve, index):
+        p.add_argument("--corpus", required=True, help="JSONL of id, title, text")
+        p.set_defaults(func=_cmd_search)
+    serve.add_argument("--host", default="127.0.0.1", help="no token is asked: keep it on loopback")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--topk", type=int, default=3, help="for requests that give none (1 to 100)")
+    serve.add_argument("--log-level", default="warning")
 
 
 def _add_demo_and_model(sub: _SubParsers, group: Callable[[str, str], _SubParsers]) -> None:
@@ -273,6 +299,11 @@ def _add_sandbox_and_env(sub: _SubParsers, group: Callable[[str, str], _SubParse
     group("env", "tool environments").add_parser(
         "list", help="registered environments and tools"
     ).set_defaults(func=_cmd_env_list)
+    from launcher.env_check import add_check_arguments, env_check
+
+    check = group("env", "tool environments").add_parser("check", help="run the conformance checker on one")
+    add_check_arguments(check)
+    check.set_defaults(func=env_check)
 
 
 def _add_tasks(sub: _SubParsers, group: Callable[[str, str], _SubParsers]) -> None:
@@ -349,12 +380,18 @@ def _add_rollout(sub: _SubParsers, group: Callable[[str, str], _SubParsers]) -> 
 
 
 def _add_train(sub: _SubParsers, group: Callable[[str, str], _SubParsers]) -> None:
+    from launcher.eval_command import add_eval_arguments  # light: argparse only until called
     from launcher.status import add_status_arguments
     from launcher.train_command import add_train_arguments  # light: no torch until called
 
     tr = sub.add_parser("train", help="a whole training job from one YAML config (embedded or distributed)")
     add_train_arguments(tr)
     tr.set_defaults(func=_cmd_train)
+    ev = sub.add_parser(
+        "eval", help="held-out pass@1 and pass@k of a checkpoint (or a model), with intervals"
+    )
+    add_eval_arguments(ev)
+    ev.set_defaults(func=_cmd_eval)
     st = sub.add_parser("status", help="a running job's step, version, queue, staleness, reward trend")
     add_status_arguments(st)
     st.set_defaults(func=_cmd_status)

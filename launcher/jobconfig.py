@@ -20,10 +20,11 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
-from agent_loop.config import EpisodeConfig, ManagerConfig
+from agent_loop.config import MAX_FAILED_INFRA, EpisodeConfig, ManagerConfig
 from launcher.precision import Dtype, cpu_bfloat16
 from pqrl.model_cache import DEFAULT_MODEL
 from pqrl.settings import fields_of, type_name
+from tasks.rewards import RewardSpec
 from trainer.config import AlgorithmConfig, LoopConfig, StepConfig
 
 __all__ = [
@@ -120,6 +121,11 @@ class SuiteRef(_Section):
         description="generate calc/data/search: credit for a wrong answer that used the tools on the task",
     )
     weight: float = Field(1.0, gt=0, description="mixing weight among the run's suites")
+    reward: RewardSpec | None = Field(
+        None,
+        description="the scoring instead of the suite's reward: 'env' or reward functions with weights "
+        "(docs/suites.md#rewards)",
+    )
 
     @model_validator(mode="after")
     def _one_source(self) -> SuiteRef:
@@ -138,14 +144,23 @@ class SuiteRef(_Section):
                         level=self.level, format_reward=self.format_reward)  # fmt: skip
 
     def build(self) -> Any:
-        """The suite this entry names: a built-in generated one or a file."""
+        """The suite this entry names: a built-in generated one or a file, scored by ``reward``
+        where given (a new suite id: the scoring is part of the content)."""
+        from tasks.suite import Suite, load_suite, parse_suite
+
         if self.generate is None:
-            from tasks.suite import load_suite
+            suite = load_suite(self.path)  # type: ignore[arg-type]
+        else:
+            from tasks.generators import generate_suite
 
-            return load_suite(self.path)  # type: ignore[arg-type]
-        from tasks.generators import generate_suite
-
-        return generate_suite(self._generate())
+            suite = generate_suite(self._generate())
+        if self.reward is None:
+            return suite
+        manifest = type(suite.manifest).model_validate(suite.manifest.model_dump() | {"reward": self.reward})
+        rescored = Suite(manifest, suite.tasks)
+        return parse_suite(
+            rescored.to_jsonl(), source=f"{self.path or self.generate} with reward {self.reward}"
+        )
 
 
 class TasksSection(_Section):
@@ -230,6 +245,13 @@ class EvalSection(_Section):
     every: int = Field(0, ge=0, description="outer steps between evaluations; 0 = only before and after")
     suite: SuiteRef | None = Field(None, description="held-out tasks (never trained on); none = no eval")
     k: int = Field(4, ge=1, description="samples per task for pass@k (greedy pass@1 is separate)")
+    max_failed_infra: float = Field(
+        MAX_FAILED_INFRA,
+        ge=0,
+        le=1,
+        description="report no pass rate when a larger share of the tasks failed on infrastructure "
+        "(their episodes never ran)",
+    )
 
 
 class TrainConfig(_Section):

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
@@ -170,7 +171,7 @@ def filter_tasks(args: argparse.Namespace) -> int:
     Keeping no task ends the command as ``JobEnded`` (status 1) with no file written: the inputs were
     valid, the run found nothing to train on, as a training job whose plan is used up."""
     from agent_loop.config import EpisodeConfig
-    from agent_loop.difficulty import estimate_rewards
+    from agent_loop.difficulty import rewards_that_ran, run_samples
     from engine.client import EngineClient
     from env_server.client import LocalEnvClient
     from loss_masking import ChatRenderer
@@ -197,8 +198,9 @@ def filter_tasks(args: argparse.Namespace) -> int:
         engine, env = EngineClient(url), LocalEnvClient()
         try:
             renderer = ChatRenderer(load_tokenizer(args.model))
-            return await estimate_rewards(suite, engine=engine, env=env, renderer=renderer,
-                                          samples=args.samples, cfg=cfg, progress=progress)  # fmt: skip
+            ran = await run_samples(suite, engine=engine, env=env, renderer=renderer,
+                                    samples=args.samples, cfg=cfg, progress=progress)  # fmt: skip
+            return rewards_that_ran(ran)
         finally:
             await engine.aclose()
             await env.aclose()
@@ -210,8 +212,16 @@ def filter_tasks(args: argparse.Namespace) -> int:
             rewards = asyncio.run(run(url))
     if not args.quiet:
         print(file=sys.stderr)
-    rates = pass_rates(rewards)
-    kept = filter_suite(suite, rates, low=args.low, high=args.high)
+    rates = pass_rates(rewards)  # a task whose every episode failed on infrastructure has none
+    never = len(suite.tasks) - len(rates)
+    if not rates:
+        raise JobEnded(f"no pass rate: no task ran, all {never} failed on infrastructure; nothing written",
+                       fix="pqrl env check, or the env server's log, says why")  # fmt: skip
+    ran = dataclasses.replace(suite, tasks=tuple(t for t in suite.tasks if t.id in rates))
+    kept = filter_suite(ran, rates, low=args.low, high=args.high)
+    if never:
+        print(f"pqrl tasks filter: {never} of {len(suite.tasks)} tasks never ran (their episodes failed on "
+              "infrastructure): left out, not rated", file=sys.stderr)  # fmt: skip
     print(f"{suite.id}: {args.samples} samples per task with {args.model}")
     print(task_table(rates, {t.id for t in kept.tasks}))
     print(distribution_table(rates))

@@ -147,13 +147,15 @@ class Job:
         self.manager = RolloutManager(self.store, self.engine, self.env, self.renderer(), cfg)
         return self.manager
 
-    async def evaluate(self, suite: Any, progress: Any = None) -> tuple[dict[str, float], Any]:
-        """Greedy pass@1 and pass@k on ``suite``; ``progress(done, total)`` after each episode."""
+    async def evaluate(self, suite: Any, progress: Any = None) -> Any:
+        """Greedy pass@1 and pass@k on ``suite`` (an ``agent_loop.evaluation.Evaluation``);
+        ``progress(done, total)`` after each episode."""
         from agent_loop.evaluation import evaluate
 
-        cfg = episode_config(self.cfg)
-        return await evaluate(suite, engine=self.engine, env=self.env, cfg=cfg, k=self.cfg.eval.k,
-                              renderer=self.renderer(), progress=progress)  # fmt: skip
+        cfg, e = episode_config(self.cfg), self.cfg.eval
+        return await evaluate(suite, engine=self.engine, env=self.env, cfg=cfg, k=e.k,
+                              renderer=self.renderer(), max_failed_infra=e.max_failed_infra,
+                              progress=progress)  # fmt: skip
 
     async def queue_tasks(self) -> None:
         """Gives the run its task sampler (suites mixed by weight, shuffled per epoch; idempotent).

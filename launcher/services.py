@@ -13,17 +13,23 @@ import secrets
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from launcher.children import Children, progress_every_s, tail
 from launcher.jobconfig import TrainConfig
-from launcher.precision import cpu_bfloat16
+from launcher.precision import Dtype, cpu_bfloat16
 from pqrl.envvars import setting
 from pqrl.redis_server import RedisServer, die_with_parent, free_port, stop_process
 
-__all__ = ["env_server_process", "job_services", "sandboxed_envs"]
+__all__ = [
+    "engine_process",
+    "env_server_process",
+    "job_services",
+    "needing_sandbox",
+    "sandboxed_envs",
+]
 
 
 @contextlib.contextmanager
@@ -43,7 +49,10 @@ def job_services(cfg: TrainConfig, *, quiet: bool = False) -> Iterator[dict[str,
         engines = list(cfg.services.engines)
         if not engines:
             port = free_port()
-            engine = stack.enter_context(_engine_process(cfg, port))
+            how = {"seed": cfg.seed, "threads": cfg.services.engine_threads, "dtype": cfg.model.dtype}
+            engine = stack.enter_context(
+                engine_process(cfg.model.name, port, cfg.run_dir / "engine.log", **how)
+            )
             children.add("engine", engine, cfg.run_dir / "engine.log")
             engines = [f"http://127.0.0.1:{port}"]
         env_servers = list(cfg.services.env_servers)
@@ -62,13 +71,18 @@ def job_services(cfg: TrainConfig, *, quiet: bool = False) -> Iterator[dict[str,
 
 def sandboxed_envs(cfg: TrainConfig) -> list[str]:
     """The environments of the job's suites (training and evaluation) that need a sandbox."""
-    from env_server.registry import spec
     from tasks.generators import GENERATED
 
     refs = [*cfg.tasks.suites, *([cfg.eval.suite] if cfg.eval.suite else [])]
     # a generated suite's environment is known from its kind: no need to build it here too
-    env_ids = sorted({GENERATED[r.generate] if r.generate else r.build().manifest.env_id for r in refs})
-    return [e for e in env_ids if spec(e).load().needs_sandbox]
+    return needing_sandbox(GENERATED[r.generate] if r.generate else r.build().manifest.env_id for r in refs)
+
+
+def needing_sandbox(env_ids: Iterable[str]) -> list[str]:
+    """The environments among ``env_ids`` that need a sandbox (so a private env server), sorted."""
+    from env_server.registry import spec
+
+    return [e for e in sorted(set(env_ids)) if spec(e).load().needs_sandbox]
 
 
 def _service_process(log: Path, cmd: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
@@ -92,8 +106,9 @@ def env_server_process(
     proc = _service_process(log, cmd, env)
     url = f"http://127.0.0.1:{port}"
     try:
-        quiet = children is not None and children.quiet
-        wait_for_health(url + "/healthz", proc, timeout_s=60, what="env server", log=log, quiet=quiet)
+        watched = children or Children()
+        wait_for_health(url + "/healthz", proc, timeout_s=60, what="env server", log=log,
+                        quiet=watched.quiet, command=watched.command)  # fmt: skip
         if children is not None:
             children.add("env server", proc, log)
         yield url
@@ -102,7 +117,14 @@ def env_server_process(
 
 
 def wait_for_health(
-    url: str, proc: subprocess.Popen[bytes], *, timeout_s: float, what: str, log: Path, quiet: bool = False
+    url: str,
+    proc: subprocess.Popen[bytes],
+    *,
+    timeout_s: float,
+    what: str,
+    log: Path,
+    quiet: bool = False,
+    command: str = "pqrl train",
 ) -> None:
     """Polls ``url`` until it answers 200, saying so every few seconds; fails at once if the child
     exits, with its status and the last lines of ``log``."""
@@ -115,24 +137,26 @@ def wait_for_health(
                 return
         if not quiet and time.monotonic() - told >= progress_every_s:
             told = time.monotonic()
-            print(f"pqrl train: waiting for the {what}: {told - t0:.0f} s", file=sys.stderr, flush=True)
+            print(f"{command}: waiting for the {what}: {told - t0:.0f} s", file=sys.stderr, flush=True)
         time.sleep(0.2)
-    watched = Children()
+    watched = Children(command=command)
     watched.add(what, proc, log)
-    silent = f"pqrl train: the {what} is silent after {timeout_s:.0f} s; {tail(log)}"
+    silent = f"{command}: the {what} is silent after {timeout_s:.0f} s; {tail(log)}"
     raise SystemExit(watched.death() or silent)
 
 
 @contextlib.contextmanager
-def _engine_process(cfg: TrainConfig, port: int) -> Iterator[subprocess.Popen[bytes]]:
-    """The built-in engine; its health is awaited by the job (``Job.__aenter__``), watching it."""
-    threads = str(cfg.services.engine_threads)
-    env = os.environ | {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
+def engine_process(
+    model: str, port: int, log: Path, *, seed: int = 0, threads: int = 1, dtype: Dtype = "auto"
+) -> Iterator[subprocess.Popen[bytes]]:
+    """The built-in engine serving ``model`` on ``port``; the caller awaits its health (the job in
+    ``Job.__aenter__``), watching it."""
+    env = os.environ | {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     cmd = [sys.executable, "-m", "launcher.cli", "engine", "serve", "--backend", "builtin",
-           "--model", cfg.model.name, "--port", str(port), "--seed", str(cfg.seed)]  # fmt: skip
-    if cpu_bfloat16(cfg.model.dtype):  # sample from the products the trainer's autocast scores with
+           "--model", model, "--port", str(port), "--seed", str(seed)]  # fmt: skip
+    if cpu_bfloat16(dtype):  # sample from the products the trainer's autocast scores with
         cmd += ["--matmul-dtype", "bfloat16"]
-    proc = _service_process(cfg.run_dir / "engine.log", cmd, env)
+    proc = _service_process(log, cmd, env)
     try:
         yield proc
     finally:

@@ -131,7 +131,9 @@ class _Run:
         }
         if self.plan_end is not None:
             summary["ended"] = self.plan_end
-        return summary | {f"eval_{k}": v[0] for k, v in evals.items()}
+        for when, (rate, _, why) in evals.items():  # a refused rate is left out, with the reason
+            summary |= {f"eval_{when}": rate} if why is None else {f"eval_{when}_refused": why}
+        return summary
 
     async def _write_manifest(self) -> None:
         """``manifest.json`` in the run directory (each checkpoint copies it); its gist for pqrl status."""
@@ -265,8 +267,9 @@ class _Run:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await self.rollout_task
 
-    async def _evaluate(self, step: int) -> tuple[float, Any] | None:
-        """``(pass@1, per-task outcomes)`` on the held-out suite; None when the user stopped it."""
+    async def _evaluate(self, step: int) -> tuple[float | None, Any, str | None] | None:
+        """``(pass@1, per-task outcomes, why pass@1 is None)`` on the held-out suite; None when the
+        user stopped it."""
         t0 = time.monotonic()
         bar = _progress(None, 0, disable=self.job.quiet, desc=f"eval@{step}", unit="episode")
 
@@ -283,13 +286,15 @@ class _Run:
                     await work
                 log.info("evaluation at step %d stopped", step)
                 return None
-            metrics, solved = work.result()
+            result = work.result()
         finally:
             bar.close()
-        metrics["perf/eval_s"] = time.monotonic() - t0
+        metrics = result.metrics | {"perf/eval_s": time.monotonic() - t0}
         self.writer.log(step, metrics)
         log.info("eval at step %d: %s", step, {k: round(v, 3) for k, v in metrics.items()})
-        return metrics["eval/pass@1"], solved
+        for name, why in result.refused.items():  # a rate over tasks that never ran would mislead
+            log.warning("eval at step %d: NO %s reported: %s", step, name.removeprefix("eval/"), why)
+        return result.pass_at_1, result.solved, result.refused.get("eval/pass@1")
 
     async def _report(self, last: dict[str, float]) -> None:
         """The figures ``pqrl status`` shows, kept in Redis."""

@@ -172,6 +172,9 @@ class CalcEnv(NumberAnswerEnv):
     ``format_reward`` (default 0): the reward of an episode that computed its answer with the
     calculator from the problem's quantities but missed."""
 
+    task_model = CalcTask
+    solution = ("expression", "calculator", "expression")
+
     async def reset(self, *, task: dict[str, Any], seed: int | None = None) -> Observation:
         t = CalcTask.model_validate(task)
         self.expected, self.submitted, self.calculated = t.answer, None, False

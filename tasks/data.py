@@ -148,6 +148,8 @@ class DataEnv(NumberAnswerEnv):
     """
 
     needs_sandbox = True
+    task_model = DataTask
+    solution = ("solution", "run", "command")
 
     async def reset(self, *, task: dict[str, Any], seed: int | None = None) -> Observation:
         t = DataTask.model_validate(task)

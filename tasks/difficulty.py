@@ -16,8 +16,9 @@ __all__ = ["distribution_table", "filter_suite", "pass_rates", "task_table"]
 
 
 def pass_rates(rewards: Mapping[str, Sequence[float]], *, threshold: float = 1.0) -> dict[str, float]:
-    """Per task: the fraction of samples whose reward reached ``threshold``."""
-    return {tid: (sum(r >= threshold for r in rs) / len(rs) if rs else 0.0) for tid, rs in rewards.items()}
+    """Per task: the fraction of samples whose reward reached ``threshold``. A task with no sample
+    (every episode failed on infrastructure) has no rate: it is left out, not rated 0."""
+    return {tid: sum(r >= threshold for r in rs) / len(rs) for tid, rs in rewards.items() if rs}
 
 
 def filter_suite(suite: Suite, rates: Mapping[str, float], *, low: float = 0.0, high: float = 1.0) -> Suite:

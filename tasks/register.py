@@ -15,7 +15,8 @@ def register() -> None:
 
     sample = make_calc_task(random.Random(0), "calc-sample").model_dump()
     register_environment("calc-v1", entry_point="tasks.calc:CalcEnv", max_turns=8, sample_task=sample)
-    # A small built-in corpus by default; a suite brings its own through env_kwargs["corpus"].
+    # A small built-in corpus by default; a suite names its own (env_kwargs["corpus"]: inline, a file
+    # or a digest) or a retrieval server (env_kwargs["retriever_url"]), see tasks.retrieval.
     demo = search_suite(24, seed=0, name="search-demo")
     register_environment(
         "search-v1",

@@ -2,26 +2,29 @@
 BM25 ``search`` tool and an ``answer`` tool, scored by SQuAD-normalised exact match (F1 in info).
 
 Every entity is invented from a seed, so no answer can come from a model's memory: it has to be
-found. A suite carries its corpus in the manifest's ``defaults["corpus"]`` (a list of
-``{"id", "title", "text"}``), so users can submit their own corpus and questions in this format.
+found. A suite names its corpus in the manifest's ``defaults["corpus"]``: inline, a list of
+``{"id", "title", "text"}`` (as the generated suite does), or a JSONL file of them indexed once
+(``tasks.corpus``); or it names a retrieval server instead (``defaults["retriever_url"]``, any
+server speaking Search-R1's API, see ``tasks.retrieval``).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
+import asyncio
 import random
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-import bm25s
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from env_server import Message, RewardResult, ToolEnvironment, tool
 from env_server.tools import tool_call_text
-from env_server.types import Observation
+from env_server.types import Observation, ToolCall
 from pqrl.finite import finite
+from pqrl.text import clipped
+from tasks.corpus import query_words
 from tasks.graders import normalize_answer, qa_score, shaped_reward
+from tasks.retrieval import MAX_TOPK, Retriever, retriever_for
 from tasks.suite import QATask, Suite, SuiteManifest
 
 __all__ = ["SearchEnv", "make_corpus", "search_suite"]
@@ -178,36 +181,79 @@ def demonstration(shots: int) -> list[Message]:
     return out
 
 
-_INDEXES: dict[str, tuple[bm25s.BM25, list[dict[str, str]]]] = {}
-
-
-def _index(corpus: list[dict[str, str]]) -> tuple[bm25s.BM25, list[dict[str, str]]]:
-    """A BM25 index per distinct corpus, built once per process."""
-    key = hashlib.sha256(json.dumps(corpus, sort_keys=True).encode()).hexdigest()
-    if key not in _INDEXES:
-        retriever = bm25s.BM25()
-        texts = [f"{d['title']} {d['text']}" for d in corpus]
-        retriever.index(bm25s.tokenize(texts, stopwords="en", show_progress=False), show_progress=False)
-        _INDEXES[key] = (retriever, corpus)
-    return _INDEXES[key]
-
-
 def _mentions(text: str, phrase: str) -> bool:
     """Whether ``phrase`` occurs in ``text`` as whole words, after QA normalisation."""
     needle = normalize_answer(phrase)
     return bool(needle) and f" {needle} " in f" {normalize_answer(text)} "
 
 
+_ARTICLE_CHARS = 2000  # of one article in a search's answer: a corpus may hold long documents
+
+
+class Document(BaseModel):
+    """One article of an inline search corpus (other fields are kept and ignored)."""
+
+    model_config = ConfigDict(extra="allow")
+    id: str
+    title: str = ""
+    text: str = Field(min_length=1)
+
+
+class SearchConfig(BaseModel):
+    """The keyword arguments of search-v1 (a suite's ``defaults``)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    corpus: list[Document] | None = Field(None, description="inline documents (or a path / digest, below)")
+    corpus_file: str | None = Field(None, description="corpus when it names a file or a digest")
+    retriever_url: str | None = Field(None, description="a Search-R1 retrieval server; wins over corpus")
+    retriever_timeout: float = Field(10.0, gt=0, le=300, description="seconds a remote search may take")
+    retriever_topk: int = Field(MAX_TOPK, ge=1, le=MAX_TOPK, description="most articles a search returns")
+    shots: int = Field(0, ge=0, le=len(_DEMOS))
+    format_reward: float = Field(0.0, ge=0, lt=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _named_file(cls, data: Any) -> Any:
+        # ``corpus`` is documents or a name: split here so a document's error keeps the path
+        # corpus.N.field (a union would add the member's name to it)
+        if isinstance(data, dict):
+            if "corpus_file" in data:
+                raise ValueError("corpus_file is not a setting: give corpus (a path or sha256:<digest>)")
+            if isinstance(data.get("corpus"), str):
+                data = {**data, "corpus_file": data["corpus"]}
+                del data["corpus"]
+        return data
+
+    @model_validator(mode="after")
+    def _a_source(self) -> SearchConfig:
+        if self.retriever_url is None and not self.corpus and self.corpus_file is None:
+            raise ValueError("give a corpus (documents, a JSONL file or sha256:<digest>) or a retriever_url")
+        return self
+
+
 class SearchEnv(ToolEnvironment):
-    """Task: a QATask dict. Config: ``corpus``, the documents ``search`` reads, ``shots`` worked
-    examples in the prompt (default 0) and ``format_reward`` (default 0, see ``evaluate``)."""
+    """Task: a QATask dict. Config: where ``search`` reads (``corpus``: a list of documents, a
+    JSONL file or ``sha256:<digest>`` of an indexed one; or ``retriever_url`` of a Search-R1
+    retrieval server, with ``retriever_timeout``; ``retriever_topk`` caps ``k``, see
+    ``tasks.retrieval.retriever_for``), ``shots`` worked examples in the prompt (default 0) and
+    ``format_reward`` (default 0, see ``evaluate``)."""
+
+    retriever: Retriever | None = None
+
+    task_model = QATask
+    config_model = SearchConfig
+    reward_names = ("qa_em_f1",)
+
+    @classmethod
+    def worked_example(cls, task: dict[str, Any]) -> list[ToolCall] | None:
+        t = QATask.model_validate(task)
+        return [ToolCall(name="search", arguments={"query": t.question}, id="w1"),
+                ToolCall(name="answer", arguments={"text": t.answers[0]}, id="w2")]  # fmt: skip
 
     async def reset(self, *, task: dict[str, Any], seed: int | None = None) -> Observation:
         t = QATask.model_validate(task)
-        corpus = self.config.get("corpus")
-        if not corpus:
-            raise ValueError("search-v1 needs a corpus (the suite's defaults.corpus)")
-        self.retriever, self.docs = _index(corpus)
+        # a corpus file is hashed and indexed on first use: not on the event loop
+        self.retriever, self.topk = await asyncio.to_thread(retriever_for, self.config)
         self.references, self.submitted = t.answers, None
         self.found: list[str] = []  # what every search returned, for the evidence credit
         shots = int(self.config.get("shots", 0))
@@ -227,13 +273,17 @@ class SearchEnv(ToolEnvironment):
             query: words to look for.
             k: how many articles to return (1 to 10).
         """
-        tokens = bm25s.tokenize([query], stopwords="en", show_progress=False)
-        if not tokens.vocab:
+        if not query_words(query):
             return "No results: the query has no searchable words."
-        ids, scores = self.retriever.retrieve(tokens, k=min(k, len(self.docs)), show_progress=False)
-        hits = [self.docs[i] for i, s in zip(ids[0], scores[0], strict=True) if s > 0]
-        self.found += [d["text"] for d in hits]
-        return "\n".join(f"[{n + 1}] {d['title']}: {d['text']}" for n, d in enumerate(hits)) or "No results."
+        assert self.retriever is not None, "reset first"
+        hits = await self.retriever.search(query, min(k, self.topk))
+        self.found += [h.text for h in hits]
+        shown = (f"[{n + 1}] {h.title}: {clipped(h.text, _ARTICLE_CHARS)}" for n, h in enumerate(hits))
+        return "\n".join(shown) or "No results."
+
+    async def close(self) -> None:
+        if self.retriever is not None:
+            await self.retriever.aclose()
 
     @tool(final=True)
     async def answer(self, text: str) -> str:

@@ -29,6 +29,7 @@ from typing import Any, NamedTuple
 import redis.asyncio as aioredis
 
 from pqrl.store import TaskEntry, TrajectoryStore
+from tasks.rewards import queued_terms
 from tasks.sampler import SamplerConfig, Schedule, SuiteShare, skips
 from tasks.suite import Suite, parse_suite
 
@@ -40,8 +41,10 @@ _INDEX = "pqrl:suites"  # hash: digest -> {"id", "name", "version", "kind", "env
 def queued_task(suite: Suite, task_index: int) -> dict[str, Any]:
     """What a rollout worker takes from the queue: the task and how to run it."""
     t = suite.tasks[task_index]
-    return {"suite": suite.id, "env_id": suite.manifest.env_id, "env_kwargs": suite.manifest.defaults,
-            "task_id": t.id, "task": t.model_dump()}  # fmt: skip
+    queued = {"suite": suite.id, "env_id": suite.manifest.env_id, "env_kwargs": suite.manifest.defaults,
+              "task_id": t.id, "task": t.model_dump()}  # fmt: skip
+    reward = queued_terms(suite.manifest.reward)
+    return queued if reward is None else {**queued, "reward": reward}
 
 
 class WeightedSuite(NamedTuple):

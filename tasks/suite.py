@@ -8,6 +8,10 @@
 A suite is identified by its name and a content hash (``name@sha12``) of its canonical JSON, so the
 same suite submitted twice is recognised. Validation reports every problem at once, each with its
 line, task id and field.
+
+``kind`` is open: the manifest's environment declares the model of its tasks (its ``task_model``,
+see env_server.registry), and the built-in kinds below are the built-in environments' models, met
+by the same lookup. The manifest is also checked against its environment (tasks.suite_checks).
 """
 
 from __future__ import annotations
@@ -16,20 +20,23 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from tasks.rewards import RewardSpec
+from tasks.suite_checks import EnvCheck, check_environment_of, field_path
 
 __all__ = [
     "CalcTask",
     "CodingTask",
     "DataTask",
+    "OpenTask",
     "Problem",
     "QATask",
     "Suite",
     "SuiteInvalid",
     "SuiteManifest",
-    "Task",
     "load_suite",
     "parse_suite",
 ]
@@ -47,8 +54,10 @@ class SuiteManifest(_Strict):
     name: str = Field(pattern=_SLUG, description="lower-case slug")
     version: str = Field(min_length=1, max_length=32)
     env_id: str = Field(description="registered environment the tasks run in, e.g. calc-v1")
-    kind: Literal["qa", "coding", "calc", "data"]
-    reward: Literal["exact_match", "qa_em_f1", "unit_tests"]
+    kind: str = Field(pattern=_SLUG, description="the kind its environment's task model declares")
+    reward: RewardSpec = Field(
+        "env", description="the scoring: 'env' (the environment's evaluate) or weighted reward functions"
+    )
     description: str = ""
     defaults: dict[str, Any] = Field(
         default_factory=dict, description="keyword arguments for the environment"
@@ -117,9 +126,15 @@ class DataTask(_Strict):
         return v
 
 
-AnyTask = CalcTask | QATask | CodingTask | DataTask
-Task = Annotated[AnyTask, Field(discriminator="kind")]
-_TASK = TypeAdapter(Task)
+class OpenTask(BaseModel):
+    """A task of an environment that declares no task model: an id, its kind, any other fields."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+    kind: str = Field(pattern=_SLUG)
+    id: str = Field(pattern=_SLUG)
+
+
+AnyTask = Any  # an instance of the suite's task model
 
 
 @dataclass(frozen=True)
@@ -170,18 +185,44 @@ class Suite:
 
 
 def _problems(e: ValidationError, line: int, task_id: str | None, prefix: str = "") -> list[Problem]:
-    out = []
-    for err in e.errors():
-        loc = [str(p) for p in err["loc"] if p not in ("calc", "qa", "coding", "data")]  # drop the union tag
-        out.append(Problem(line, task_id, prefix + (".".join(loc) or "(record)"), err["msg"]))
-    return out
+    return [Problem(line, task_id, prefix + (field_path(err["loc"]) or "(record)"), err["msg"])
+            for err in e.errors()]  # fmt: skip
+
+
+def _manifest(record: Any, n: int) -> tuple[SuiteManifest | None, EnvCheck | None, list[Problem]]:
+    """The manifest, what its environment gives (the task model) and every problem with both."""
+    if not isinstance(record, dict) or set(record) != {"suite"}:
+        return None, None, [Problem(n, None, "suite", 'the first line must be {"suite": {...manifest...}}')]
+    try:
+        manifest = SuiteManifest.model_validate(record["suite"])
+    except ValidationError as e:
+        return None, None, _problems(e, n, None, "suite.")
+    env = check_environment_of(manifest.env_id, manifest.kind, manifest.defaults, manifest.reward)
+    return manifest, env, [Problem(n, None, f"suite.{f}", r) for f, r in env.findings]
+
+
+def _task(
+    record: Any, n: int, manifest: SuiteManifest | None, model: type[BaseModel] | None
+) -> tuple[Any, list[Problem]]:
+    task_id = record.get("id") if isinstance(record, dict) and isinstance(record.get("id"), str) else None
+    if manifest is not None and isinstance(record, dict) and record.get("kind") != manifest.kind:
+        return None, [
+            Problem(n, task_id, "kind", f"{record.get('kind')!r} in a suite of kind {manifest.kind!r}")
+        ]
+    try:
+        return (model or OpenTask).model_validate(record), []
+    except ValidationError as e:
+        return None, _problems(e, n, task_id)
+    except Exception as e:  # a plug-in model's validator that raised something else
+        return None, [Problem(n, task_id, "(record)", f"{type(e).__name__}: {e}")]
 
 
 def parse_suite(text: str, *, source: str = "<suite>") -> Suite:
     """Parses and validates suite text. Raises SuiteInvalid listing every problem."""
     problems: list[Problem] = []
     manifest: SuiteManifest | None = None
-    tasks: list[AnyTask] = []
+    model: type[BaseModel] | None = None
+    tasks: list[Any] = []
     seen: dict[str, int] = {}
     lines = [(n, s) for n, s in enumerate(text.splitlines(), 1) if s.strip()]
     if not lines:
@@ -192,30 +233,21 @@ def parse_suite(text: str, *, source: str = "<suite>") -> Suite:
         except json.JSONDecodeError as e:
             problems.append(Problem(n, None, "(json)", f"not valid JSON: {e.msg} at column {e.colno}"))
             continue
-        if n == lines[0][0]:
-            if not isinstance(record, dict) or set(record) != {"suite"}:
-                problems.append(
-                    Problem(n, None, "suite", 'the first line must be {"suite": {...manifest...}}')
-                )
-                continue
-            try:
-                manifest = SuiteManifest.model_validate(record["suite"])
-            except ValidationError as e:
-                problems += _problems(e, n, None, "suite.")
+        except RecursionError:
+            problems.append(Problem(n, None, "(json)", "nested too deeply to read"))
             continue
-        task_id = record.get("id") if isinstance(record, dict) and isinstance(record.get("id"), str) else None
-        try:
-            task = _TASK.validate_python(record)
-        except ValidationError as e:
-            problems += _problems(e, n, task_id)
+        if n == lines[0][0]:
+            manifest, env, found = _manifest(record, n)
+            model = env.task_model if env is not None else None
+            problems += found
+            continue
+        task, found = _task(record, n, manifest, model)
+        problems += found
+        if task is None:
             continue
         if task.id in seen:
             problems.append(Problem(n, task.id, "id", f"duplicate of the task on line {seen[task.id]}"))
         seen.setdefault(task.id, n)
-        if manifest is not None and task.kind != manifest.kind:
-            problems.append(
-                Problem(n, task.id, "kind", f"{task.kind!r} in a suite of kind {manifest.kind!r}")
-            )
         tasks.append(task)
     if manifest is not None and not tasks and not problems:
         problems.append(Problem(lines[0][0], None, "tasks", "the suite has no tasks"))
@@ -229,6 +261,6 @@ def load_suite(path: str | Path) -> Suite:
     p = Path(path)
     try:
         text = p.read_text()
-    except OSError as e:
+    except (OSError, UnicodeDecodeError) as e:
         raise SuiteInvalid(str(p), [Problem(0, None, "file", str(e))]) from None
     return parse_suite(text, source=str(p))

@@ -17,6 +17,8 @@ import tarfile
 from functools import cache
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from env_server import Message, RewardResult, tool
 from env_server.builtin import ShellEnv
 from env_server.tools import tool_call_text
@@ -112,6 +114,13 @@ def builtin_suite() -> Suite:
     return load_coding_suite()
 
 
+class CodingConfig(BaseModel):
+    """The keyword arguments of coding-v1 (a suite's ``defaults``)."""
+
+    model_config = ConfigDict(extra="forbid")
+    shots: int = Field(0, ge=0, le=len(_DEMOS), description="worked bug fixes shown before the issue")
+
+
 def _task(task: dict[str, Any]) -> CodingTask:
     if set(task) == {"ref"}:
         found = builtin_suite().task(str(task["ref"]))
@@ -136,6 +145,9 @@ class CodingEnv(ShellEnv):
     Config: ``shots``, worked bug fixes shown before the issue (0 to 2, default 0)."""
 
     needs_sandbox = True
+    task_model = CodingTask
+    config_model = CodingConfig
+    reward_names = ("unit_tests",)
 
     async def reset(self, *, task: dict[str, Any], seed: int | None = None) -> Observation:
         self.task = _task(task)

@@ -97,16 +97,20 @@ async def test_evaluation_batches_its_greedy_and_sampled_episodes(served, smollm
     reports: list[tuple[int, int]] = []
     how = {"engine": engine, "env": env, "renderer": ChatRenderer(smollm[1]), "cfg": CFG}
     try:
-        greedy_only, alone = await evaluate(suite, k=1, **how)
+        greedy_only = await evaluate(suite, k=1, **how)
         rows_before = served_engine.stats.max_batch_rows
         served_engine.stats.max_batch_rows = 0
-        metrics, solved = await evaluate(suite, k=2, progress=lambda d, t: reports.append((d, t)), **how)
+        both = await evaluate(suite, k=2, progress=lambda d, t: reports.append((d, t)), **how)
     finally:
         served_engine.stats.max_batch_rows = max(rows_before, served_engine.stats.max_batch_rows)
         await engine.aclose()
         await env.aclose()
-    assert solved == alone and metrics["eval/pass@1"] == greedy_only["eval/pass@1"]  # greedy: deterministic
+    metrics = both.metrics
+    assert (
+        both.solved == greedy_only.solved and both.pass_at_1 == greedy_only.pass_at_1
+    )  # greedy: deterministic
     assert metrics["eval/k"] == 2 and 0.0 <= metrics["eval/pass@k"] <= 1.0
+    assert metrics["eval/tasks_run"] == 3 and metrics["eval/failed_infra"] == 0 and not both.refused
     assert {t for _, t in reports} == {9} and reports[-1] == (9, 9)  # one total for both passes
     assert [d for d, _ in reports] == sorted(d for d, _ in reports)
     assert served_engine.stats.max_batch_rows > 3  # the 3 greedy episodes ran beside sampled ones

@@ -290,3 +290,21 @@ def register() -> None:
 
 
 register()
+
+
+class BrokenCorrectEarnsNothing(StrictTaskEnv):
+    """Its worked example submits the right answer, but its grader scores every episode 0."""
+
+    @classmethod
+    def worked_example(cls, task: dict[str, Any]) -> list[ToolCall] | None:
+        return [ToolCall(name="guess", arguments={"value": task["answer"]}, id="w1")]
+
+    async def evaluate(self) -> RewardResult:
+        return RewardResult(reward=0.0)
+
+
+class BrokenGenerous(BrokenCorrectEarnsNothing):
+    """Scores every episode 1, one without any call too."""
+
+    async def evaluate(self) -> RewardResult:
+        return RewardResult(reward=1.0)

@@ -187,3 +187,20 @@ def test_a_non_finite_number_is_refused_in_the_job_config_and_in_code(tmp_path, 
         load_config(_write(tmp_path, base + f"algorithm: {{vf_clip: {value}}}\n"))
     with pytest.raises(ValueError, match="AlgorithmConfig.vf_clip must be a finite number"):
         AlgorithmConfig(vf_clip=float(value.replace(".", "")))
+
+
+def test_a_suite_entry_may_replace_the_suites_reward(tmp_path):
+    from tasks.storage import queued_task
+    from tasks.suite import SuiteInvalid
+
+    reward = "[exact_match, {fn: tool_format, weight: 0.1}]"
+    text = f"run: x\ntasks:\n  suites: [{{generate: calc, n: 2, reward: {reward}}}]\n"
+    ref = load_config(_write(tmp_path, text)).tasks.suites[0]
+    plain, rescored = ref.model_copy(update={"reward": None}).build(), ref.build()
+    assert rescored.id != plain.id and rescored.tasks == plain.tasks, "the scoring is part of the content"
+    assert [t["fn"] for t in queued_task(rescored, 0)["reward"]] == ["env", "tool_format"]
+    bad = load_config(
+        _write(tmp_path, "run: x\ntasks:\n  suites: [{generate: calc, n: 2, reward: qa_em_f1}]\n")
+    )
+    with pytest.raises(SuiteInvalid, match="suite.reward: unknown reward function 'qa_em_f1'"):
+        bad.tasks.suites[0].build()

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -75,3 +76,19 @@ def test_tasks_filter_keeping_no_task_ends_the_job_writes_nothing_and_quiet_prin
     ids = [json.loads(line)["id"] for line in suite.read_text().splitlines()[1:]]
     assert [r for r in rows if r and r[0] in ids] == [[i, "0.00", "no"] for i in ids]  # a row per task
     assert "kept (0 < c < 1)" in run.stdout and "0 of 2" in run.stdout
+
+
+def test_tasks_filter_rates_no_task_that_never_ran(tmp_path):
+    """The data suite's sandboxes need Docker, here unreachable: no task is rated 0 ("never solved")
+    for episodes that never ran; the command says so in one line and exits 1."""
+    suite, out = tmp_path / "data.jsonl", tmp_path / "filtered.jsonl"
+    gen = subprocess.run([PQRL, "tasks", "generate", "data", "--n", "2", "-o", str(suite)])
+    assert gen.returncode == 0
+    args = ["--samples", "2", "--max-turns", "1", "--max-new-tokens", "8"]
+    env = os.environ | {"DOCKER_HOST": f"unix://{tmp_path}/no-docker.sock"}
+    run = subprocess.run([PQRL, "tasks", "filter", str(suite), "-o", str(out), *args], capture_output=True,
+                         text=True, timeout=600, env=env)  # fmt: skip
+    assert run.returncode == JobEnded.exit_code, run.stdout + run.stderr[-2000:]
+    last = run.stderr.strip().splitlines()[-1]
+    assert last.startswith("pqrl tasks filter: no pass rate: no task ran, all 2 failed on infrastructure")
+    assert not out.exists() and "kept" not in run.stdout

@@ -1,5 +1,5 @@
-"""Fixtures of the coding-suite tests: a session manager and graders whose sandboxes must all be
-gone after."""
+"""Fixtures of the suite tests: an in-process env client, and for the coding suite a session manager
+and graders whose sandboxes must all be gone after."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from env_server.client import LocalEnvClient
 from env_server.sessions import SessionManager
 from sandboxes.docker import DockerSandbox, owner_id
 from sandboxes.docker_api import DockerAPI
@@ -59,3 +60,11 @@ async def graders(request) -> AsyncIterator[dict[bool, CodingGrader]]:
     left = await leftovers(api, run)
     await api.close()
     assert left == []
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[LocalEnvClient]:
+    """Sessions in this process, closed after the test."""
+    c = LocalEnvClient()
+    yield c
+    await c.aclose()

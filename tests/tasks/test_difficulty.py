@@ -14,6 +14,7 @@ def test_pass_rates_and_filter_keep_only_informative_tasks():
     rewards = {ids[0]: [0, 0, 0, 0], ids[1]: [1, 0, 0, 0], ids[2]: [1, 1, 1, 0], ids[3]: [1, 1, 1, 1]}
     rates = pass_rates(rewards)
     assert rates == {ids[0]: 0.0, ids[1]: 0.25, ids[2]: 0.75, ids[3]: 1.0}
+    assert pass_rates({ids[0]: [1, 0], ids[1]: []}) == {ids[0]: 0.5}, "no sample ran: no rate, not 0"
     kept = filter_suite(suite, rates)
     assert [t.id for t in kept.tasks] == ids[1:3]  # c(1 - c) > 0 only strictly between 0 and 1
     assert kept.manifest.name == "calc-filtered" and "2 of 4 tasks" in kept.manifest.description

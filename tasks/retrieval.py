@@ -1,0 +1,159 @@
+"""Where the search tool's articles come from: a ``Retriever``. ``LocalRetriever`` reads a bm25s
+index (``tasks.corpus``); ``RemoteRetriever`` asks any server speaking Search-R1's retrieval API
+(``POST /retrieve`` with ``{"queries", "topk", "return_scores"}``), such as a dense e5/FAISS server
+or ``pqrl search serve``.
+
+A remote failure (a timeout, an HTTP error, a reply that is not the API's shape) raises
+``RetrieverError``: the search tool's call fails with that message, which the model sees, and the
+episode goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from typing import Any, Protocol
+
+import httpx
+
+from pqrl.text import clipped
+from tasks.corpus import Hit, LocalIndex, open_corpus, split_contents
+
+__all__ = ["LocalRetriever", "RemoteRetriever", "Retriever", "RetrieverError", "retriever_for"]
+
+MAX_TOPK = 10  # the search tool's own bound on k
+_MAX_REPLY_BYTES = 8 << 20
+_DETAIL_CHARS = 200
+
+
+class RetrieverError(Exception):
+    """The retriever failed this query; the message says how, for the model and the log."""
+
+
+class Retriever(Protocol):
+    async def search(self, query: str, k: int) -> list[Hit]:
+        """The best ``k`` (at most) articles for ``query``, best first."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+class LocalRetriever:
+    """A bm25s index in this process; searched in a thread, so a large index does not hold up the
+    event loop."""
+
+    def __init__(self, index: LocalIndex) -> None:
+        self.index = index
+
+    async def search(self, query: str, k: int) -> list[Hit]:
+        return (await asyncio.to_thread(self.index.search, [query], k))[0]
+
+    async def aclose(self) -> None:
+        pass
+
+
+class RemoteRetriever:
+    """A Search-R1 retrieval server at ``url`` (its base, or the ``/retrieve`` endpoint itself).
+    Every query is bounded by ``timeout_s`` in all and its reply by 8 MiB."""
+
+    def __init__(self, url: str, timeout_s: float = 10.0) -> None:
+        base = url.rstrip("/")
+        self.url = base if base.endswith("/retrieve") else f"{base}/retrieve"
+        self.timeout_s = timeout_s
+        self._client: httpx.AsyncClient | None = None
+
+    async def search(self, query: str, k: int) -> list[Hit]:
+        try:
+            status, body = await asyncio.wait_for(self._post(query, k), self.timeout_s)
+        except (TimeoutError, httpx.TimeoutException):
+            raise RetrieverError(f"the retriever did not answer within {self.timeout_s:g}s") from None
+        except httpx.HTTPError as e:
+            raise RetrieverError(f"the retriever is unreachable: {type(e).__name__}: {e}") from None
+        if status != 200:
+            detail = body.decode("utf-8", "replace")
+            raise RetrieverError(f"the retriever answered HTTP {status}: {clipped(detail, _DETAIL_CHARS)}")
+        return _hits(body, k)
+
+    async def _post(self, query: str, k: int) -> tuple[int, bytes]:
+        if self._client is None:
+            self._client = httpx.AsyncClient(timeout=self.timeout_s)
+        payload = {"queries": [query], "topk": k, "return_scores": True}
+        async with self._client.stream("POST", self.url, json=payload) as r:
+            body = bytearray()
+            async for chunk in r.aiter_bytes():
+                body += chunk
+                if len(body) > _MAX_REPLY_BYTES:
+                    raise RetrieverError(f"the retriever's reply exceeds {_MAX_REPLY_BYTES >> 20} MiB")
+            return r.status_code, bytes(body)
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+
+def _bad(why: str) -> RetrieverError:
+    return RetrieverError(f"the retriever's reply is not Search-R1's /retrieve answer: {why}")
+
+
+def _hits(body: bytes, k: int) -> list[Hit]:
+    """``{"result": [[{"document": {...}, "score": s} | {...document...}, ...]]}``, the first
+    ``k`` entries; a document is ``{"id", "contents": '"Title"\\ntext'}`` or has ``title``/``text``."""
+    try:
+        reply = json.loads(body)
+    except (ValueError, RecursionError):  # RecursionError: nested past the parser's depth
+        raise _bad(f"not JSON: {clipped(body.decode('utf-8', 'replace'), _DETAIL_CHARS)!r}") from None
+    result = reply.get("result") if isinstance(reply, dict) else None
+    if not isinstance(result, list) or len(result) != 1 or not isinstance(result[0], list):
+        raise _bad('no "result" list with one list per query')
+    hits = []
+    for n, entry in enumerate(result[0][:k]):
+        where = f"result[0][{n}]"
+        if not isinstance(entry, dict):
+            raise _bad(f"{where} is not an object")
+        doc, score = (entry.get("document"), entry.get("score", 0.0)) if "document" in entry else (entry, 0.0)
+        if not isinstance(score, int | float) or isinstance(score, bool) or not math.isfinite(score):
+            raise _bad(f"{where}.score is not a finite number")
+        hits.append(_hit(doc, float(score), where))
+    return hits
+
+
+def _hit(doc: Any, score: float, where: str) -> Hit:
+    if not isinstance(doc, dict):
+        raise _bad(f"{where}.document is not an object")
+    title, text = doc.get("title", ""), doc.get("text")
+    if text is None and isinstance(doc.get("contents"), str):
+        head, text = split_contents(doc["contents"])
+        title = head or title
+    if not isinstance(text, str) or not isinstance(title, str):
+        raise _bad(f"{where} has no text (a string contents, or title and text)")
+    return Hit(str(doc.get("id", "")), title, text, score)
+
+
+def _http_url(url: str) -> bool:
+    try:
+        parsed = httpx.URL(url)
+    except (httpx.InvalidURL, TypeError, ValueError):
+        return False
+    return parsed.scheme in ("http", "https") and bool(parsed.host)
+
+
+def retriever_for(config: dict[str, Any]) -> tuple[Retriever, int]:
+    """(the retriever the environment's config names, the most articles one search returns).
+
+    ``retriever_url`` (with ``retriever_timeout`` seconds, default 10) names a remote server and
+    wins over ``corpus``; otherwise ``corpus`` is read locally (``tasks.corpus.open_corpus``).
+    ``retriever_topk`` (1 to 10, default 10) caps the ``k`` a search asks for."""
+    topk = config.get("retriever_topk", MAX_TOPK)
+    if not isinstance(topk, int) or isinstance(topk, bool) or not 1 <= topk <= MAX_TOPK:
+        raise ValueError(f"retriever_topk must be an integer from 1 to {MAX_TOPK}, got {topk!r}")
+    url = config.get("retriever_url")
+    if url is None:
+        return LocalRetriever(open_corpus(config.get("corpus"))), topk
+    if not isinstance(url, str) or not _http_url(url):
+        raise ValueError(f"retriever_url must be an http(s) URL with a host, got {clipped(repr(url), 200)}")
+    timeout = config.get("retriever_timeout", 10.0)
+    if not isinstance(timeout, int | float) or isinstance(timeout, bool) or not 0 < timeout <= 300:
+        raise ValueError(f"retriever_timeout must be seconds in (0, 300], got {timeout!r}")
+    return RemoteRetriever(url, float(timeout)), topk
