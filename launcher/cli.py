@@ -341,11 +341,7 @@ def _add_tasks(sub: _SubParsers, group: Callable[[str, str], _SubParsers]) -> No
     p.add_argument("--low", type=float, default=0.0)
     p.add_argument("--high", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0, help="episode sampling seed: the same pass rates every run")
-    p.add_argument(
-        "--quiet",
-        action="store_true",
-        help=QUIET_HELP,
-    )
+    p.add_argument("--quiet", action="store_true", help=QUIET_HELP)
     add_arguments(p, EpisodeConfig, exclude=("seed",))
     for name, task_parser in tasks.choices.items():
         if name in ("submit", "list", "show"):

@@ -40,11 +40,7 @@ def add_rollout_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--forever", action="store_true", help="keep waiting for tasks instead of stopping when empty"
     )
-    p.add_argument(
-        "--quiet",
-        action="store_true",
-        help=QUIET_HELP,
-    )
+    p.add_argument("--quiet", action="store_true", help=QUIET_HELP)
     add_arguments(p, ManagerConfig)
     add_arguments(p, EpisodeConfig)
 

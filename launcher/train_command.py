@@ -78,11 +78,7 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--explain", action="store_true", help="list every config field and exit")
     p.add_argument("--markdown", action="store_true", help="with --explain: as the table of docs/config.md")
-    p.add_argument(
-        "--quiet",
-        action="store_true",
-        help=QUIET_HELP,
-    )
+    p.add_argument("--quiet", action="store_true", help=QUIET_HELP)
 
 
 def _overrides(pairs: list[str]) -> dict[str, Any]:
