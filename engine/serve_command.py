@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import sys
 from typing import TYPE_CHECKING
 
 from engine.config import EngineConfig, ServeConfig, serve_configs
+from pqrl.envvars import setting
 
 if TYPE_CHECKING:
     from engine.batcher import BatchEngine
@@ -55,7 +55,7 @@ def run(engine: EngineConfig, options: ServeConfig) -> int:
     """
     from engine.sglang import SGLangNotInstalled, launch_sglang
 
-    options = dataclasses.replace(options, api_key=options.api_key or os.environ.get("PQRL_ENGINE_API_KEY"))
+    options = dataclasses.replace(options, api_key=options.api_key or setting("PQRL_ENGINE_API_KEY"))
     if options.backend == "sglang":
         try:
             launch_sglang(engine, options)

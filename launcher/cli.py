@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
+
+from launcher.errors_cli import Parser, debugging, positive_int, run_command
+from launcher.quiet import QUIET_HELP
+from pqrl.errors import UsageError
 
 if TYPE_CHECKING:
     from tasks.suite import Suite
@@ -35,6 +40,8 @@ def _cmd_build_image(args: argparse.Namespace) -> int:
         print(m, file=sys.stderr)
 
     if args.dockerfile:
+        if not os.path.isfile(args.dockerfile):
+            raise UsageError(f"--dockerfile {args.dockerfile}: no such file", fix="check the path")
         name = args.name or "pqrl-sandbox"
         print(build_image_from_dockerfile(args.dockerfile, name=name, force=args.force, progress=progress))
     else:
@@ -98,15 +105,6 @@ def _cmd_env_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def _redis_url(args: argparse.Namespace) -> str:
-    import os
-
-    url = args.redis_url or os.environ.get("REDIS_URL")
-    if not url:
-        raise SystemExit("pqrl tasks: give --redis-url or set REDIS_URL")
-    return url
-
-
 def _generated_suite(args: argparse.Namespace) -> Suite:
     """The built-in generator ``args.kind`` run with the flags that apply to it."""
     from tasks.generators import Generate, generate_suite
@@ -117,7 +115,7 @@ def _generated_suite(args: argparse.Namespace) -> Suite:
     try:
         return generate_suite(g)
     except ValueError as e:
-        raise SystemExit(f"pqrl tasks generate {args.kind}: {e}") from None
+        raise UsageError(str(e), fix="pqrl tasks generate --help lists the flags") from None
 
 
 def _cmd_tasks(args: argparse.Namespace) -> int:
@@ -136,18 +134,21 @@ def _cmd_tasks(args: argparse.Namespace) -> int:
         try:
             suite = load_suite(args.file)
         except SuiteInvalid as e:
-            print(e, file=sys.stderr)
-            return 1
+            if args.tasks_command == "validate":  # every problem is the result; the error line sums up
+                print("\n".join(str(p) for p in e.problems))
+                raise UsageError(f"{args.file}: {len(e.problems)} problem(s), listed above") from e
+            raise
         if args.tasks_command == "validate":
             print(
                 f"{suite.id}: {len(suite.tasks)} valid {suite.manifest.kind} tasks "
                 f"for {suite.manifest.env_id}"
             )
             return 0
+    from pqrl.envvars import redis_url
     from tasks.storage import SuiteStore
 
     async def run() -> int:
-        store = SuiteStore(_redis_url(args))
+        store = SuiteStore(redis_url(args.redis_url))
         try:
             if args.tasks_command == "submit":
                 queued = await store.submit(suite, args.run)
@@ -169,9 +170,8 @@ def _cmd_tasks(args: argparse.Namespace) -> int:
                         print(f"  {t.id}: {getattr(t, 'question', getattr(t, 'issue', ''))[:100]}")
                     print(f"  ... {len(shown.tasks)} tasks")
             return 0
-        except KeyError as e:
-            print(f"pqrl tasks: {e.args[0]}", file=sys.stderr)
-            return 1
+        except KeyError as e:  # no such suite or task
+            raise UsageError(str(e.args[0]), fix="pqrl tasks list shows the stored suites") from None
         finally:
             await store.aclose()
 
@@ -231,9 +231,8 @@ _SubParsers = argparse._SubParsersAction
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="pqrl", description="Agentic RL: rollouts in sandboxes, GRPO training."
-    )
+    parser = Parser(prog="pqrl", description="Agentic RL: rollouts in sandboxes, GRPO training.")
+    parser.add_argument("--debug", action="store_true", help="print a failure's traceback (or PQRL_DEBUG=1)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     groups: dict[str, _SubParsers] = {}
 
@@ -324,7 +323,9 @@ def _add_tasks(sub: _SubParsers, group: Callable[[str, str], _SubParsers]) -> No
     p.add_argument("id")
     p = tasks.add_parser("generate", help="write a built-in suite (calc, data, search, coding) as JSONL")
     p.add_argument("kind", choices=GENERATED)
-    p.add_argument("--n", type=int, default=None, help="number of tasks (search 200, else 256; not coding)")
+    p.add_argument(
+        "--n", type=positive_int, default=None, help="number of tasks (search 200, else 256; not coding)"
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--shots", type=int, default=None, help="worked examples (calc 1, data 2, others 0)")
     p.add_argument("--level", type=int, choices=[1, 2], default=None, help="calc/data: 1 or 2 (calc 2)")
@@ -336,14 +337,15 @@ def _add_tasks(sub: _SubParsers, group: Callable[[str, str], _SubParsers]) -> No
     p.add_argument("-o", "--output", required=True, help="where the filtered suite goes")
     p.add_argument("--model", default=DEFAULT_MODEL)
     p.add_argument("--engine", default=None, help="engine URL (default: a built-in engine in this process)")
-    p.add_argument("--samples", type=int, default=8)
+    p.add_argument("--samples", type=positive_int, default=8)
     p.add_argument("--low", type=float, default=0.0)
     p.add_argument("--high", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0, help="episode sampling seed: the same pass rates every run")
+    p.add_argument("--quiet", action="store_true", help=QUIET_HELP)
     add_arguments(p, EpisodeConfig, exclude=("seed",))
     for name, task_parser in tasks.choices.items():
         if name in ("submit", "list", "show"):
-            task_parser.add_argument("--redis-url", default=None, help="default: $REDIS_URL")
+            task_parser.add_argument("--redis-url", default=None, help="default: $PQRL_REDIS_URL")
         task_parser.set_defaults(func=_cmd_tasks_filter if name == "filter" else _cmd_tasks)
 
 
@@ -366,8 +368,8 @@ def _add_rollout(sub: _SubParsers, group: Callable[[str, str], _SubParsers]) -> 
         "show", help="print stored groups as trained"
     )
     show.add_argument("--run", required=True)
-    show.add_argument("--redis-url", default=None, help="default: $REDIS_URL")
-    show.add_argument("--groups", type=int, default=2, help="the most recent N groups")
+    show.add_argument("--redis-url", default=None, help="default: $PQRL_REDIS_URL")
+    show.add_argument("--groups", type=positive_int, default=2, help="the most recent N groups")
     show.add_argument("--model", default=DEFAULT_MODEL, help="tokenizer to decode with")
     show.add_argument("--brief", action="store_true", help="figures only, no token streams")
     show.set_defaults(func=_cmd_trajectories_show)
@@ -396,14 +398,20 @@ def _add_train(sub: _SubParsers, group: Callable[[str, str], _SubParsers]) -> No
     sft.add_argument("--demonstrations", help="override demonstrations (a file or calc:N[:SEED])")
     sft.add_argument("--max-steps", type=int, help="override max_steps")
     sft.add_argument("--device", help="override device")
-    sft.add_argument("--no-progress", action="store_true", help="no progress bar")
+    sft.add_argument(
+        "--quiet",
+        "--no-progress",
+        dest="quiet",
+        action="store_true",
+        help=QUIET_HELP,
+    )
     sft.set_defaults(func=_cmd_sft)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    return int(args.func(args) or 0)
+    debug, rest = debugging(list(sys.argv[1:] if argv is None else argv))  # --debug anywhere
+    args = build_parser().parse_args(rest)
+    return run_command(args.func, args, debug=debug)
 
 
 if __name__ == "__main__":

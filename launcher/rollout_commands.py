@@ -16,6 +16,10 @@ from typing import Any
 
 import numpy as np
 
+from launcher.quiet import QUIET_HELP
+from pqrl.envvars import redis_url, setting
+from pqrl.errors import JobEnded, UsageError
+
 __all__ = ["add_rollout_arguments", "filter_tasks", "local_engine", "rollout", "show_trajectories"]
 
 
@@ -25,7 +29,7 @@ def add_rollout_arguments(p: argparse.ArgumentParser) -> None:
     from pqrl.model_cache import DEFAULT_MODEL
     from pqrl.settings import add_arguments
 
-    p.add_argument("--redis-url", default=None, help="default: $REDIS_URL")
+    p.add_argument("--redis-url", default=None, help="default: $PQRL_REDIS_URL")
     p.add_argument("--run", required=True)
     p.add_argument("--engine", action="append", required=True, help="engine URL (repeatable)")
     p.add_argument(
@@ -36,6 +40,7 @@ def add_rollout_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--forever", action="store_true", help="keep waiting for tasks instead of stopping when empty"
     )
+    p.add_argument("--quiet", action="store_true", help=QUIET_HELP)
     add_arguments(p, ManagerConfig)
     add_arguments(p, EpisodeConfig)
 
@@ -52,16 +57,13 @@ def rollout(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request drowns the progress
-    url = args.redis_url or os.environ.get("REDIS_URL")
-    if not url:
-        print("pqrl rollout: give --redis-url or set REDIS_URL", file=sys.stderr)
-        return 2
+    url = redis_url(args.redis_url)
     cfg = from_arguments(ManagerConfig, args, episode=from_arguments(EpisodeConfig, args))
 
     async def main() -> int:
         store = TrajectoryStore(url, args.run)
         engine = EngineClient(args.engine)
-        token = args.env_token or os.environ.get("PQRL_ENV_TOKEN")
+        token = args.env_token or setting("PQRL_ENV_TOKEN")
         env = HttpEnvClient(args.env_server, token=token) if args.env_server else LocalEnvClient()
         manager = RolloutManager(store, engine, env, ChatRenderer(load_tokenizer(args.model)), cfg)
         loop = asyncio.get_running_loop()
@@ -88,10 +90,7 @@ def show_trajectories(args: argparse.Namespace) -> int:
     from pqrl.model_cache import load_tokenizer
     from pqrl.store import TrajectoryStore
 
-    url = args.redis_url or os.environ.get("REDIS_URL")
-    if not url:
-        print("pqrl trajectories: give --redis-url or set REDIS_URL", file=sys.stderr)
-        return 2
+    url = redis_url(args.redis_url)
     tokenizer = load_tokenizer(args.model)
 
     async def fetch() -> list[tuple[str, Any]]:
@@ -163,7 +162,10 @@ def local_engine(model: str) -> Iterator[str]:
 
 
 def filter_tasks(args: argparse.Namespace) -> int:
-    """``pqrl tasks filter``: pass rates with the given policy, a filtered suite and a table."""
+    """``pqrl tasks filter``: pass rates with the given policy, a table of them and the filtered suite.
+
+    Keeping no task ends the command as ``JobEnded`` (status 1) with no file written: the inputs were
+    valid, the run found nothing to train on, as a training job whose plan is used up."""
     from agent_loop.config import EpisodeConfig
     from agent_loop.difficulty import rewards_that_ran, run_samples
     from engine.client import EngineClient
@@ -171,17 +173,20 @@ def filter_tasks(args: argparse.Namespace) -> int:
     from loss_masking import ChatRenderer
     from pqrl.model_cache import load_tokenizer
     from pqrl.settings import from_arguments
-    from tasks.difficulty import distribution_table, filter_suite, pass_rates
-    from tasks.suite import SuiteInvalid, load_suite
+    from tasks.difficulty import distribution_table, filter_suite, pass_rates, task_table
+    from tasks.suite import load_suite
 
-    try:
-        suite = load_suite(args.suite)
-    except SuiteInvalid as e:
-        print(e, file=sys.stderr)
-        return 1
+    suite = load_suite(args.suite)
+    if not 0.0 <= args.low < args.high <= 1.0:
+        raise UsageError(f"--low {args.low:g} --high {args.high:g}", fix="need 0 <= low < high <= 1")
+    out_dir = os.path.dirname(os.path.abspath(args.output))
+    if not os.path.isdir(out_dir) or not os.access(out_dir, os.W_OK):
+        raise UsageError(f"-o {args.output}: {out_dir} is not a writable directory", fix="check the path")
     cfg = from_arguments(EpisodeConfig, args)
 
     def progress(done: int, total: int) -> None:
+        if args.quiet:
+            return
         if done % max(1, total // 20) == 0 or done == total:
             print(f"\r  {done}/{total} episodes", end="", file=sys.stderr, flush=True)
 
@@ -201,21 +206,28 @@ def filter_tasks(args: argparse.Namespace) -> int:
     else:
         with local_engine(args.model) as url:
             rewards = asyncio.run(run(url))
-    print(file=sys.stderr)
+    if not args.quiet:
+        print(file=sys.stderr)
     rates = pass_rates(rewards)  # a task whose every episode failed on infrastructure has none
     never = len(suite.tasks) - len(rates)
     if not rates:
-        print(f"pqrl tasks filter: no pass rate: no task ran, all {never} failed on infrastructure",
-              file=sys.stderr)  # fmt: skip
-        return 1
+        raise JobEnded(f"no pass rate: no task ran, all {never} failed on infrastructure; nothing written",
+                       fix="pqrl env check, or the env server's log, says why")  # fmt: skip
     ran = dataclasses.replace(suite, tasks=tuple(t for t in suite.tasks if t.id in rates))
     kept = filter_suite(ran, rates, low=args.low, high=args.high)
-    with open(args.output, "w") as f:
-        f.write(kept.to_jsonl())
     if never:
         print(f"pqrl tasks filter: {never} of {len(suite.tasks)} tasks never ran (their episodes failed on "
               "infrastructure): left out, not rated", file=sys.stderr)  # fmt: skip
     print(f"{suite.id}: {args.samples} samples per task with {args.model}")
+    print(task_table(rates, {t.id for t in kept.tasks}))
     print(distribution_table(rates))
-    print(f"mean pass rate {sum(rates.values()) / max(len(rates), 1):.3f}; wrote {kept.id} to {args.output}")
+    mean = f"mean pass rate {sum(rates.values()) / max(len(rates), 1):.3f}"
+    if not kept.tasks:
+        fix = "filter a suite this policy sometimes solves, or sample more (--samples)"
+        raise JobEnded(
+            f"no task has a pass rate in ({args.low:g}, {args.high:g}) ({mean}); nothing written", fix=fix
+        )
+    with open(args.output, "w") as f:
+        f.write(kept.to_jsonl())
+    print(f"{mean}; wrote {kept.id} ({len(kept.tasks)} of {len(suite.tasks)} tasks) to {args.output}")
     return 0

@@ -20,6 +20,7 @@ from typing import Any
 from launcher.children import Children, progress_every_s, tail
 from launcher.jobconfig import TrainConfig
 from launcher.precision import Dtype, cpu_bfloat16
+from pqrl.envvars import setting
 from pqrl.redis_server import RedisServer, die_with_parent, free_port, stop_process
 
 __all__ = [
@@ -35,7 +36,7 @@ __all__ = [
 def job_services(cfg: TrainConfig, *, quiet: bool = False) -> Iterator[dict[str, Any]]:
     """Redis, engine and env-server URLs: the configured ones, or private ones started (and stopped) here,
     with ``children``: those processes, watched (see ``launcher.children``)."""
-    env_token = cfg.services.env_token or os.environ.get("PQRL_ENV_TOKEN")
+    env_token = cfg.services.env_token or setting("PQRL_ENV_TOKEN")
     if not cfg.embedded:
         yield {"redis_url": cfg.services.redis_url, "engines": cfg.services.engines,
                "env_servers": cfg.services.env_servers, "env_token": env_token}  # fmt: skip

@@ -6,29 +6,32 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from pqrl.envvars import checked_redis_url, setting
+from pqrl.errors import UsageError
 
 __all__ = ["add_status_arguments", "status_command"]
 
 
 def add_status_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--run", required=True)
-    p.add_argument("--redis-url", default=None, help="default: $REDIS_URL, else the embedded job's own")
+    p.add_argument("--redis-url", default=None, help="default: $PQRL_REDIS_URL, else the embedded job's own")
     p.add_argument("--output-dir", default="runs", help="where an embedded job keeps its run directory")
 
 
 def status_command(args: argparse.Namespace) -> int:
-    url = args.redis_url or os.environ.get("REDIS_URL")
+    url = args.redis_url or setting("PQRL_REDIS_URL")
     services = Path(args.output_dir) / args.run / "services.json"
     if not url and services.is_file():
         url = json.loads(services.read_text())["redis_url"]
-    if not url:
-        print(f"pqrl status: give --redis-url (no running embedded job at {services})", file=sys.stderr)
-        return 2
+    if url:
+        checked_redis_url(url)
+    else:
+        raise UsageError(f"no Redis URL and no running embedded job at {services}",
+                         fix="give --redis-url or set PQRL_REDIS_URL")  # fmt: skip
 
     async def read() -> dict[str, Any]:
         from pqrl.store import TrajectoryStore

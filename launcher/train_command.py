@@ -27,7 +27,9 @@ from typing import Any
 import yaml
 
 from launcher.jobconfig import ConfigInvalid, TrainConfig, explain_lines, explain_markdown, load_config
-from pqrl.errors import PqrlError
+from launcher.quiet import QUIET_HELP
+from pqrl.envvars import checked_redis_url, setting
+from pqrl.errors import PqrlError, UsageError
 
 __all__ = ["add_train_arguments", "train_command"]
 
@@ -76,7 +78,7 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--explain", action="store_true", help="list every config field and exit")
     p.add_argument("--markdown", action="store_true", help="with --explain: as the table of docs/config.md")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--quiet", action="store_true", help=QUIET_HELP)
 
 
 def _overrides(pairs: list[str]) -> dict[str, Any]:
@@ -93,11 +95,11 @@ def _service_overrides(args: argparse.Namespace) -> dict[str, Any]:
     """The services flags, else the ``PQRL_*`` environment variables, as config overrides."""
 
     def urls(flag: list[str] | None, var: str) -> list[str] | None:
-        given = flag or [u.strip() for u in os.environ.get(var, "").split(",") if u.strip()]
+        given = flag or [u.strip() for u in (setting(var) or "").split(",") if u.strip()]
         return given or None
 
     found = {
-        "services.redis_url": args.redis_url or os.environ.get("PQRL_REDIS_URL") or None,
+        "services.redis_url": args.redis_url or setting("PQRL_REDIS_URL"),
         "services.engines": urls(args.engine, "PQRL_ENGINES"),
         "services.env_servers": urls(args.env_server, "PQRL_ENV_SERVERS"),
     }
@@ -111,11 +113,11 @@ def train_command(args: argparse.Namespace) -> int:
     if not args.config:
         print("pqrl train: give a CONFIG file (pqrl train --explain lists its fields)", file=sys.stderr)
         return 2
-    try:
-        cfg = load_config(args.config, _overrides(args.set) | _service_overrides(args))
-    except ConfigInvalid as e:
-        print(f"pqrl train: {e}", file=sys.stderr)
-        return 2
+    if not os.path.isfile(args.config):
+        raise UsageError(f"{args.config}: no such file", fix="check the path")
+    cfg = load_config(args.config, _overrides(args.set) | _service_overrides(args))  # ConfigInvalid: status 2
+    if cfg.services.redis_url:
+        checked_redis_url(cfg.services.redis_url)
     if cfg.embedded and args.role != "all":
         print("pqrl train: --role needs the run's Redis (--redis-url, $PQRL_REDIS_URL or services.redis_url)",
               file=sys.stderr)  # fmt: skip

@@ -120,7 +120,7 @@ class _Run:
         elif self.eval_suite is not None and self.job.stopping.is_set():
             # stopped by the user: the checkpoint is written; the final evaluation would keep them
             # waiting minutes more, so it runs when the job is resumed and finishes instead
-            log.info("stopped at step %d: final evaluation skipped; run the same command again to "
+            log.warning("stopped at step %d: final evaluation skipped; run the same command again to "
                      "resume, and it runs when the job finishes", self.trainer.state.step)  # fmt: skip
         elif self.eval_suite is not None:
             after = await self._evaluate(self.trainer.state.step)
@@ -261,7 +261,8 @@ class _Run:
         if self.job.hurry.is_set():
             log.info("step %d given up before it changed the weights", step)
         else:
-            log.info("stopped while step %d waited for groups: nothing of it trained or acknowledged", step)
+            log.warning("stopped while step %d waited for groups: nothing of it trained or acknowledged",
+                        step)  # fmt: skip
         self.job.hurry.set()  # stopping now: groups in flight are dropped (their tasks requeued on resume)
         return None
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from pqrl.envvars import setting
+
 __all__ = ["cache_dir"]
 
 
 def cache_dir(*parts: str) -> Path:
     """``$PQRL_CACHE`` (default ``~/.cache/pqrl``) joined with ``parts``, created if missing."""
-    root = os.environ.get("PQRL_CACHE") or os.path.join(
+    root = setting("PQRL_CACHE") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "pqrl"
     )
     path = Path(root, *parts)

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from pqrl.cache import cache_dir
+from pqrl.envvars import setting
 
 __all__ = [
     "BASE_RECIPE",
@@ -87,7 +88,7 @@ def build_image(
         return recipe.tag
     tarball = cache_dir("images") / f"{recipe.name}-{recipe.digest}.tar"
     if not tarball.is_file() or force:
-        _bootstrap(recipe, tarball, mirror or os.environ.get("PQRL_DEBIAN_MIRROR"), progress)
+        _bootstrap(recipe, tarball, mirror or setting("PQRL_DEBIAN_MIRROR"), progress)
     progress(f"importing {tarball} as {recipe.tag}")
     changes = [f"USER {recipe.user}", f"WORKDIR {recipe.workdir}", 'CMD ["/bin/bash"]']
     changes += [f"ENV {k}={v}" for k, v in recipe.env]

@@ -22,6 +22,7 @@ import stat
 from collections.abc import Collection
 from pathlib import Path
 
+from pqrl.envvars import setting
 from sandboxes.protocol import SandboxError
 
 __all__ = ["UID_LABEL", "UidLease", "lease_uid", "uid_lock_dir"]
@@ -33,7 +34,7 @@ DEFAULT_LOCK_DIR = "/tmp/pqrl-sandbox-uids"
 def uid_lock_dir() -> Path:
     """The host's one directory of uid locks, created private (0700) if missing; SandboxError
     naming the fix when it cannot be used safely."""
-    path = Path(os.environ.get("PQRL_SANDBOX_UID_DIR") or DEFAULT_LOCK_DIR)
+    path = Path(setting("PQRL_SANDBOX_UID_DIR") or DEFAULT_LOCK_DIR)
     fix = "set PQRL_SANDBOX_UID_DIR to a directory of your own, the same for every pqrl process of the host"
     if not path.is_absolute():  # relative to each process's own working directory: not one place
         raise SandboxError(f"the sandbox uid lock directory {path} is not an absolute path; {fix}")

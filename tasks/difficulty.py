@@ -8,11 +8,11 @@ module only turns them into a filtered suite and a report.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from tasks.suite import Suite, SuiteManifest
 
-__all__ = ["distribution_table", "filter_suite", "pass_rates"]
+__all__ = ["distribution_table", "filter_suite", "pass_rates", "task_table"]
 
 
 def pass_rates(rewards: Mapping[str, Sequence[float]], *, threshold: float = 1.0) -> dict[str, float]:
@@ -53,3 +53,11 @@ def distribution_table(rates: Mapping[str, float], *, bins: int = 5) -> str:
     kept = len(values) - zero - one
     lines.append(f"{'kept (0 < c < 1)':<{width}}  {kept:5d} of {len(values)}")
     return "\n".join(lines)
+
+
+def task_table(rates: Mapping[str, float], kept: Collection[str] = ()) -> str:
+    """One row per task: its id, its pass rate and whether the filter kept it."""
+    width = max([len("task"), *map(len, rates)])
+    rows = [f"{'task':<{width}}  pass  kept"]
+    rows += [f"{tid:<{width}}  {rate:4.2f}  {'yes' if tid in kept else 'no'}" for tid, rate in rates.items()]
+    return "\n".join(rows)

@@ -34,6 +34,8 @@ CHECKED = [
     "trainer/streaming.py",
     "agent_loop/culling.py",
     "agent_loop/config.py",
+    "launcher/errors_cli.py",
+    "launcher/quiet.py",
 ]
 
 

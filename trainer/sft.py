@@ -276,7 +276,7 @@ def sft_command(args: argparse.Namespace, *, load_demonstrations: Loader | None 
             f.write(json.dumps(row) + "\n")
             f.flush()
 
-        history = train_sft(cfg, model, demos, log=log, progress=not args.no_progress)
+        history = train_sft(cfg, model, demos, log=log, progress=not getattr(args, "quiet", False))
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     first, last = history[0]["losses/sft_loss"], history[-1]["losses/sft_loss"]

@@ -48,7 +48,6 @@ import base64
 import hashlib
 import io
 import json
-import os
 import secrets
 import tarfile
 import threading
@@ -59,6 +58,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
+from pqrl.envvars import setting
 from pqrl.faults import BadTask
 from sandboxes.docker import DockerSandbox
 from sandboxes.protocol import Sandbox, SandboxDied
@@ -112,7 +112,7 @@ def grading_slots(limit: int | None = None) -> asyncio.Semaphore:
     """
     loop = asyncio.get_running_loop()
     if loop not in _SLOTS:
-        _SLOTS[loop] = asyncio.Semaphore(limit or int(os.environ.get("PQRL_GRADER_CONCURRENCY", "4")))
+        _SLOTS[loop] = asyncio.Semaphore(limit or int(setting("PQRL_GRADER_CONCURRENCY") or 4))
     return _SLOTS[loop]
 
 

@@ -63,7 +63,8 @@ def test_an_engine_that_cannot_load_its_model_ends_the_job_at_once_with_the_caus
     lines = [ln for ln in err.splitlines() if ln.startswith("pqrl train:")]
     assert len(lines) == 1, err[-3000:]
     assert "the engine (pid" in lines[0] and "exited with status" in lines[0], lines[0]
-    assert "ModelNotAvailable" in lines[0] and str(missing) in lines[0], lines[0]
+    # the engine's own one-line error (status 3: PermanentFault) is the cause quoted
+    assert "exited with status 3" in lines[0] and f"unknown model '{missing}'" in lines[0], lines[0]
     assert "not healthy" not in err and "not ready" not in err
     assert _processes_mentioning(str(tmp_path)) == [], "the job's Redis and engine are gone"
 

@@ -76,7 +76,10 @@ def test_an_env_server_without_docker_exits_3_within_the_grace(long_tiny_model, 
     assert _processes_mentioning(tmp_path, long_tiny_model) == [], "the job's env server is gone too"
 
 
-def test_an_unknown_environment_exits_3_at_once(long_tiny_model, tmp_path):
+def test_a_suite_of_an_unknown_environment_is_refused_before_anything_starts(long_tiny_model, tmp_path):
+    """The suite names an environment no one registered: bad input (2), found when the suite is
+    read, before Redis, the engine or the env server start. (An env server that does not know an
+    environment the job's process knows is a permanent fault, 3: tests/launcher/test_preflight.py.)"""
     from tasks.calc import calc_suite
 
     text = calc_suite(2, seed=1).to_jsonl().replace('"env_id":"calc-v1"', '"env_id":"nope-v1"')
@@ -85,6 +88,9 @@ def test_an_unknown_environment_exits_3_at_once(long_tiny_model, tmp_path):
         tmp_path / "job.yaml", _job(tmp_path, long_tiny_model, {"path": str(tmp_path / "suite.jsonl")})
     )
     t0 = time.monotonic()
-    line, _ = _ended(_pqrl_train(config), 30, t0)
-    assert "unknown environment 'nope-v1'" in line and "fix the env_id" in line, line
+    proc = _pqrl_train(config)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2 and time.monotonic() - t0 < 30, f"{proc.returncode}:\n{err[-3000:]}"
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err[-3000:]
+    assert "unknown environment 'nope-v1'" in err and "suite.env_id" in err, err
     assert _processes_mentioning(tmp_path, long_tiny_model) == []

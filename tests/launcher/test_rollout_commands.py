@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+from pqrl.errors import JobEnded
 from pqrl.redis_server import free_port
 from tests.servers import wait_until_healthy
 
@@ -41,9 +43,11 @@ def test_engine_rollout_and_show(tmp_path, redis_server):
             "12",
             "--max-total-tokens",
             "768",
+            "--quiet",
         )
         assert out.returncode == 0, out.stderr[-2000:]
         assert "groups written 2, dropped 0" in out.stdout
+        assert out.stderr == "", "--quiet: no progress, no logging, no library warnings"
         shown = run("trajectories", "show", "--run", "cli", "--redis-url", redis_server.url, "--groups", "2")
         assert shown.returncode == 0, shown.stderr[-2000:]
         assert shown.stdout.count("== group ") == 2 and shown.stdout.count("-- ") == 4
@@ -54,16 +58,24 @@ def test_engine_rollout_and_show(tmp_path, redis_server):
         engine.wait(30)
 
 
-def test_tasks_filter_with_an_in_process_engine(tmp_path):
+def test_tasks_filter_keeping_no_task_ends_the_job_writes_nothing_and_quiet_prints_only_that(tmp_path):
     suite, out = tmp_path / "calc.jsonl", tmp_path / "filtered.jsonl"
     gen = subprocess.run([PQRL, "tasks", "generate", "calc", "--n", "2", "--seed", "3", "-o", str(suite)])
     assert gen.returncode == 0
     args = ["--samples", "2", "--max-turns", "2", "--max-new-tokens", "12", "--max-total-tokens", "768"]
-    run = subprocess.run([PQRL, "tasks", "filter", str(suite), "-o", str(out), *args], capture_output=True,
-                         text=True, timeout=600)  # fmt: skip
-    assert run.returncode == 0, run.stderr[-2000:]
-    assert "kept (0 < c < 1)" in run.stdout and "of 2" in run.stdout
-    assert out.read_text().startswith('{"suite":')
+    # the untrained policy solves neither task: nothing to keep
+    run = subprocess.run([PQRL, "tasks", "filter", str(suite), "-o", str(out), *args, "--quiet"],
+                         capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert run.returncode == JobEnded.exit_code, run.stderr[-2000:]
+    assert not out.exists()
+    assert run.stderr.splitlines() == [
+        "pqrl tasks filter: no task has a pass rate in (0, 1) (mean pass rate 0.000); nothing written "
+        "(filter a suite this policy sometimes solves, or sample more (--samples))"
+    ], "--quiet leaves the error line alone on stderr: no progress, no library warnings"
+    rows = [line.split() for line in run.stdout.splitlines()]
+    ids = [json.loads(line)["id"] for line in suite.read_text().splitlines()[1:]]
+    assert [r for r in rows if r and r[0] in ids] == [[i, "0.00", "no"] for i in ids]  # a row per task
+    assert "kept (0 < c < 1)" in run.stdout and "0 of 2" in run.stdout
 
 
 def test_tasks_filter_rates_no_task_that_never_ran(tmp_path):
@@ -76,7 +88,7 @@ def test_tasks_filter_rates_no_task_that_never_ran(tmp_path):
     env = os.environ | {"DOCKER_HOST": f"unix://{tmp_path}/no-docker.sock"}
     run = subprocess.run([PQRL, "tasks", "filter", str(suite), "-o", str(out), *args], capture_output=True,
                          text=True, timeout=600, env=env)  # fmt: skip
-    assert run.returncode == 1, run.stdout + run.stderr[-2000:]
+    assert run.returncode == JobEnded.exit_code, run.stdout + run.stderr[-2000:]
     last = run.stderr.strip().splitlines()[-1]
-    assert last == "pqrl tasks filter: no pass rate: no task ran, all 2 failed on infrastructure"
+    assert last.startswith("pqrl tasks filter: no pass rate: no task ran, all 2 failed on infrastructure")
     assert not out.exists() and "kept" not in run.stdout

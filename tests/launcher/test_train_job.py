@@ -44,6 +44,7 @@ def _train(config: Path, *extra: str) -> dict:
     cmd = [sys.executable, "-m", "launcher.cli", "train", str(config), "--quiet", *extra]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
+    assert out.stderr == "", "--quiet: no progress, no logging, no library warnings"
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 

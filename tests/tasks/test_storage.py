@@ -57,7 +57,7 @@ def test_cli_generate_validate_submit_list_show(tmp_path, redis_server):
     shown = run("show", "calc/calc-7-3", *url)
     assert shown.returncode == 0 and json.loads(shown.stdout)["id"] == "calc-7-3"
     missing = run("show", "nope", *url)
-    assert missing.returncode == 1 and "no stored suite matches 'nope'" in missing.stderr
+    assert missing.returncode == 2 and "no stored suite matches 'nope'" in missing.stderr  # UsageError
 
 
 def test_cli_generates_every_builtin_generated_suite(tmp_path):
@@ -73,7 +73,7 @@ def test_cli_generates_every_builtin_generated_suite(tmp_path):
     assert path.read_text() == search_suite(12, 3).to_jsonl()
     assert "12 valid qa tasks for search-v1" in run("validate", str(path)).stdout
     wrong = run("generate", "search", "--level", "1", "-o", str(tmp_path / "x.jsonl"))
-    assert wrong.returncode == 1 and "level applies to calc and data only" in wrong.stderr
+    assert wrong.returncode == 2 and "level applies to calc and data only" in wrong.stderr  # UsageError
     for kind, env_id in GENERATED.items():
         out = run("generate", kind, "--n", "5", "-o", str(tmp_path / f"{kind}.jsonl"))
         assert out.returncode == 0, out.stderr
@@ -93,9 +93,6 @@ def test_cli_validate_lists_every_problem(tmp_path):
              "garbage"]  # fmt: skip
     bad.write_text("\n".join(lines))
     out = subprocess.run([PQRL, "tasks", "validate", str(bad)], capture_output=True, text=True)
-    assert out.returncode == 1
-    assert (
-        "2 problem(s)" in out.stderr
-        and "line 2 (task a): question" in out.stderr
-        and "line 3: (json)" in out.stderr
-    )
+    assert out.returncode == 2  # UsageError: every problem is the result (stdout), then one error line
+    assert "line 2 (task a): question" in out.stdout and "line 3: (json)" in out.stdout
+    assert out.stderr.splitlines() == [f"pqrl tasks validate: {bad}: 2 problem(s), listed above"]
