@@ -1,6 +1,7 @@
 """Warm pool: sandboxes created ahead of demand, handed out in milliseconds, never reused.
 
-One pool serves one ``SandboxSettings`` (image and limits). A sandbox given out by ``acquire`` is
+One pool serves one ``SandboxSettings`` (image and limits); ``resize`` changes how many spares it
+keeps (the env server shrinks the pools of images not used lately). A sandbox given out by ``acquire`` is
 never given out again: ``release`` destroys it in the background and the filler creates a fresh
 one, at most ``max_creates_per_s`` a second and ``max_concurrent_creates`` at a time, so a burst
 of demand does not overload dockerd. The pool runs the reaper on start and every
@@ -146,6 +147,20 @@ class SandboxPool:
             if waiting:
                 self._waiters -= 1
 
+    @property
+    def warm(self) -> int:
+        """Spare sandboxes held or being made: what this pool costs while nobody uses it."""
+        return self._idle.qsize() + self._creating
+
+    def resize(self, size: int) -> None:
+        """Keeps ``size`` spares from now on; spares beyond it (and beyond waiters) go at once."""
+        if size < 0:
+            raise ValueError("size >= 0 required")
+        self.size = size
+        while self._idle.qsize() > max(size, self._waiters):
+            self._destroy(self._idle.get_nowait()[1])
+        self._wake.set()
+
     def release(self, sandbox: DockerSandbox) -> None:
         """Destroys a used sandbox in the background (sandboxes are never reused)."""
         self._destroy(sandbox)
@@ -202,7 +217,10 @@ class SandboxPool:
             )
             self.stats.created += 1
             self._last_error = None
-            await self._idle.put((time.monotonic(), sandbox))
+            if self._closed or self._idle.qsize() >= max(self.size, self._waiters):
+                self._destroy(sandbox)  # shrunk or closed while it was being made: not a spare
+            else:
+                await self._idle.put((time.monotonic(), sandbox))
         except Exception as e:
             self.stats.create_failures += 1
             self._last_error = e
