@@ -59,6 +59,11 @@ class RepoRecipe:
     base_image: str = "pqrl-sandbox-base:latest"
 
     def __post_init__(self) -> None:
+        for name in ("name", "source", "base_image"):
+            if not isinstance(getattr(self, name), str):
+                raise UsageError(f"recipe field {name} must be a string")
+        if self.base_commit is not None and not isinstance(self.base_commit, str):
+            raise UsageError("recipe field base_commit must be a string (a commit hash)")
         if isinstance(self.requirements, str):
             raise UsageError("requirements must be a list of pip specs, not one string")
         object.__setattr__(self, "requirements", tuple(self.requirements))
