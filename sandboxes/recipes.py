@@ -37,8 +37,8 @@ __all__ = ["REPO_PATH", "WORKSPACE", "RepoRecipe", "build_recipe", "recipe_tag"]
 REPO_PATH = "/repo"  # the repository in the image (read-only: the root filesystem is)
 WORKSPACE = "/workspace"  # the sandbox's writable copy, which an editable install points at
 INSTALL_STEPS = ("none", "editable")
-_REVISION = 1  # bump when the image layout below changes
-_NAME = re.compile(r"[^a-z0-9_.-]+")
+_REVISION = 2  # bump when the image layout below changes
+_NAME = re.compile(r"[^a-z0-9]+")
 
 
 @dataclass(frozen=True)
@@ -64,8 +64,8 @@ class RepoRecipe:
                 raise UsageError(f"recipe field {name} must be a string")
         if self.base_commit is not None and not isinstance(self.base_commit, str):
             raise UsageError("recipe field base_commit must be a string (a commit hash)")
-        if isinstance(self.requirements, str):
-            raise UsageError("requirements must be a list of pip specs, not one string")
+        if not isinstance(self.requirements, list | tuple):
+            raise UsageError("requirements must be a list of pip specs")
         object.__setattr__(self, "requirements", tuple(self.requirements))
         if self.install not in INSTALL_STEPS:
             raise UsageError(f"install must be one of {INSTALL_STEPS}, not {self.install!r}")
@@ -87,7 +87,8 @@ class RepoRecipe:
         unknown = set(data) - set(cls.__dataclass_fields__)
         if unknown or "name" not in data or "source" not in data:
             raise UsageError(f"recipe {path}: needs name and source; unknown fields {sorted(unknown)}")
-        data["source"] = str(Path(path).parent / data["source"])
+        if isinstance(data["source"], str):
+            data["source"] = str(Path(path).parent / data["source"])
         return cls(**data)
 
 
@@ -104,26 +105,35 @@ def build_recipe(recipe: RepoRecipe, *, progress: Callable[[str], None] = print,
         if image_exists(tag) and not force:
             say(f"image {tag} is present")
             return tag
-        with tempfile.TemporaryDirectory(prefix="pqrl-recipe-", dir=cache_dir("recipes")) as tmp:
-            stage = Path(tmp)
-            say(f"staging the repository ({key['source']})")
-            stage_repository(recipe.source, recipe.base_commit, stage / "repo", f"{recipe.name}")
-            site, scripts = stage / "site", stage / "bin"
-            site.mkdir()
-            scripts.mkdir()
-            if recipe.requirements:
-                say(f"installing {len(recipe.requirements)} requirement(s) on the host for {base['tags']}")
-                _install_requirements(recipe.requirements, site, base)
-                _move_scripts(site, scripts, base["executable"])
-            if recipe.install == "editable":
-                (site / "pqrl-project.pth").write_text(_editable_paths(stage / "repo"))
-            (stage / "gitconfig").write_text("[safe]\n\tdirectory = *\n")  # /repo belongs to root
-            (stage / "Dockerfile").write_text(_dockerfile(base, tag))
-            _readable(stage)
-            say(f"docker build -> {tag}")
-            _docker_build(stage, tag)
+        try:
+            _build(recipe, base, tag, key, say)
+        except OSError as e:  # a full disk, a file the source cannot give: one line, not a trace
+            raise PermanentFault(f"building {tag} failed: {type(e).__name__}: {e}") from None
     say(f"built {tag}")
     return tag
+
+
+def _build(
+    recipe: RepoRecipe, base: dict[str, Any], tag: str, key: dict[str, Any], say: Callable[[str], None]
+) -> None:
+    with tempfile.TemporaryDirectory(prefix="pqrl-recipe-", dir=cache_dir("recipes")) as tmp:
+        stage = Path(tmp)
+        say(f"staging the repository ({key['source']})")
+        stage_repository(recipe.source, recipe.base_commit, stage / "repo", f"{recipe.name}")
+        site, scripts = stage / "site", stage / "bin"
+        site.mkdir()
+        scripts.mkdir()
+        if recipe.requirements:
+            say(f"installing {len(recipe.requirements)} requirement(s) on the host for {base['tags']}")
+            _install_requirements(recipe.requirements, site, base)
+            _move_scripts(site, scripts, base["executable"])
+        if recipe.install == "editable":
+            (site / "pqrl-project.pth").write_text(_editable_paths(stage / "repo"))
+        (stage / "gitconfig").write_text("[safe]\n\tdirectory = *\n")  # /repo belongs to root
+        (stage / "Dockerfile").write_text(_dockerfile(base, tag))
+        _readable(stage)
+        say(f"docker build -> {tag}")
+        _docker_build(stage, tag)
 
 
 def recipe_tag(recipe: RepoRecipe) -> str:
@@ -139,11 +149,11 @@ def _tag_and_key(recipe: RepoRecipe, base: dict[str, Any]) -> tuple[str, dict[st
         "revision": _REVISION,
         "base": base["id"],
         "source": source_digest(recipe.source, recipe.base_commit),
-        "requirements": list(recipe.requirements),
+        "requirements": sorted({r.strip() for r in recipe.requirements}),  # pip's order is not
         "install": recipe.install,
     }
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    return f"pqrl-repo-{_NAME.sub('-', recipe.name.lower()).strip('-.')}:{digest}", key
+    return f"pqrl-repo-{_NAME.sub('-', recipe.name.lower()).strip('-')[:64]}:{digest}", key
 
 
 def _docker(*args: str) -> subprocess.CompletedProcess[str]:
@@ -173,7 +183,12 @@ def _base_image(ref: str) -> dict[str, Any]:
     r = _docker("run", "--rm", "--network", "none", "--entrypoint", "python3", ref, "-c", probe)
     if r.returncode != 0:
         raise UsageError(f"base image {ref} has no working python3: {_last_line(r.stderr)}")
-    py = json.loads(r.stdout.strip().splitlines()[-1])
+    try:
+        py = json.loads(r.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        raise UsageError(
+            f"base image {ref}: its python3 did not report itself: {r.stdout[-200:]!r}"
+        ) from None
     base = {"id": image_id, "ref": ref, "user": config.get("User") or "root",
             "workdir": config.get("WorkingDir") or "/", **py}  # fmt: skip
     base["tags"] = f"cp{py['version'].replace('.', '')} {_platforms(py)[0]}"
@@ -236,7 +251,7 @@ def _editable_paths(repo: Path) -> str:
 
 def _dockerfile(base: dict[str, Any], tag: str) -> str:
     return "\n".join([
-        f"FROM {base['ref']}",
+        f"FROM {base['id']}",  # the very image hashed into the tag, even if its name moved since
         "USER root",
         f"COPY site/ {base['site']}/",
         "COPY bin/ /usr/local/bin/",
@@ -255,8 +270,8 @@ def _readable(root: Path) -> None:
         for n in dirnames + filenames:
             p = Path(dirpath, n)
             if not p.is_symlink():
-                mode = p.stat().st_mode
-                p.chmod((mode | 0o444 | (0o111 if p.is_dir() or mode & 0o100 else 0)) & ~0o022)
+                mode = p.stat().st_mode  # no setuid, setgid or sticky bit from an archive either
+                p.chmod((mode | 0o444 | (0o111 if p.is_dir() or mode & 0o100 else 0)) & 0o755)
 
 
 def _docker_build(stage: Path, tag: str) -> None:

@@ -39,6 +39,8 @@ _GIT_ENV = {
 
 def _git(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> str:
     full = {**os.environ, **_GIT_ENV, **(env or {})}
+    if shutil.which("git") is None:
+        raise PermanentFault("git not found", fix="install git on the host")
     r = subprocess.run(["git", *args], cwd=cwd, env=full, capture_output=True, text=True)
     if r.returncode != 0:
         raise _GitFailed(_last_line(r.stderr or r.stdout) or f"git {args[0]} failed ({r.returncode})")
@@ -110,13 +112,21 @@ def source_digest(source: str | Path, base_commit: str | None) -> str:
     return f"directory:{h.hexdigest()}"
 
 
+def _is_git(name: str) -> bool:
+    return name.lower() == ".git"  # git itself refuses the name in any case
+
+
 def _files(root: Path) -> list[Path]:
-    """Every file and symlink under ``root``, none inside a ``.git`` (a history to keep out)."""
+    """Every regular file and symlink under ``root`` (no fifo or device: reading one blocks or
+    reads the host), none inside a ``.git`` (a history to keep out)."""
     out = []
     for dirpath, dirnames, filenames in os.walk(root):
         links = [d for d in dirnames if Path(dirpath, d).is_symlink()]  # copied as links, not walked
-        dirnames[:] = [d for d in dirnames if d != ".git" and d not in links]
-        out += [Path(dirpath, n) for n in filenames + links if n != ".git"]
+        dirnames[:] = [d for d in dirnames if not _is_git(d) and d not in links]
+        for n in filenames + links:
+            p = Path(dirpath, n)
+            if not _is_git(n) and (p.is_symlink() or p.is_file()):
+                out.append(p)
     return out
 
 
@@ -128,16 +138,7 @@ def stage_repository(source: str | Path, base_commit: str | None, dest: Path, la
     if kind == "git":
         assert base_commit is not None
         commit = _resolve(path, base_commit)
-        git_dir = _git_dir(path)
-        # A private index: the source's own index and work tree are never touched.
-        index = {"GIT_INDEX_FILE": str(dest.parent / "pqrl-source.index")}
-        try:
-            _git("--git-dir", git_dir, "read-tree", commit, env=index)
-            _git("--git-dir", git_dir, "--work-tree", str(dest), "checkout-index", "-a", "-f", env=index)
-        except _GitFailed as e:
-            raise PermanentFault(f"checking out {commit[:12]} from {path} failed: {e}") from None
-        finally:
-            Path(index["GIT_INDEX_FILE"]).unlink(missing_ok=True)
+        _write_tree(_git_dir(path), commit, dest)
         label = f"{label} at {commit}"
     elif kind == "archive":
         _extract(path, dest)
@@ -150,6 +151,64 @@ def stage_repository(source: str | Path, base_commit: str | None, dest: Path, la
             else:
                 shutil.copy2(p, target)
     _fresh_history(dest, label)
+
+
+def _write_tree(git_dir: str, commit: str, dest: Path) -> None:
+    """The commit's tree written byte for byte from its blobs: no checkout, so no filter, hook or
+    fsmonitor of the source's configuration runs, and its index and work tree stay untouched."""
+    try:
+        listing = _git("--git-dir", git_dir, "ls-tree", "-r", "-z", "--full-tree", commit)
+    except _GitFailed as e:
+        raise PermanentFault(f"reading the tree of {commit[:12]} failed: {e}") from None
+    entries = []
+    for entry in filter(None, listing.split("\0")):
+        meta, _, name = entry.partition("\t")
+        mode, kind, sha = meta.split()
+        parts = Path(name).parts
+        if name.startswith("/") or any(p in ("..", ".") or p.lower() == ".git" for p in parts):
+            raise UsageError(f"commit {commit[:12]} holds a path git itself refuses: {name!r}")
+        entries.append((mode, kind, sha, name))
+    blobs = [sha for _, kind, sha, _ in entries if kind == "blob"]
+    cmd = ["git", "--git-dir", git_dir, "cat-file", "--batch"]
+    r = subprocess.run(cmd, input="\n".join(blobs).encode() + b"\n", capture_output=True,
+                       env={**os.environ, **_GIT_ENV})  # fmt: skip
+    if r.returncode != 0:
+        raise PermanentFault(f"reading the blobs of {commit[:12]} failed: {_last_line(r.stderr.decode())}")
+    data, at = r.stdout, 0
+    for mode, kind, _sha, name in entries:
+        target = _inside(dest, name)
+        if kind != "blob":  # a submodule: its commit is not here, only its (empty) directory
+            target.mkdir(exist_ok=True)
+            continue
+        header_end = data.index(b"\n", at)
+        header = data[at:header_end].split()
+        if len(header) != 3 or header[1] != b"blob":
+            raise PermanentFault(f"a blob of {commit[:12]} is missing from {git_dir}: {header!r}")
+        size = int(header[2])
+        body, at = data[header_end + 1 : header_end + 1 + size], header_end + 2 + size
+        if mode == "120000":
+            target.symlink_to(body.decode("utf-8", "surrogateescape"))
+            continue
+        # O_EXCL and O_NOFOLLOW: a second entry of one name cannot write through the first
+        fd = os.open(
+            target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o755 if mode == "100755" else 0o644
+        )
+        with os.fdopen(fd, "wb") as f:
+            f.write(body)
+
+
+def _inside(dest: Path, name: str) -> Path:
+    """``dest/name`` with its folders made, none of them a symlink (a tree may hold a link named
+    like a folder of a later entry, to write outside ``dest``)."""
+    target, here = dest / name, dest
+    for part in Path(name).parts[:-1]:
+        here = here / part
+        if here.is_symlink() or (here.exists() and not here.is_dir()):
+            raise UsageError(f"the tree writes {name!r} through a link or a file: refused")
+        here.mkdir(exist_ok=True)
+    if target.is_symlink() or target.exists():
+        raise UsageError(f"the tree holds {name!r} twice: refused")
+    return target
 
 
 def _extract(archive: Path, dest: Path) -> None:
@@ -170,8 +229,15 @@ def _extract(archive: Path, dest: Path) -> None:
         inner = top[0].rename(dest.parent / f"{dest.name}.top")
         dest.rmdir()
         inner.rename(dest)
-    for git in [p for p in dest.rglob(".git")]:  # a history shipped inside the archive stays out
-        shutil.rmtree(git) if git.is_dir() and not git.is_symlink() else git.unlink()
+    for dirpath, dirnames, filenames in os.walk(dest):  # a history shipped in the archive stays out
+        for n in [n for n in dirnames + filenames if _is_git(n)]:
+            p = Path(dirpath, n)
+            shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+        dirnames[:] = [d for d in dirnames if not _is_git(d)]
+        for n in filenames:  # fifos and devices the data filter let through: not source
+            p = Path(dirpath, n)
+            if not _is_git(n) and not p.is_symlink() and not p.is_file():
+                p.unlink()
 
 
 def _fresh_history(repo: Path, label: str) -> None:

@@ -5,6 +5,7 @@ imports, a recipe builds once, and a bad recipe is one line with no traceback.""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tarfile
@@ -193,3 +194,61 @@ def test_command_line_builds_and_fails_in_one_line(history, tmp_path, built):
     no = subprocess.run([*cmd, str(bad)], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert no.returncode == 2 and "Traceback" not in no.stderr, no.stderr
     assert len(no.stderr.strip().splitlines()) == 1 and f"commit {'f' * 40} is not in" in no.stderr
+
+
+def test_a_tree_that_writes_through_a_link_is_refused(tmp_path, built):
+    """A crafted commit holding ``a -> /some/dir`` and ``a/file``: nothing is written outside."""
+    repo, outside = tmp_path / "evil", tmp_path / "outside"
+    outside.mkdir()
+    _git(tmp_path, "init", "-q", "evil")
+    hostile = f"pqrl-owned-{uuid.uuid4().hex}"
+
+    def blob(data: str) -> str:
+        r = subprocess.run(["git", "-C", str(repo), "hash-object", "-w", "--stdin"], input=data,
+                           capture_output=True, text=True, check=True)  # fmt: skip
+        return r.stdout.strip()
+
+    def mktree(lines: str) -> str:
+        r = subprocess.run(["git", "-C", str(repo), "mktree"], input=lines, capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        return r.stdout.strip()
+
+    sub = mktree(f"100644 blob {blob('owned')}\t{hostile}\n")
+    tree = mktree(f"120000 blob {blob(str(outside))}\ta\n040000 tree {sub}\ta\n")
+    commit = _git(repo, "commit-tree", tree, "-m", "evil")
+    with pytest.raises(UsageError, match="through a link") as e:
+        build_recipe(RepoRecipe(name="evil", source=str(repo), base_commit=commit), progress=lambda _: None)
+    assert "\n" not in e.value.line()
+    assert list(outside.iterdir()) == [], "the build wrote outside its staging folder"
+
+
+async def test_the_sources_own_git_config_runs_nothing(history, built, tmp_path, make_sandbox):
+    """A smudge filter in the source's config (and .gitattributes asking for it) never runs."""
+    repo, marker = Path(history["repo"]), tmp_path / "filter-ran"
+    (repo / ".gitattributes").write_text("* filter=evil\n")
+    _git(repo, "add", ".gitattributes")
+    _git(repo, "commit", "-qm", "attributes")
+    _git(repo, "config", "filter.evil.smudge", f"touch {marker}; sed s/a/EVIL/")
+    _git(repo, "config", "core.fsmonitor", f"touch {marker}; true")
+    commit = _git(repo, "rev-parse", "HEAD")
+    tag = build_recipe(RepoRecipe(name="calc", source=str(repo), base_commit=commit), progress=lambda _: None)
+    built.append(tag)
+    assert not marker.exists(), "a command from the source's git config ran on the host"
+    sandbox = await make_sandbox(image=tag)
+    r = await sandbox.exec("cat /repo/src/calc/__init__.py; cd /repo && git status --porcelain", timeout=30)
+    assert b"EVIL" not in r.stdout and r.stdout.startswith(b"def add(a, b):"), r.stdout
+
+
+def test_a_directory_with_a_fifo_and_a_GIT_folder(tmp_path, built):
+    """A fifo is skipped (reading it would block the build), a ``.GIT`` history left out."""
+    src = tmp_path / "tree"
+    (src / "pkg" / ".GIT").mkdir(parents=True)
+    (src / "pkg" / ".GIT" / "HEAD").write_text("ref: refs/heads/secret\n")
+    (src / "pkg" / "mod.py").write_text("X = 1\n")
+    os.mkfifo(src / "pkg" / "pipe")
+    tag = build_recipe(RepoRecipe(name="fifo", source=str(src)), progress=lambda _: None)
+    built.append(tag)
+    r = subprocess.run(["docker", "run", "--rm", "--network", "none", "--entrypoint", "sh", tag, "-c",
+                        "cd /repo && find pkg | sort && git ls-files"],
+                       capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert r.stdout.split() == ["pkg", "pkg/mod.py", "pkg/mod.py"], r.stdout + r.stderr
