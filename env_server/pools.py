@@ -4,6 +4,9 @@ A suite of repository tasks has an image per repository version, hundreds of the
 each at full size would keep hundreds of idle containers. So the spares of all pools together
 stay within ``max_warm``: the pools used most recently keep ``pool_size`` spares each until the
 bound is spent, the others keep none, and a pool that keeps none and lends no sandbox is closed.
+A spare still being made for a pool just shrunk counts until it is destroyed, and no pool starts a
+spare while the total is at the bound, so the bound holds at every moment; a sandbox for a waiting
+acquire is never held back by it.
 A pool for an image not seen before starts cold; how long its first sandbox took is a metric per
 image (``pqrl_env_sandbox_cold_start_seconds``).
 """
@@ -120,6 +123,8 @@ class PoolSet:
                 if self.docker_api is None:
                     self.docker_api = DockerAPI()
                 pool = SandboxPool(self.docker_api, settings, size=0, run=self.run)
+                pool.spare_allowed = lambda: self.warm < self.max_warm
+                pool.on_change = self._wake_all
                 await pool.start()
                 self._pools[settings] = pool
             self._pools.move_to_end(settings)
@@ -127,7 +132,13 @@ class PoolSet:
             retired = self._rebalance()
         for old in retired:  # outside the lock: other images' acquires need not wait for this
             await old.close()
+        if retired:
+            self._wake_all()
         return pool, new
+
+    def _wake_all(self) -> None:
+        for pool in self._pools.values():
+            pool.wake()
 
     def _rebalance(self) -> list[SandboxPool]:
         """Shares ``max_warm`` out, most recently used pool first; returns the pools to close."""

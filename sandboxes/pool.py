@@ -15,6 +15,7 @@ import contextlib
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from pqrl.finite import finite
@@ -97,6 +98,10 @@ class SandboxPool:
         self._reaper: asyncio.Task[None] | None = None
         self._closed = False
         self._last_error: BaseException | None = None
+        # A bound shared with other pools (env_server.pools): may one more spare be made now, and
+        # who to tell when this pool's spares drop. Creations for a waiting acquire never wait.
+        self.spare_allowed: Callable[[], bool] = lambda: True
+        self.on_change: Callable[[], None] = lambda: None
 
     async def __aenter__(self) -> SandboxPool:
         await self.start()
@@ -143,14 +148,20 @@ class SandboxPool:
                 self.stats.discarded_stale += 1
                 self._destroy(sandbox)
                 self._wake.set()
+                self.on_change()
         finally:
             if waiting:
                 self._waiters -= 1
 
     @property
     def warm(self) -> int:
-        """Spare sandboxes held or being made: what this pool costs while nobody uses it."""
-        return self._idle.qsize() + self._creating
+        """Spare sandboxes held or being made (beyond the acquires waiting for one): what this
+        pool costs while nobody uses it."""
+        return max(0, self._idle.qsize() + self._creating - self._waiters)
+
+    def wake(self) -> None:
+        """Looks again whether a spare is missing (another pool's spare went: the bound has room)."""
+        self._wake.set()
 
     def resize(self, size: int) -> None:
         """Keeps ``size`` spares from now on; spares beyond it (and beyond waiters) go at once."""
@@ -160,6 +171,7 @@ class SandboxPool:
         while self._idle.qsize() > max(size, self._waiters):
             self._destroy(self._idle.get_nowait()[1])
         self._wake.set()
+        self.on_change()
 
     def release(self, sandbox: DockerSandbox) -> None:
         """Destroys a used sandbox in the background (sandboxes are never reused)."""
@@ -195,7 +207,11 @@ class SandboxPool:
             self.stats.destroyed += 1
 
     def _deficit(self) -> int:
-        return max(self.size, self._waiters) - self._idle.qsize() - self._creating
+        need = max(self.size, self._waiters) - self._idle.qsize() - self._creating
+        only_spares = self._waiters <= self._idle.qsize() + self._creating
+        if need > 0 and only_spares and not self.spare_allowed():
+            return 0  # the bound shared with other pools has no room: on_change of theirs wakes us
+        return need
 
     async def _fill_loop(self) -> None:
         while not self._closed:
@@ -205,6 +221,9 @@ class SandboxPool:
                 continue
             await self._limiter.wait()
             await self._create_slots.acquire()
+            if self._deficit() <= 0:  # looked at again with no await before the count goes up
+                self._create_slots.release()
+                continue
             self._creating += 1
             task = asyncio.create_task(self._create_one())
             self._tasks.add(task)
@@ -230,6 +249,7 @@ class SandboxPool:
             self._creating -= 1
             self._create_slots.release()
             self._wake.set()
+            self.on_change()
 
     async def _reap_loop(self) -> None:
         while True:
