@@ -71,6 +71,10 @@ async def _sandboxes(tag: str) -> dict[str, object]:
             timeout=600,
         )
         tests_s = time.perf_counter() - t0
+        name = tag.split(":")[0].removeprefix("pqrl-repo-")
+        meta = await sandbox.exec(
+            f"python3 -c 'import importlib.metadata as m; print(m.version(\"{name}\"))'"
+        )
         pools.release(pool, sandbox)
         warm = []
         for _ in range(WARM_RUNS):
@@ -82,7 +86,8 @@ async def _sandboxes(tag: str) -> dict[str, object]:
             warm.append(time.perf_counter() - t0)
             pools.release(pool, sandbox)
         return {"cold_start_s": round(cold, 3), "warm_start_s": round(sorted(warm)[len(warm) // 2], 4),
-                "tests": r.stdout.decode().strip(), "tests_s": round(tests_s, 1)}  # fmt: skip
+                "tests": r.stdout.decode().strip(), "tests_s": round(tests_s, 1),
+                "metadata_version": (meta.stdout or meta.stderr).decode().strip()[-80:]}  # fmt: skip
     finally:
         await pools.close()
         if pools.docker_api is not None:

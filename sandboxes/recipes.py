@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import tomllib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +38,7 @@ __all__ = ["REPO_PATH", "WORKSPACE", "RepoRecipe", "build_recipe", "recipe_tag"]
 REPO_PATH = "/repo"  # the repository in the image (read-only: the root filesystem is)
 WORKSPACE = "/workspace"  # the sandbox's writable copy, which an editable install points at
 INSTALL_STEPS = ("none", "editable")
-_REVISION = 2  # bump when the image layout below changes
+_REVISION = 3  # bump when the image layout below changes
 _NAME = re.compile(r"[^a-z0-9]+")
 
 
@@ -129,6 +130,7 @@ def _build(
             _move_scripts(site, scripts, base["executable"])
         if recipe.install == "editable":
             (site / "pqrl-project.pth").write_text(_editable_paths(stage / "repo"))
+            _dist_info(stage / "repo", site)
         (stage / "gitconfig").write_text("[safe]\n\tdirectory = *\n")  # /repo belongs to root
         (stage / "Dockerfile").write_text(_dockerfile(base, tag))
         _readable(stage)
@@ -247,6 +249,32 @@ def _editable_paths(repo: Path) -> str:
     """The .pth lines: the project's import root in the agent's copy first, the image's second."""
     sub = "/src" if (repo / "src").is_dir() and not (repo / "src" / "__init__.py").exists() else ""
     return f"{WORKSPACE}{sub}\n{REPO_PATH}{sub}\n"
+
+
+def _dist_info(repo: Path, site: Path) -> None:
+    """The project's metadata, so ``importlib.metadata.version(project)`` answers as after
+    ``pip install -e .``: an sdist's PKG-INFO, else pyproject.toml's static name and version."""
+    pkg_info = repo / "PKG-INFO"
+    if pkg_info.is_file():
+        text = pkg_info.read_text(errors="replace")
+        fields = dict(re.findall(r"^(Name|Version): *(.+?) *$", text, re.M))
+    else:
+        try:
+            project = tomllib.loads((repo / "pyproject.toml").read_text()).get("project", {})
+        except (OSError, ValueError):
+            return
+        fields = {"Name": project.get("name"), "Version": project.get("version")}
+        text = f"Metadata-Version: 2.1\nName: {fields['Name']}\nVersion: {fields['Version']}\n"
+    name, version = fields.get("Name"), fields.get("Version")
+    if not isinstance(name, str) or not isinstance(version, str) or not name or not version:
+        return  # a dynamic version: nothing to say without running the project's build backend
+    info = site / f"{re.sub(r'[-_.]+', '_', name)}-{re.sub(r'[^A-Za-z0-9.+!]', '_', version)}.dist-info"
+    info.mkdir(exist_ok=True)
+    (info / "METADATA").write_text(text)
+    (info / "INSTALLER").write_text("pqrl\n")
+    (info / "RECORD").write_text("")
+    url = {"url": f"file://{WORKSPACE}", "dir_info": {"editable": True}}
+    (info / "direct_url.json").write_text(json.dumps(url))
 
 
 def _dockerfile(base: dict[str, Any], tag: str) -> str:

@@ -56,6 +56,7 @@ def history(tmp_path: Path) -> dict[str, str]:
     repo = tmp_path / "project"
     (repo / "src" / "calc").mkdir(parents=True)
     (repo / "src" / "calc" / "__init__.py").write_text("def add(a, b):\n    return a - b\n")
+    (repo / "pyproject.toml").write_text('[project]\nname = "calc"\nversion = "1.2.3"\n')
     _git(repo.parent, "init", "-q", "-b", "main", "project")
     _git(repo, "add", "-A")
     _git(repo, "commit", "-qm", "base")
@@ -115,11 +116,14 @@ async def test_image_holds_the_base_commit_only(history, built, make_sandbox: Ma
         assert await _sh(sandbox, f"cd {cwd} && git status --porcelain") == ""
     # The requirement, installed on the host, imports with no network; the project imports from
     # the agent's copy (editable), so the agent's edit is what the tests see.
-    probe = "import iniconfig, calc; print(iniconfig.__file__); print(calc.__file__, calc.add(2, 2))"
+    probe = (
+        "import iniconfig, calc, importlib.metadata as m; print(iniconfig.__file__);"
+        " print(calc.__file__, calc.add(2, 2), m.version(\"calc\"))"
+    )
     out = await _sh(sandbox, f"cd /tmp && python3 -c '{probe}'")
     assert out.splitlines() == [
         "/usr/local/lib/python3.11/dist-packages/iniconfig/__init__.py",
-        "/workspace/src/calc/__init__.py 0",
+        "/workspace/src/calc/__init__.py 0 1.2.3",
     ], out
 
 
