@@ -66,7 +66,7 @@ async def _sandboxes(tag: str) -> dict[str, object]:
         cold = pools.cold_starts[tag]
         t0 = time.perf_counter()
         r = await sandbox.exec(
-            "cp -a /repo/. /workspace && cd /workspace && python3 -m pytest -q -x -p no:cacheprovider tests"
+            "cp -a /repo/. /workspace && cd /workspace && python3 -m pytest -q -p no:cacheprovider tests"
             " 2>&1 | tail -1",
             timeout=600,
         )

@@ -38,7 +38,7 @@ __all__ = ["REPO_PATH", "WORKSPACE", "RepoRecipe", "build_recipe", "recipe_tag"]
 REPO_PATH = "/repo"  # the repository in the image (read-only: the root filesystem is)
 WORKSPACE = "/workspace"  # the sandbox's writable copy, which an editable install points at
 INSTALL_STEPS = ("none", "editable")
-_REVISION = 3  # bump when the image layout below changes
+_REVISION = 5  # bump when the image layout below changes
 _NAME = re.compile(r"[^a-z0-9]+")
 
 
@@ -268,13 +268,34 @@ def _dist_info(repo: Path, site: Path) -> None:
     name, version = fields.get("Name"), fields.get("Version")
     if not isinstance(name, str) or not isinstance(version, str) or not name or not version:
         return  # a dynamic version: nothing to say without running the project's build backend
-    info = site / f"{re.sub(r'[-_.]+', '_', name)}-{re.sub(r'[^A-Za-z0-9.+!]', '_', version)}.dist-info"
+    key = re.sub(r"[-_.]+", "_", name).lower()
+    _uninstall(site, key)
+    info = site / f"{key}-{re.sub(r'[^A-Za-z0-9.+!]', '_', version)}.dist-info"
     info.mkdir(exist_ok=True)
     (info / "METADATA").write_text(text)
     (info / "INSTALLER").write_text("pqrl\n")
     (info / "RECORD").write_text("")
     url = {"url": f"file://{WORKSPACE}", "dir_info": {"editable": True}}
     (info / "direct_url.json").write_text(json.dumps(url))
+
+
+def _uninstall(site: Path, key: str) -> None:
+    """Removes a released copy of the project a requirement pulled in (as ``pip install -e .``
+    replaces it): site-packages comes before the .pth paths and would shadow the agent's copy."""
+    for info in site.glob("*.dist-info"):
+        if re.sub(r"[-_.]+", "_", info.name.removesuffix(".dist-info").rsplit("-", 1)[0]).lower() != key:
+            continue
+        record = info / "RECORD"
+        lines = record.read_text().splitlines() if record.is_file() else []
+        for line in lines:
+            path = (site / line.split(",")[0]).resolve()
+            if path.is_relative_to(site.resolve()) and path.is_file():
+                path.unlink()
+                for parent in path.parents:  # an empty folder left would be a namespace package
+                    if parent == site.resolve() or any(parent.iterdir()):
+                        break
+                    parent.rmdir()
+        shutil.rmtree(info, ignore_errors=True)
 
 
 def _dockerfile(base: dict[str, Any], tag: str) -> str:

@@ -118,7 +118,7 @@ async def test_image_holds_the_base_commit_only(history, built, make_sandbox: Ma
     # the agent's copy (editable), so the agent's edit is what the tests see.
     probe = (
         "import iniconfig, calc, importlib.metadata as m; print(iniconfig.__file__);"
-        " print(calc.__file__, calc.add(2, 2), m.version(\"calc\"))"
+        ' print(calc.__file__, calc.add(2, 2), m.version("calc"))'
     )
     out = await _sh(sandbox, f"cd /tmp && python3 -c '{probe}'")
     assert out.splitlines() == [
@@ -256,3 +256,19 @@ def test_a_directory_with_a_fifo_and_a_GIT_folder(tmp_path, built):
                         "cd /repo && find pkg | sort && git ls-files"],
                        capture_output=True, text=True, timeout=60)  # fmt: skip
     assert r.stdout.split() == ["pkg", "pkg/mod.py", "pkg/mod.py"], r.stdout + r.stderr
+
+
+async def test_a_released_copy_of_the_project_does_not_shadow_the_agents(tmp_path, built, make_sandbox):
+    """A requirement that is (or pulls in) the project itself: the editable copy wins, as after
+    ``pip install -e .``, with the project's own version."""
+    src = tmp_path / "iniconfig-dev"
+    (src / "src" / "iniconfig").mkdir(parents=True)
+    (src / "src" / "iniconfig" / "__init__.py").write_text("WHO = 'the agent'\n")
+    (src / "pyproject.toml").write_text('[project]\nname = "iniconfig"\nversion = "0.0.1.dev0"\n')
+    recipe = RepoRecipe(name="ini", source=str(src), requirements=(REQUIREMENT,), install="editable")
+    tag = build_recipe(recipe, progress=lambda _: None)
+    built.append(tag)
+    sandbox = await make_sandbox(image=tag)
+    probe = 'import iniconfig, importlib.metadata as m; print(iniconfig.WHO, m.version("iniconfig"))'
+    out = await _sh(sandbox, f"cp -a /repo/. /workspace && cd /tmp && python3 -c '{probe}'")
+    assert out == "the agent 0.0.1.dev0\n", out
