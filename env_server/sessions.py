@@ -290,8 +290,8 @@ class SessionManager:
             with contextlib.suppress(NotFound):
                 await self.close(sid)
         await self.sandbox_pools.close()
-        if self.sandbox_pools.docker_api is not None:
-            await self.sandbox_pools.docker_api.close()
+        if self._docker_api is not None:
+            await self._docker_api.close()
 
     @property
     def live(self) -> int:
@@ -301,6 +301,15 @@ class SessionManager:
     def _pools(self) -> dict[SandboxSettings, SandboxPool]:
         """The open warm pools by settings."""
         return {p.settings: p for p in self.sandbox_pools.pools()}
+
+    @property
+    def _docker_api(self) -> DockerAPI | None:
+        """The Docker client the pools share (made on first use, closed by ``shutdown``)."""
+        return self.sandbox_pools.docker_api
+
+    @_docker_api.setter
+    def _docker_api(self, api: DockerAPI | None) -> None:
+        self.sandbox_pools.docker_api = api
 
     # ---------------------------------------------------------------- internals
 
