@@ -19,6 +19,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from env_server.environment import ToolEnvironment
+from env_server.pools import PoolSet
 from env_server.registry import UnknownEnvironment, make, registry, spec
 from env_server.types import Message, Observation, RewardResult, SessionInfo, StepResult, ToolCall, ToolStatus
 from env_server.wrappers import Wrapper
@@ -149,16 +150,15 @@ class SessionManager:
         max_sessions: int = 1024,
         ttl_s: float = 3600.0,
         pool_size: int = 2,
+        max_warm: int | None = None,
         docker_api: DockerAPI | None = None,
         run: str = "env-server",
     ) -> None:
+        """``pool_size`` spares per image, ``max_warm`` (default twice that) across all images."""
         self.max_sessions = max_sessions
         self.ttl_s = ttl_s
         self.pool_size = pool_size
         self.run = run
-        self._docker_api = docker_api
-        self._pools: dict[SandboxSettings, SandboxPool] = {}
-        self._pools_lock = asyncio.Lock()
         self._sessions: dict[str, _Session] = {}
         self._created: OrderedDict[str, tuple[str, SessionInfo]] = OrderedDict()
         self._create_locks: dict[str, tuple[asyncio.Lock, int]] = {}  # request id -> (lock, users)
@@ -170,13 +170,9 @@ class SessionManager:
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
         )  # fmt: skip
         self._errors = Counter("pqrl_env_errors", "Errors by kind", ["kind"], registry=self.metrics)
-        # Read at scrape time: the warm pools' spare sandboxes, and how many they have made so far.
-        idle = Gauge("pqrl_env_sandbox_pool_idle", "Sandboxes ready in the warm pools", registry=self.metrics)
-        idle.set_function(lambda: sum(p.idle for p in self._pools.values()))
-        made = Gauge("pqrl_env_sandbox_pool_created", "Sandboxes the pools created", registry=self.metrics)
-        made.set_function(lambda: sum(p.stats.created for p in self._pools.values()))
-        failed = Gauge("pqrl_env_sandbox_pool_create_failures", "Failed creations", registry=self.metrics)
-        failed.set_function(lambda: sum(p.stats.create_failures for p in self._pools.values()))
+        self.sandbox_pools = PoolSet(
+            self.metrics, pool_size=pool_size, max_warm=max_warm, run=run, docker_api=docker_api
+        )
 
     # ---------------------------------------------------------------- API
 
@@ -319,9 +315,7 @@ class SessionManager:
         for sid in list(self._sessions):
             with contextlib.suppress(NotFound):
                 await self.close(sid)
-        for pool in self._pools.values():
-            await pool.close()
-        self._pools.clear()
+        await self.sandbox_pools.close()
         if self._docker_api is not None:
             await self._docker_api.close()
 
@@ -338,6 +332,20 @@ class SessionManager:
     @property
     def live(self) -> int:
         return len(self._sessions)
+
+    @property
+    def _pools(self) -> dict[SandboxSettings, SandboxPool]:
+        """The open warm pools by settings."""
+        return {p.settings: p for p in self.sandbox_pools.pools()}
+
+    @property
+    def _docker_api(self) -> DockerAPI | None:
+        """The Docker client the pools share (made on first use, closed by ``shutdown``)."""
+        return self.sandbox_pools.docker_api
+
+    @_docker_api.setter
+    def _docker_api(self, api: DockerAPI | None) -> None:
+        self.sandbox_pools.docker_api = api
 
     # ---------------------------------------------------------------- internals
 
@@ -387,8 +395,7 @@ class SessionManager:
         sandbox = pool = None
         try:
             if inner.needs_sandbox:
-                pool = await self._pool(inner.sandbox_settings or SandboxSettings())
-                sandbox = await pool.acquire()
+                pool, sandbox = await self.sandbox_pools.acquire(inner.sandbox_settings or SandboxSettings())
                 inner.sandbox = sandbox
             observation = await env.reset(task=task, seed=seed)
         except BaseException as e:
@@ -433,24 +440,13 @@ class SessionManager:
             return EnvironmentBroken(clipped(f"{env_id}: reset failed: {cause}", _CAUSE_CHARS))
         return e  # cancelled, interrupted: not the environment's to answer
 
-    async def _pool(self, settings: SandboxSettings) -> SandboxPool:
-        async with self._pools_lock:
-            pool = self._pools.get(settings)
-            if pool is None:
-                if self._docker_api is None:
-                    self._docker_api = DockerAPI()
-                pool = SandboxPool(self._docker_api, settings, size=self.pool_size, run=self.run)
-                await pool.start()
-                self._pools[settings] = pool
-            return pool
-
     async def _dispose(self, s: _Session) -> None:
         try:
             await s.env.close()
         except Exception as e:
             log.warning("closing environment %s failed: %s", s.env_id, e)
-        if s.sandbox is not None and s.pool is not None:
-            s.pool.release(s.sandbox)
+        if s.pool is not None:
+            self.sandbox_pools.release(s.pool, s.sandbox)
 
 
 def _sendable(result: Any) -> RewardResult:

@@ -49,6 +49,19 @@ def _cmd_build_image(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_build_recipe(args: argparse.Namespace) -> int:
+    from pqrl.errors import PqrlError
+    from sandboxes.recipes import RepoRecipe, build_recipe
+
+    try:
+        recipe = RepoRecipe.from_json(args.recipe)
+        print(build_recipe(recipe, force=args.force, progress=lambda m: print(m, file=sys.stderr)))
+    except PqrlError as e:
+        print(f"pqrl sandbox build-recipe: {e.line()}", file=sys.stderr)
+        return e.exit_code
+    return 0
+
+
 def _cmd_search(args: argparse.Namespace) -> int:
     from tasks.retrieval_server import index_command, serve
 
@@ -285,6 +298,10 @@ def _add_sandbox_and_env(sub: _SubParsers, group: Callable[[str, str], _SubParse
     )
     build.add_argument("--name", default=None, help="image name for --dockerfile builds")
     build.set_defaults(func=_cmd_build_image)
+    recipe = group("sandbox", "sandbox images").add_parser("build-recipe", help="build a repository's image")
+    recipe.add_argument("recipe", help="RECIPE.json: name, source, base_commit, requirements, install")
+    recipe.add_argument("--force", action="store_true", help="rebuild even if the image exists")
+    recipe.set_defaults(func=_cmd_build_recipe)
     reap_cmd = group("sandbox", "sandbox images").add_parser(
         "reap", help="remove sandbox containers whose owner is gone or whose lifetime expired"
     )

@@ -1,6 +1,7 @@
 """Warm pool: sandboxes created ahead of demand, handed out in milliseconds, never reused.
 
-One pool serves one ``SandboxSettings`` (image and limits). A sandbox given out by ``acquire`` is
+One pool serves one ``SandboxSettings`` (image and limits); ``resize`` changes how many spares it
+keeps (the env server shrinks the pools of images not used lately). A sandbox given out by ``acquire`` is
 never given out again: ``release`` destroys it in the background and the filler creates a fresh
 one, at most ``max_creates_per_s`` a second and ``max_concurrent_creates`` at a time, so a burst
 of demand does not overload dockerd. The pool runs the reaper on start and every
@@ -14,6 +15,7 @@ import contextlib
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from pqrl.finite import finite
@@ -96,6 +98,10 @@ class SandboxPool:
         self._reaper: asyncio.Task[None] | None = None
         self._closed = False
         self._last_error: BaseException | None = None
+        # A bound shared with other pools (env_server.pools): may one more spare be made now, and
+        # who to tell when this pool's spares drop. Creations for a waiting acquire never wait.
+        self.spare_allowed: Callable[[], bool] = lambda: True
+        self.on_change: Callable[[], None] = lambda: None
 
     async def __aenter__(self) -> SandboxPool:
         await self.start()
@@ -142,9 +148,30 @@ class SandboxPool:
                 self.stats.discarded_stale += 1
                 self._destroy(sandbox)
                 self._wake.set()
+                self.on_change()
         finally:
             if waiting:
                 self._waiters -= 1
+
+    @property
+    def warm(self) -> int:
+        """Spare sandboxes held or being made (beyond the acquires waiting for one): what this
+        pool costs while nobody uses it."""
+        return max(0, self._idle.qsize() + self._creating - self._waiters)
+
+    def wake(self) -> None:
+        """Looks again whether a spare is missing (another pool's spare went: the bound has room)."""
+        self._wake.set()
+
+    def resize(self, size: int) -> None:
+        """Keeps ``size`` spares from now on; spares beyond it (and beyond waiters) go at once."""
+        if size < 0:
+            raise ValueError("size >= 0 required")
+        self.size = size
+        while self._idle.qsize() > max(size, self._waiters):
+            self._destroy(self._idle.get_nowait()[1])
+        self._wake.set()
+        self.on_change()
 
     def release(self, sandbox: DockerSandbox) -> None:
         """Destroys a used sandbox in the background (sandboxes are never reused)."""
@@ -180,7 +207,11 @@ class SandboxPool:
             self.stats.destroyed += 1
 
     def _deficit(self) -> int:
-        return max(self.size, self._waiters) - self._idle.qsize() - self._creating
+        need = max(self.size, self._waiters) - self._idle.qsize() - self._creating
+        only_spares = self._waiters <= self._idle.qsize() + self._creating
+        if need > 0 and only_spares and not self.spare_allowed():
+            return 0  # the bound shared with other pools has no room: on_change of theirs wakes us
+        return need
 
     async def _fill_loop(self) -> None:
         while not self._closed:
@@ -190,6 +221,9 @@ class SandboxPool:
                 continue
             await self._limiter.wait()
             await self._create_slots.acquire()
+            if self._deficit() <= 0:  # looked at again with no await before the count goes up
+                self._create_slots.release()
+                continue
             self._creating += 1
             task = asyncio.create_task(self._create_one())
             self._tasks.add(task)
@@ -202,7 +236,10 @@ class SandboxPool:
             )
             self.stats.created += 1
             self._last_error = None
-            await self._idle.put((time.monotonic(), sandbox))
+            if self._closed or self._idle.qsize() >= max(self.size, self._waiters):
+                self._destroy(sandbox)  # shrunk or closed while it was being made: not a spare
+            else:
+                await self._idle.put((time.monotonic(), sandbox))
         except Exception as e:
             self.stats.create_failures += 1
             self._last_error = e
@@ -212,6 +249,7 @@ class SandboxPool:
             self._creating -= 1
             self._create_slots.release()
             self._wake.set()
+            self.on_change()
 
     async def _reap_loop(self) -> None:
         while True:
