@@ -1,0 +1,61 @@
+"""A coding task from a real repository, in the fields SWE-bench and its descendants use.
+
+The repository sits in the task's ``image`` at ``repo_path`` at ``base_commit`` with its
+dependencies installed (an image the user's Docker has, or one pqrl built offline from a recipe:
+sandboxes/recipes.py). The agent gets ``problem_statement``; the grader applies the agent's diff,
+then ``test_patch`` (never shown to the agent), runs ``test_command`` and requires every id in
+``fail_to_pass`` and ``pass_to_pass`` to be present and to pass. ``patch`` is the gold solution.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+__all__ = ["RepoTask", "task_id"]
+
+_SLUG = r"^[a-z0-9][a-z0-9_.-]{0,63}$"
+
+
+class RepoTask(BaseModel):
+    """One instance: a repository at a commit, an issue, a gold patch and hidden tests."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["repo"] = "repo"
+    id: str = Field(pattern=_SLUG, description="the suite's id (task_id of instance_id)")
+    instance_id: str = Field(min_length=1, max_length=256, description="the id in its source dataset")
+    repo: str = Field(min_length=1, description="where the repository comes from, e.g. owner/name")
+    base_commit: str = Field(pattern=r"^[0-9a-f]{7,64}$")
+    problem_statement: str = Field(min_length=1)
+    patch: str | None = Field(None, description="the gold patch (a unified diff)")
+    test_patch: str = Field(min_length=1, description="the hidden tests (a unified diff)")
+    fail_to_pass: list[str] = Field(min_length=1, description="test ids the gold fixes")
+    pass_to_pass: list[str] = Field(default_factory=list, description="test ids that must keep passing")
+    test_command: str = Field(
+        "python -m pytest -p no:cacheprovider",
+        min_length=1,
+        description="the command the test ids are appended to (pytest node ids by default)",
+    )
+    image: str = Field(min_length=1, description="the Docker image holding the repository")
+    repo_path: str = Field("/repo", pattern=r"^/[A-Za-z0-9_./-]*$", description="its path in the image")
+
+    @field_validator("fail_to_pass", "pass_to_pass")
+    @classmethod
+    def _ids(cls, v: list[str]) -> list[str]:
+        if any(not t.strip() for t in v):
+            raise ValueError("test ids must not be blank")
+        if len(set(v)) != len(v):
+            raise ValueError("test ids must be unique")
+        return v
+
+
+def task_id(instance_id: str) -> str:
+    """A suite id from a dataset's instance id: lower case, other characters as '-', at most 64."""
+    slug = re.sub(r"[^a-z0-9_.-]+", "-", instance_id.lower()).strip("-.") or "task"
+    if len(slug) > 64:
+        slug = f"{slug[:55]}-{hashlib.sha256(instance_id.encode()).hexdigest()[:8]}"
+    return slug
