@@ -395,7 +395,7 @@ class SessionManager:
         sandbox = pool = None
         try:
             if inner.needs_sandbox:
-                pool, sandbox = await self.sandbox_pools.acquire(inner.sandbox_settings or SandboxSettings())
+                pool, sandbox = await self.sandbox_pools.acquire(inner.sandbox_settings_for(task))
                 inner.sandbox = sandbox
             observation = await env.reset(task=task, seed=seed)
         except BaseException as e:

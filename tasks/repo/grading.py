@@ -1,0 +1,175 @@
+"""Grading a ``repo`` task: the agent's diff and the hidden tests, in a fresh container of its image.
+
+1. **Capture** (in the agent's sandbox): every change in ``/workspace`` against the base commit
+   made at reset, tracked and untracked files alike, through a throwaway index (the agent's own
+   index is left alone), as one ``git diff --binary``. Paths the ``test_patch`` touches are left
+   out: the hidden tests decide what those files hold.
+2. **Apply** (in a fresh container of the task's image): the repository copied from
+   ``repo_path``, the diff applied with ``git apply`` (one that does not apply scores 0, with
+   git's complaint), then the ``test_patch``.
+3. **Run**: the grader-owned runner (tasks/coding/runner.py) starts ``test_command`` on the test
+   files the listed ids name, its JUnit XML into a pipe only the runner holds, bounded by a
+   timeout, and kills what outlives it.
+4. **Judge** (on the host): the report parsed strictly (tasks/coding/junit.py); reward 1 only if
+   every id of FAIL_TO_PASS and PASS_TO_PASS is present and passed. A missing id is a failure;
+   other tests are ignored.
+
+There is no source policy for this kind: a reward of 1 says the listed tests passed in a fresh
+container with their files restored from the test patch, not that the submission left the test
+process alone (docs/security.md).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import secrets
+import shlex
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from sandboxes.protocol import Sandbox, SandboxDied
+from tasks.coding.capture import WORKSPACE
+from tasks.coding.diffs import split_patch
+from tasks.coding.grader import RUNNER_SOURCE, _tar, grading_slots
+from tasks.coding.junit import ReportError, parse_junit
+from tasks.coding.verdict import GradeResult
+from tasks.repo.task import RepoTask
+
+__all__ = ["MAX_PATCH_BYTES", "capture_diff", "grade_patch", "test_patch_paths"]
+
+MAX_PATCH_BYTES = 8 << 20
+_DIFF = ("diff", "--cached", "--binary", "--full-index", "--no-ext-diff", "--no-textconv", "--no-renames")
+
+
+class Ungradable(Exception):
+    """The workspace gives no diff (its git state is broken, the diff is too large): it scores 0."""
+
+
+def test_patch_paths(test_patch: str) -> list[str]:
+    """Every path the test patch names (old and new names)."""
+    paths: set[str] = set()
+    for part in split_patch(test_patch):
+        paths |= {p for p in (part.old_path, part.new_path, *part.git_paths) if p and "\0" not in p}
+    return sorted(paths)
+
+
+def _excludes(task: RepoTask) -> list[str]:
+    return [".", *(f":(exclude,literal){p}" for p in test_patch_paths(task.test_patch))]
+
+
+async def capture_diff(sandbox: Sandbox, task: RepoTask, base_commit: str) -> bytes:
+    """The agent's changes in ``/workspace`` against ``base_commit``, without the test patch's paths."""
+    tag = secrets.token_hex(8)
+    env = {"GIT_INDEX_FILE": f"/tmp/pqrl-index-{tag}", "GIT_OPTIONAL_LOCKS": "0"}
+    out = f"/tmp/pqrl-diff-{tag}"
+    steps = (
+        ["git", "read-tree", base_commit],
+        ["git", "add", "-A", "--", *_excludes(task)],
+        ["git", *_DIFF, f"--output={out}", base_commit, "--", *_excludes(task)],
+    )
+    for argv in steps:
+        r = await sandbox.exec(argv, cwd=WORKSPACE, env=env, timeout=120)
+        if not r.ok:
+            raise Ungradable(f"`git {argv[1]}` failed in the workspace: {r.text()[-500:]}")
+    try:
+        return await sandbox.read_file(out, max_bytes=MAX_PATCH_BYTES)
+    except ValueError:
+        raise Ungradable(f"the diff is larger than {MAX_PATCH_BYTES} bytes") from None
+
+
+async def grade_patch(
+    task: RepoTask, patch: bytes, make_sandbox: Callable[[], Awaitable[Sandbox]], *, timeout: float
+) -> GradeResult:
+    """Grades ``patch`` (a git diff against the repository at ``repo_path``) in a fresh sandbox."""
+    t0 = time.monotonic()
+    async with grading_slots():
+        sandbox = await make_sandbox()
+        try:
+            result = await _grade(task, patch, sandbox, timeout)
+        except SandboxDied as e:  # the submitted code took the container down (e.g. memory)
+            result = GradeResult(0.0, {"reason": f"the grading sandbox died during the tests: {e}"})
+        finally:
+            await sandbox.close()
+    result.info["grade_s"] = round(time.monotonic() - t0, 3)
+    return result
+
+
+async def _grade(task: RepoTask, patch: bytes, sandbox: Sandbox, timeout: float) -> GradeResult:
+    gdir = f"/tmp/pqrl-grade-{secrets.token_hex(8)}"
+    copy = await sandbox.exec(["cp", "-a", f"{task.repo_path}/.", WORKSPACE], timeout=600)
+    if not copy.ok:
+        raise RuntimeError(f"copying {task.repo_path} into the grading sandbox failed: {copy.text()[-500:]}")
+    await sandbox.upload(
+        _tar({"agent.diff": patch, "tests.diff": task.test_patch, "runner.py": RUNNER_SOURCE}), gdir
+    )
+    for name, what in (("agent.diff", "the patch"), ("tests.diff", "the test patch")):
+        if name == "agent.diff" and not patch.strip():
+            continue
+        applied = await sandbox.exec(["git", "apply", "--whitespace=nowarn", f"{gdir}/{name}"], cwd=WORKSPACE)
+        if not applied.ok:
+            return GradeResult(
+                0.0, {"reason": f"{what} does not apply", "apply_error": applied.text()[-2000:]}
+            )
+    report = await _run_tests(task, sandbox, gdir, timeout)
+    return judge(task, report)
+
+
+def _test_files(task: RepoTask) -> list[str]:
+    return sorted({t.split("::", 1)[0] for t in (*task.fail_to_pass, *task.pass_to_pass)})
+
+
+async def _run_tests(task: RepoTask, sandbox: Sandbox, gdir: str, timeout: float) -> dict[str, Any]:
+    """The runner's report of ``test_command`` on the files the ids name (those that exist: a
+    missing file would stop pytest before any test ran; its ids then count as missing)."""
+    files = _test_files(task)
+    found = await sandbox.exec(
+        ["sh", "-c", 'for f; do [ -e "$f" ] && printf "%s\\n" "$f"; done; true', "sh", *files], cwd=WORKSPACE
+    )
+    present = found.stdout.decode("utf-8", "replace").splitlines()
+    if not present:
+        return {"xml": "", "missing_files": files}
+    env_out = await sandbox.exec(["env", "-0"], cwd=WORKSPACE)
+    env = dict(kv.split("=", 1) for kv in env_out.stdout.decode("utf-8", "replace").split("\0") if "=" in kv)
+    argv = [*shlex.split(task.test_command), "--junitxml={junit}", *present]
+    config = {"argv": argv, "cwd": WORKSPACE, "env": env, "timeout": timeout, "report_dir": f"{gdir}/report"}
+    run = await sandbox.exec(
+        ["python3", "-I", "-B", f"{gdir}/runner.py"],
+        cwd=gdir,
+        stdin=json.dumps(config).encode(),
+        timeout=timeout + 30,
+    )
+    if not run.ok:
+        return {"xml": "", "runner_error": f"exit {run.exit_code}: {run.text()[-1000:]}"}
+    report: dict[str, Any] = json.loads(
+        await sandbox.read_file(f"{gdir}/report/report.json", max_bytes=32 << 20)
+    )
+    return report
+
+
+def judge(task: RepoTask, report: dict[str, Any]) -> GradeResult:
+    """Reward 1 only if every listed id is in the report and passed."""
+    info: dict[str, Any] = {"output_tail": str(report.get("output_tail", ""))[-2000:]}
+    for key in ("missing_files", "runner_error", "exit_code", "duration_s"):
+        if key in report:
+            info[key] = report[key]
+    if report.get("timed_out"):
+        return GradeResult(0.0, {**info, "reason": "the tests timed out"})
+    if report.get("xml_overflow"):
+        return GradeResult(0.0, {**info, "reason": "the test report is too large"})
+    listed = [*task.fail_to_pass, *task.pass_to_pass]
+    xml = base64.b64decode(report.get("xml", "")) if report.get("xml") else b""
+    try:
+        outcomes = {o.id: o for o in parse_junit(xml, _test_files(task))} if xml.strip() else {}
+    except ReportError as e:
+        return GradeResult(0.0, {**info, "reason": f"the test report cannot be trusted: {e}"})
+    missing = [t for t in listed if t not in outcomes]
+    failed = {t: outcomes[t].outcome for t in listed if t in outcomes and outcomes[t].outcome != "passed"}
+    info.update(missing_tests=missing, failed_tests=failed, passed=len(listed) - len(missing) - len(failed))
+    if missing or failed:
+        names = [*failed, *missing][:5]
+        return GradeResult(
+            0.0, {**info, "reason": f"{len(missing) + len(failed)} listed test(s) did not pass: {names}"}
+        )
+    return GradeResult(1.0, {**info, "reason": "every listed test passed"})
