@@ -37,7 +37,7 @@ from tasks.coding.junit import ReportError, parse_junit
 from tasks.coding.verdict import GradeResult
 from tasks.repo.task import RepoTask
 
-__all__ = ["MAX_PATCH_BYTES", "capture_diff", "grade_patch", "test_patch_paths"]
+__all__ = ["MAX_PATCH_BYTES", "capture_diff", "grade_patch", "hidden_paths"]
 
 MAX_PATCH_BYTES = 8 << 20
 _DIFF = ("diff", "--cached", "--binary", "--full-index", "--no-ext-diff", "--no-textconv", "--no-renames")
@@ -47,7 +47,7 @@ class Ungradable(Exception):
     """The workspace gives no diff (its git state is broken, the diff is too large): it scores 0."""
 
 
-def test_patch_paths(test_patch: str) -> list[str]:
+def hidden_paths(test_patch: str) -> list[str]:
     """Every path the test patch names (old and new names)."""
     paths: set[str] = set()
     for part in split_patch(test_patch):
@@ -56,7 +56,7 @@ def test_patch_paths(test_patch: str) -> list[str]:
 
 
 def _excludes(task: RepoTask) -> list[str]:
-    return [".", *(f":(exclude,literal){p}" for p in test_patch_paths(task.test_patch))]
+    return [".", *(f":(exclude,literal){p}" for p in hidden_paths(task.test_patch))]
 
 
 async def capture_diff(sandbox: Sandbox, task: RepoTask, base_commit: str) -> bytes:

@@ -1,0 +1,241 @@
+"""repo-v1 end to end with real Docker: a small git repository built into an image by a recipe,
+sessions of that image, the agent's diff graded by the hidden test patch in a fresh container."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from env_server.conformance import check_environment
+from env_server.sessions import SessionManager
+from env_server.types import ToolCall
+from sandboxes.docker import DockerSandbox
+from sandboxes.docker_api import DockerAPI
+from sandboxes.hardening import SandboxSettings
+from sandboxes.recipes import RepoRecipe, build_recipe
+from tasks.repo.env import RepoEnv
+from tasks.repo.grading import grade_patch, hidden_paths
+from tasks.repo.task import RepoTask
+from tests.tasks.conftest import leftovers
+
+pytestmark = pytest.mark.timeout(600)
+
+RUN = "pytest-repo-env"
+MARKER = "HIDDEN_7f3c1e"  # only in the hidden tests
+# Fixed identity and dates: the same files give the same commit, so the recipe's image is cached.
+_GIT = {
+    "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1", "PATH": "/usr/bin:/bin",
+    "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
+    "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t",
+    "GIT_AUTHOR_DATE": "2020-01-01T00:00:00+0000", "GIT_COMMITTER_DATE": "2020-01-01T00:00:00+0000",
+}  # fmt: skip
+
+
+def _context(patch: str) -> str:
+    """A patch written with "." for its blank context lines (a line of one space)."""
+    return "\n".join(" " if line == "." else line for line in patch.split("\n"))
+
+
+_MATH = "def add(a, b):\n    return a + b\n\n\ndef mul(a, b):\n    return a + b\n"
+_BASIC = "from mathx import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n"
+GOLD = _context("""\
+diff --git a/mathx/__init__.py b/mathx/__init__.py
+--- a/mathx/__init__.py
++++ b/mathx/__init__.py
+@@ -4,3 +4,3 @@ def add(a, b):
+.
+ def mul(a, b):
+-    return a + b
++    return a * b
+""")
+BREAK_ADD = _context("""\
+diff --git a/mathx/__init__.py b/mathx/__init__.py
+--- a/mathx/__init__.py
++++ b/mathx/__init__.py
+@@ -1,6 +1,6 @@
+ def add(a, b):
+-    return a + b
++    return a - b
+.
+.
+ def mul(a, b):
+-    return a + b
++    return a * b
+""")
+HIDDEN = f"""\
+diff --git a/tests/test_mul.py b/tests/test_mul.py
+new file mode 100644
+--- /dev/null
++++ b/tests/test_mul.py
+@@ -0,0 +1,12 @@
++from mathx import mul
++
++
++def test_mul():
++    assert mul(3, 4) == 12  # {MARKER}
++
++
++class TestMore:
++    def test_square(self):
++        assert mul(5, 5) == 25
++    def test_extra_fails(self):
++        assert False
+"""
+F2P = ["tests/test_mul.py::test_mul", "tests/test_mul.py::TestMore::test_square"]
+P2P = ["tests/test_basic.py::test_add"]
+
+
+def _git(repo: Path, *args: str) -> str:
+    r = subprocess.run(["git", "-C", str(repo), *args], env=_GIT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def image(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The repository's image (kept between runs: its tag is the recipe's hash)."""
+    repo = tmp_path_factory.mktemp("src") / "mathx"
+    (repo / "mathx").mkdir(parents=True)
+    (repo / "tests").mkdir()
+    (repo / "mathx" / "__init__.py").write_text(_MATH)
+    (repo / "tests" / "test_basic.py").write_text(_BASIC)
+    _git(repo.parent, "init", "-q", "-b", "main", "mathx")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "base")
+    return build_recipe(
+        RepoRecipe(name="pqrl-test-mathx", source=str(repo), base_commit=_git(repo, "rev-parse", "HEAD"))
+    )
+
+
+def make_task(image: str, **fields: Any) -> dict[str, Any]:
+    base = dict(
+        id="mathx-1", instance_id="pqrl__mathx-1", repo="pqrl/mathx", base_commit="0" * 40,
+        problem_statement="mul(3, 4) returns 7 instead of 12.", patch=GOLD, test_patch=HIDDEN,
+        fail_to_pass=F2P, pass_to_pass=P2P, test_command="python3 -m pytest -p no:cacheprovider", image=image,
+    )  # fmt: skip
+    return RepoTask(**{**base, **fields}).model_dump()
+
+
+async def episode(manager: SessionManager, task: dict[str, Any], calls: list[ToolCall], **kwargs: Any) -> Any:
+    s = (
+        await manager.create("repo-v1", task, env_kwargs=kwargs)
+        if kwargs
+        else await manager.create("repo-v1", task)
+    )
+    try:
+        for call in calls:
+            await manager.step(s.session_id, [call])
+        return await manager.evaluate(s.session_id)
+    finally:
+        await manager.close(s.session_id)
+
+
+def run(command: str) -> ToolCall:
+    return ToolCall(name="run", arguments={"command": command}, id="r")
+
+
+@pytest.fixture
+async def grade(image: str) -> AsyncIterator[Any]:
+    """Grades a patch directly in fresh sandboxes of the image, labelled with RUN."""
+    api = DockerAPI()
+
+    async def make() -> DockerSandbox:
+        return await DockerSandbox.create(api, SandboxSettings(image=image), run=RUN)
+
+    async def graded(task: dict[str, Any], patch: bytes, timeout: float = 60.0) -> Any:
+        return await grade_patch(RepoTask(**task), patch, make, timeout=timeout)
+
+    yield graded
+    left = await leftovers(api, RUN)
+    await api.close()
+    assert left == []
+
+
+async def test_the_worked_example_earns_1_and_the_empty_episode_0(manager, image):
+    task = make_task(image)
+    gold = await episode(manager, task, RepoEnv.worked_example(task) or [])
+    assert gold.reward == 1.0, gold.info
+    assert gold.info["failed_tests"] == {} and gold.info["missing_tests"] == []  # test_extra_fails ignored
+    empty = await episode(manager, task, [])
+    assert empty.reward == 0.0
+    assert set(empty.info["failed_tests"]) == set(F2P) and empty.info["missing_tests"] == []
+
+
+async def test_the_sample_task_conforms(manager):
+    await check_environment("repo-v1", manager=manager)
+
+
+async def test_the_sandbox_runs_the_tasks_image_and_holds_no_hidden_test(manager, image):
+    task = make_task(image)
+    assert RepoEnv().sandbox_settings_for(task).image == image
+    s = await manager.create("repo-v1", task)
+    try:
+        assert s.observation.messages[-1].content == task["problem_statement"]
+        out = await manager.step(
+            s.session_id, [run("git status --porcelain; ls tests; cat mathx/__init__.py")]
+        )
+        assert out.messages[0].content == f"[exit code 0]\ntest_basic.py\n{_MATH}"
+        split = f'"{MARKER[:6]}""{MARKER[6:]}"'  # the command line never holds the marker itself
+        out = await manager.step(
+            s.session_id, [run(f"grep -rl {split} /workspace /repo /tmp /home; echo $?")]
+        )
+        assert out.messages[0].content == "[exit code 0]\n1\n"  # grep found nothing
+    finally:
+        await manager.close(s.session_id)
+    assert image in {pool.settings.image for pool in manager.sandbox_pools.pools()}
+
+
+async def test_a_patch_breaking_a_pass_to_pass_test_scores_0_naming_it(grade, image):
+    task = make_task(image)
+    broken = await grade(task, BREAK_ADD.encode())
+    assert broken.reward == 0.0 and broken.info["failed_tests"] == {"tests/test_basic.py::test_add": "failed"}
+    assert (await grade(task, GOLD.encode())).reward == 1.0
+
+
+async def test_a_listed_id_the_test_patch_does_not_create_is_missing(grade, image):
+    task = make_task(
+        image, fail_to_pass=[*F2P, "tests/test_mul.py::test_nowhere", "tests/test_gone.py::test_x"]
+    )
+    result = await grade(task, GOLD.encode())
+    assert result.reward == 0.0
+    assert result.info["missing_tests"] == ["tests/test_mul.py::test_nowhere", "tests/test_gone.py::test_x"]
+    assert result.info["failed_tests"] == {}
+
+
+async def test_a_patch_that_does_not_apply_scores_0_with_the_reason(grade, image):
+    result = await grade(make_task(image), GOLD.replace("return a + b\n+", "return a ** b\n+").encode())
+    assert result.reward == 0.0 and result.info["reason"] == "the patch does not apply"
+    assert "mathx/__init__.py" in result.info["apply_error"]
+
+
+async def test_a_hanging_test_run_is_cut_by_the_timeout(grade, image):
+    hang = GOLD.replace("+    return a * b", "+    while True:\n+        pass")
+    hang = hang.replace("@@ -4,3 +4,3 @@", "@@ -4,3 +4,4 @@")
+    result = await grade(make_task(image), hang.encode(), timeout=5.0)
+    assert result.reward == 0.0 and result.info["reason"] == "the tests timed out"
+    assert result.info["grade_s"] < 60
+
+
+async def test_committed_and_untracked_changes_count_and_test_files_do_not(manager, image):
+    task = make_task(image)
+    fixed = _MATH.replace("return a + b\n", "return a * b\n").replace("return a * b", "return a + b", 1)
+    fix = [
+        ToolCall(name="write_file", arguments={"path": "mathx/__init__.py", "content": fixed}, id="w"),
+        run("git add -A && git -c user.name=a -c user.email=a@a commit -qm fix"),
+        ToolCall(name="write_file", arguments={"path": "mathx/extra.py", "content": "X = 1\n"}, id="w"),
+    ]
+    result = await episode(manager, task, fix)
+    assert result.reward == 1.0, result.info
+    # the agent's own version of a hidden test file is dropped: the hidden one runs
+    cheat = "def test_mul():\n    pass\n\n\nclass TestMore:\n    def test_square(self):\n        pass\n"
+    forged = await episode(
+        manager,
+        task,
+        [ToolCall(name="write_file", arguments={"path": "tests/test_mul.py", "content": cheat}, id="w")],
+    )
+    assert forged.reward == 0.0 and set(forged.info["failed_tests"]) == set(F2P)
+    assert hidden_paths(HIDDEN) == ["tests/test_mul.py"]
