@@ -18,6 +18,7 @@ from env_server import Message, RewardResult
 from env_server.types import Observation, ToolCall
 from pqrl.faults import BadTask
 from sandboxes.hardening import SandboxSettings
+from sandboxes.protocol import Sandbox
 from tasks.coding.env import GIT_ENV, CodingEnv
 from tasks.coding.grader import fresh_sandboxes
 from tasks.repo.grading import Ungradable, capture_diff, grade_patch
@@ -56,11 +57,16 @@ class RepoEnv(CodingEnv):
     """Task: a RepoTask dict. Reward: 1 when every FAIL_TO_PASS and PASS_TO_PASS test passes.
     Config: ``test_timeout``, seconds for the hidden test run (default 600)."""
 
-    task_model = RepoTask
+    task_model = RepoTask  # type: ignore[assignment]
     config_model = RepoConfig  # type: ignore[assignment]
     reward_names = ("unit_tests",)
     # Real repositories are larger than the generated ones (the workspace tmpfs counts as memory).
     sandbox_settings = SandboxSettings(memory_mb=4096, workspace_mb=2048)
+
+    def _box(self) -> Sandbox:
+        if self.sandbox is None:
+            raise RuntimeError("repo-v1 needs a sandbox (the server attaches one before reset)")
+        return self.sandbox
 
     def sandbox_settings_for(self, task: dict[str, Any]) -> SandboxSettings:
         base = self.sandbox_settings or SandboxSettings()
@@ -69,7 +75,7 @@ class RepoEnv(CodingEnv):
     async def reset(self, *, task: dict[str, Any], seed: int | None = None) -> Observation:
         self.repo_task = RepoTask.model_validate(task)
         self.result: RewardResult | None = None
-        setup = await self.sandbox.exec(
+        setup = await self._box().exec(
             ["sh", "-c", _RESET, "sh", self.repo_task.repo_path], cwd="/", env=GIT_ENV, timeout=600
         )
         if not setup.ok:
@@ -87,13 +93,11 @@ class RepoEnv(CodingEnv):
             return self.result
         info: dict[str, Any] = {"task_id": self.repo_task.id, "instance_id": self.repo_task.instance_id}
         try:
-            patch = await capture_diff(self.sandbox, self.repo_task, self.base_commit)
+            patch = await capture_diff(self._box(), self.repo_task, self.base_commit)
         except Ungradable as e:  # the agent broke its own git state: its failure
             return RewardResult(reward=0.0, info={**info, "reason": str(e)})
         timeout = float(self.config.get("test_timeout", 600.0))
-        graded = await grade_patch(
-            self.repo_task, patch, await fresh_sandboxes(self.sandbox), timeout=timeout
-        )
+        graded = await grade_patch(self.repo_task, patch, await fresh_sandboxes(self._box()), timeout=timeout)
         result = RewardResult(reward=graded.reward, info={**info, "patch_bytes": len(patch), **graded.info})
         if self.done:  # nothing can change after submit: grade once
             self.result = result

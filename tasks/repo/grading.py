@@ -104,10 +104,14 @@ async def _grade(task: RepoTask, patch: bytes, sandbox: Sandbox, timeout: float)
     await sandbox.upload(
         _tar({"agent.diff": patch, "tests.diff": task.test_patch, "runner.py": RUNNER_SOURCE}), gdir
     )
-    for name, what in (("agent.diff", "the patch"), ("tests.diff", "the test patch")):
+    # The diff came out of the agent's sandbox, whose git it controls: the hidden paths are left
+    # out here again, by the grader's own git.
+    hidden = [f"--exclude={p}" for p in hidden_paths(task.test_patch)]
+    for name, what, options in (("agent.diff", "the patch", hidden), ("tests.diff", "the test patch", [])):
         if name == "agent.diff" and not patch.strip():
             continue
-        applied = await sandbox.exec(["git", "apply", "--whitespace=nowarn", f"{gdir}/{name}"], cwd=WORKSPACE)
+        argv = ["git", "apply", "--whitespace=nowarn", *options, f"{gdir}/{name}"]
+        applied = await sandbox.exec(argv, cwd=WORKSPACE)
         if not applied.ok:
             return GradeResult(
                 0.0, {"reason": f"{what} does not apply", "apply_error": applied.text()[-2000:]}

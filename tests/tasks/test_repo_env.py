@@ -239,3 +239,15 @@ async def test_committed_and_untracked_changes_count_and_test_files_do_not(manag
     )
     assert forged.reward == 0.0 and set(forged.info["failed_tests"]) == set(F2P)
     assert hidden_paths(HIDDEN) == ["tests/test_mul.py"]
+
+
+async def test_a_patch_carrying_its_own_hidden_test_file_is_graded_on_the_hidden_one(grade, image):
+    """The captured diff is the agent's to forge (its git, its sandbox): the grader drops the
+    hidden paths itself, so a stub of the hidden test file neither runs nor blocks the test patch."""
+    stub = "+def test_mul():\n+    pass\n+\n+\n+class TestMore:\n+    def test_square(self):\n+        pass\n"
+    forged = "diff --git a/tests/test_mul.py b/tests/test_mul.py\nnew file mode 100644\n--- /dev/null\n"
+    forged += f"+++ b/tests/test_mul.py\n@@ -0,0 +1,7 @@\n{stub}"
+    result = await grade(make_task(image), forged.encode())
+    assert result.reward == 0.0 and set(result.info["failed_tests"]) == set(F2P), result.info
+    result = await grade(make_task(image), (forged + GOLD).encode())
+    assert result.reward == 1.0, result.info
