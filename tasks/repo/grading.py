@@ -48,11 +48,43 @@ class Ungradable(Exception):
 
 
 def hidden_paths(test_patch: str) -> list[str]:
-    """Every path the test patch names (old and new names)."""
+    """Every path the test patch names: old and new names, renames and copies, git's quoted names
+    unquoted."""
     paths: set[str] = set()
     for part in split_patch(test_patch):
         paths |= {p for p in (part.old_path, part.new_path, *part.git_paths) if p and "\0" not in p}
+        for line in part.header + part.lines[:2]:
+            for prefix, strip in _NAME_LINES:
+                if line.startswith(prefix):
+                    name = _unquoted(line[len(prefix) :].rstrip("\n"))
+                    name = name[2:] if strip and name[:2] in ("a/", "b/") else name
+                    if name != "/dev/null":
+                        paths.add(name)
     return sorted(paths)
+
+
+_NAME_LINES = (("--- ", True), ("+++ ", True), ("rename from ", False), ("rename to ", False),
+               ("copy from ", False), ("copy to ", False))  # fmt: skip
+_ESCAPES = {"a": 7, "b": 8, "f": 12, "n": 10, "r": 13, "t": 9, "v": 11, "\\": 92, '"': 34}
+
+
+def _unquoted(raw: str) -> str:
+    """A name as git writes it in a patch: C-quoted (escapes, octal bytes) when it has special
+    characters, else plain up to a tab."""
+    if not raw.startswith('"'):
+        return raw.split("\t", 1)[0]
+    body, out, i = raw[1 : raw.rindex('"')] if raw.count('"') > 1 else raw[1:], bytearray(), 0
+    while i < len(body):
+        if body[i] == "\\" and body[i + 1 : i + 2] in _ESCAPES:
+            out.append(_ESCAPES[body[i + 1]])
+            i += 2
+        elif body[i] == "\\" and len(body[i + 1 : i + 4]) == 3 and body[i + 1 : i + 4].isdigit():
+            out.append(int(body[i + 1 : i + 4], 8) & 0xFF)
+            i += 4
+        else:
+            out += body[i].encode("utf-8", "surrogateescape")
+            i += 1
+    return out.decode("utf-8", "surrogateescape")
 
 
 def _excludes(task: RepoTask) -> list[str]:
@@ -105,8 +137,14 @@ async def _grade(task: RepoTask, patch: bytes, sandbox: Sandbox, timeout: float)
         _tar({"agent.diff": patch, "tests.diff": task.test_patch, "runner.py": RUNNER_SOURCE}), gdir
     )
     # The diff came out of the agent's sandbox, whose git it controls: the hidden paths are left
-    # out here again, by the grader's own git.
-    hidden = [f"--exclude={p}" for p in hidden_paths(task.test_patch)]
+    # out here again, by the grader's own git, which also names them (quoted names included).
+    named = await sandbox.exec(["git", "apply", "--numstat", "-z", f"{gdir}/tests.diff"], cwd=WORKSPACE)
+    if not named.ok:
+        return GradeResult(
+            0.0, {"reason": "the test patch cannot be read", "apply_error": named.text()[-2000:]}
+        )
+    names = {*_numstat_paths(named.stdout), *hidden_paths(task.test_patch)}  # numstat gives no old names
+    hidden = [f"--exclude={_glob_literal(p)}" for p in sorted(names)]
     for name, what, options in (("agent.diff", "the patch", hidden), ("tests.diff", "the test patch", [])):
         if name == "agent.diff" and not patch.strip():
             continue
@@ -118,6 +156,27 @@ async def _grade(task: RepoTask, patch: bytes, sandbox: Sandbox, timeout: float)
             )
     report = await _run_tests(task, sandbox, gdir, timeout)
     return judge(task, report)
+
+
+def _numstat_paths(out: bytes) -> list[str]:
+    """The paths of ``git apply --numstat -z``: ``ADDED\tDELETED\tPATH\0`` per file, or for a
+    rename or copy ``ADDED\tDELETED\t\0OLD\0NEW\0``."""
+    paths, fields = [], out.decode("utf-8", "surrogateescape").split("\0")
+    i = 0
+    while i < len(fields):
+        head = fields[i].split("\t", 2)
+        if len(head) == 3 and head[2]:
+            paths.append(head[2])
+        elif len(head) == 3 and i + 2 < len(fields):  # a rename: the two names follow
+            paths += fields[i + 1 : i + 3]
+            i += 2
+        i += 1
+    return sorted(set(paths))
+
+
+def _glob_literal(path: str) -> str:
+    """``path`` as a pattern of ``git apply --exclude`` (wildmatch) that matches only itself."""
+    return "".join("\\" + c if c in "*?[]\\" else c for c in path)
 
 
 def _test_files(task: RepoTask) -> list[str]:

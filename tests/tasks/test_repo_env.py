@@ -18,7 +18,7 @@ from sandboxes.docker_api import DockerAPI
 from sandboxes.hardening import SandboxSettings
 from sandboxes.recipes import RepoRecipe, build_recipe
 from tasks.repo.env import RepoEnv
-from tasks.repo.grading import grade_patch, hidden_paths
+from tasks.repo.grading import _glob_literal, _numstat_paths, grade_patch, hidden_paths
 from tasks.repo.task import RepoTask
 from tests.tasks.conftest import leftovers
 
@@ -251,3 +251,84 @@ async def test_a_patch_carrying_its_own_hidden_test_file_is_graded_on_the_hidden
     assert result.reward == 0.0 and set(result.info["failed_tests"]) == set(F2P), result.info
     result = await grade(make_task(image), (forged + GOLD).encode())
     assert result.reward == 1.0, result.info
+
+
+APPEND_BASIC = _context("""\
+diff --git a/tests/test_basic.py b/tests/test_basic.py
+--- a/tests/test_basic.py
++++ b/tests/test_basic.py
+@@ -3,3 +3,8 @@ from mathx import add
+.
+ def test_add():
+     assert add(2, 3) == 5
++
++
++def test_mul_too():
++    from mathx import mul
++    assert mul(3, 4) == 12
+""")
+MONKEYPATCH = _context("""\
+diff --git a/tests/test_basic.py b/tests/test_basic.py
+--- a/tests/test_basic.py
++++ b/tests/test_basic.py
+@@ -1,2 +1,4 @@
++import mathx
++mathx.mul = lambda a, b: a * b
+ from mathx import add
+.
+""")
+
+
+async def test_an_edit_elsewhere_in_a_hidden_test_file_is_dropped(grade, image):
+    """The test patch changes the end of a test file; the agent's diff changes its top (a hunk
+    that would apply beside the hidden one): it is dropped, so its monkeypatch never runs."""
+    task = make_task(image, test_patch=APPEND_BASIC, fail_to_pass=["tests/test_basic.py::test_mul_too"])
+    result = await grade(task, MONKEYPATCH.encode())
+    assert result.reward == 0.0 and result.info["failed_tests"] == {
+        "tests/test_basic.py::test_mul_too": "failed"
+    }
+    assert (await grade(task, GOLD.encode())).reward == 1.0
+
+
+def test_hidden_paths_are_excluded_by_git_whatever_their_names(tmp_path):
+    """git's own reading of the test patch names each path (quoted, renamed, with glob characters),
+    and the exclusion built from it drops exactly those files from another patch."""
+    names = ["tests/test_ü.py", "tests/a b[1]*.py", "tests/plain.py", "tests/other.py"]
+    repo = tmp_path / "r"
+    (repo / "tests").mkdir(parents=True)
+    for name in names:
+        (repo / name).write_text("x = 1\n")
+    (repo / "tests/plain.py").write_text("x = 1\n" + "y = 0\n" * 20)  # long enough to be a rename
+    _git(tmp_path, "init", "-q", "r")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "base")
+    for name in names:
+        (repo / name).write_text("x = 2\n" + ("y = 0\n" * 20 if name == "tests/plain.py" else ""))
+    _git(repo, "mv", "tests/plain.py", "tests/renamed.py")
+    agent = subprocess.run(
+        ["git", "-C", str(repo), "diff", "-M", "HEAD"], env=_GIT, capture_output=True
+    ).stdout
+    assert b"rename from tests/plain.py" in agent and b'test_\\303\\274.py"' in agent
+    assert set(_git_numstat(repo, agent)) == {*names, "tests/renamed.py"} - {
+        "tests/plain.py"
+    }  # new names only
+    hidden = sorted({*_git_numstat(repo, agent), *hidden_paths(agent.decode())})
+    assert set(hidden) == {*names, "tests/renamed.py"}
+    _git(repo, "reset", "-q", "--hard")
+    keep = [p for p in hidden if p != "tests/other.py"]
+    excludes = [f"--exclude={_glob_literal(p)}" for p in keep]
+    r = subprocess.run(
+        ["git", "-C", str(repo), "apply", *excludes, "-"], input=agent, env=_GIT, capture_output=True
+    )
+    assert r.returncode == 0, r.stderr
+    changed = {p for p in names if (repo / p).exists() and (repo / p).read_text().startswith("x = 2")}
+    assert changed == {"tests/other.py"}
+    assert (repo / "tests/plain.py").exists() and not (repo / "tests/renamed.py").exists()
+
+
+def _git_numstat(repo: Path, patch: bytes) -> list[str]:
+    r = subprocess.run(
+        ["git", "-C", str(repo), "apply", "--numstat", "-z", "-"], input=patch, env=_GIT, capture_output=True
+    )
+    assert r.returncode == 0, r.stderr
+    return _numstat_paths(r.stdout)
