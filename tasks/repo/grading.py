@@ -195,7 +195,8 @@ async def _run_tests(task: RepoTask, sandbox: Sandbox, gdir: str, timeout: float
         return {"xml": "", "missing_files": files}
     env_out = await sandbox.exec(["env", "-0"], cwd=WORKSPACE)
     env = dict(kv.split("=", 1) for kv in env_out.stdout.decode("utf-8", "replace").split("\0") if "=" in kv)
-    argv = [*shlex.split(task.test_command), "--junitxml={junit}", *present]
+    # ids are relative to the repository's root, whatever pytest would take for its rootdir
+    argv = [*shlex.split(task.test_command), f"--rootdir={WORKSPACE}", "--junitxml={junit}", *present]
     config = {"argv": argv, "cwd": WORKSPACE, "env": env, "timeout": timeout, "report_dir": f"{gdir}/report"}
     run = await sandbox.exec(
         ["python3", "-I", "-B", f"{gdir}/runner.py"],
