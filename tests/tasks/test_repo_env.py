@@ -4,6 +4,8 @@ sessions of that image, the agent's diff graded by the hidden test patch in a fr
 from __future__ import annotations
 
 import subprocess
+import time
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -11,7 +13,7 @@ from typing import Any
 import pytest
 
 from env_server.conformance import check_environment
-from env_server.sessions import SessionManager
+from env_server.sessions import BadTask, SessionManager
 from env_server.types import ToolCall
 from sandboxes.docker import DockerSandbox
 from sandboxes.docker_api import DockerAPI
@@ -332,3 +334,12 @@ def _git_numstat(repo: Path, patch: bytes) -> list[str]:
     )
     assert r.returncode == 0, r.stderr
     return _numstat_paths(r.stdout)
+
+
+async def test_a_task_naming_a_missing_image_is_a_bad_task_at_once(manager, image):
+    """Its pool would retry creating sandboxes until the acquire timed out, as an infra failure."""
+    missing = f"pqrl-no-such-image:{uuid.uuid4().hex[:12]}"
+    t0 = time.monotonic()
+    with pytest.raises(BadTask, match=missing):
+        await manager.create("repo-v1", {**make_task(image), "image": missing})
+    assert time.monotonic() - t0 < 10
