@@ -2,11 +2,11 @@
 
 1. **Capture** (in the agent's sandbox): every change in ``/workspace`` against the base commit
    made at reset, tracked and untracked files alike, through a throwaway index (the agent's own
-   index is left alone), as one ``git diff --binary``. Paths the ``test_patch`` touches are left
-   out: the hidden tests decide what those files hold.
+   index is left alone), as one ``git diff --binary``. Paths the ``test_patch`` touches and the
+   test files the listed ids name are left out: the grader decides what those files hold.
 2. **Apply** (in a fresh container of the task's image): the repository copied from
-   ``repo_path``, the diff applied with ``git apply`` (one that does not apply scores 0, with
-   git's complaint), then the ``test_patch``.
+   ``repo_path``, the diff applied with ``git apply`` without those paths (one that does not
+   apply scores 0, with git's complaint), then the ``test_patch``.
 3. **Run**: the grader-owned runner (tasks/coding/runner.py) starts ``test_command`` on the test
    files the listed ids name, its JUnit XML into a pipe only the runner holds, bounded by a
    timeout, and kills what outlives it.
@@ -37,7 +37,7 @@ from tasks.coding.junit import ReportError, parse_junit
 from tasks.coding.verdict import GradeResult
 from tasks.repo.task import RepoTask
 
-__all__ = ["MAX_PATCH_BYTES", "capture_diff", "grade_patch", "hidden_paths"]
+__all__ = ["MAX_PATCH_BYTES", "capture_diff", "grade_patch", "graded_paths", "hidden_paths"]
 
 MAX_PATCH_BYTES = 8 << 20
 _DIFF = ("diff", "--cached", "--binary", "--full-index", "--no-ext-diff", "--no-textconv", "--no-renames")
@@ -87,8 +87,14 @@ def _unquoted(raw: str) -> str:
     return out.decode("utf-8", "surrogateescape")
 
 
+def graded_paths(task: RepoTask) -> list[str]:
+    """Files the agent's diff may not change: every path the test patch names and every test file
+    a listed id names (a PASS_TO_PASS test's file is as much the grader's as a hidden one)."""
+    return sorted({*hidden_paths(task.test_patch), *_test_files(task)})
+
+
 def _excludes(task: RepoTask) -> list[str]:
-    return [".", *(f":(exclude,literal){p}" for p in hidden_paths(task.test_patch))]
+    return [".", *(f":(exclude,literal){p}" for p in graded_paths(task))]
 
 
 async def capture_diff(sandbox: Sandbox, task: RepoTask, base_commit: str) -> bytes:
@@ -143,7 +149,7 @@ async def _grade(task: RepoTask, patch: bytes, sandbox: Sandbox, timeout: float)
         return GradeResult(
             0.0, {"reason": "the test patch cannot be read", "apply_error": named.text()[-2000:]}
         )
-    names = {*_numstat_paths(named.stdout), *hidden_paths(task.test_patch)}  # numstat gives no old names
+    names = {*_numstat_paths(named.stdout), *graded_paths(task)}  # numstat gives no old names
     hidden = [f"--exclude={_glob_literal(p)}" for p in sorted(names)]
     for name, what, options in (("agent.diff", "the patch", hidden), ("tests.diff", "the test patch", [])):
         if name == "agent.diff" and not patch.strip():

@@ -20,7 +20,7 @@ from sandboxes.docker_api import DockerAPI
 from sandboxes.hardening import SandboxSettings
 from sandboxes.recipes import RepoRecipe, build_recipe
 from tasks.repo.env import RepoEnv
-from tasks.repo.grading import _glob_literal, _numstat_paths, grade_patch, hidden_paths
+from tasks.repo.grading import _glob_literal, _numstat_paths, grade_patch, graded_paths, hidden_paths
 from tasks.repo.task import RepoTask
 from tests.tasks.conftest import leftovers
 
@@ -343,3 +343,15 @@ async def test_a_task_naming_a_missing_image_is_a_bad_task_at_once(manager, imag
     with pytest.raises(BadTask, match=missing):
         await manager.create("repo-v1", {**make_task(image), "image": missing})
     assert time.monotonic() - t0 < 10
+
+
+async def test_a_pass_to_pass_test_file_the_agent_rewrote_runs_as_it_was(grade, image):
+    """The test patch does not touch tests/test_basic.py, but its test is listed: the agent's stub
+    of it is dropped, so breaking add() is still caught."""
+    stub = "diff --git a/tests/test_basic.py b/tests/test_basic.py\n--- a/tests/test_basic.py\n"
+    stub += "+++ b/tests/test_basic.py\n@@ -1,5 +1,2 @@\n-from mathx import add\n-\n-\n"
+    stub += " def test_add():\n-    assert add(2, 3) == 5\n+    pass\n"
+    result = await grade(make_task(image), (BREAK_ADD + stub).encode())
+    assert result.info.get("failed_tests") == {"tests/test_basic.py::test_add": "failed"}, result.info
+    assert result.reward == 0.0
+    assert graded_paths(RepoTask(**make_task(image))) == ["tests/test_basic.py", "tests/test_mul.py"]
