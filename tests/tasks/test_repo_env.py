@@ -355,3 +355,11 @@ async def test_a_pass_to_pass_test_file_the_agent_rewrote_runs_as_it_was(grade, 
     assert result.info.get("failed_tests") == {"tests/test_basic.py::test_add": "failed"}, result.info
     assert result.reward == 0.0
     assert graded_paths(RepoTask(**make_task(image))) == ["tests/test_basic.py", "tests/test_mul.py"]
+
+
+async def test_a_task_the_image_cannot_serve_is_a_bad_task(manager, image):
+    with pytest.raises(BadTask, match="/nowhere"):
+        await manager.create("repo-v1", make_task(image, repo_path="/nowhere"))
+    with pytest.raises(BadTask, match="fail_to_pass"):
+        await manager.create("repo-v1", {**make_task(image), "fail_to_pass": []})
+    assert manager.live == 0
