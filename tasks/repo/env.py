@@ -50,12 +50,13 @@ class RepoConfig(BaseModel):
     """The keyword arguments of repo-v1 (a suite's ``defaults``)."""
 
     model_config = ConfigDict(extra="forbid")
-    test_timeout: float = Field(600.0, gt=0, le=3600, description="seconds for the hidden test run")
+    # under the HTTP env client's 300 s per request, with room for the copy and the container
+    test_timeout: float = Field(240.0, gt=0, le=3600, description="seconds for the hidden test run")
 
 
 class RepoEnv(CodingEnv):
     """Task: a RepoTask dict. Reward: 1 when every FAIL_TO_PASS and PASS_TO_PASS test passes.
-    Config: ``test_timeout``, seconds for the hidden test run (default 600)."""
+    Config: ``test_timeout``, seconds for the hidden test run (default 240)."""
 
     task_model = RepoTask  # type: ignore[assignment]
     config_model = RepoConfig  # type: ignore[assignment]
@@ -96,7 +97,7 @@ class RepoEnv(CodingEnv):
             patch = await capture_diff(self._box(), self.repo_task, self.base_commit)
         except Ungradable as e:  # the agent broke its own git state: its failure
             return RewardResult(reward=0.0, info={**info, "reason": str(e)})
-        timeout = float(self.config.get("test_timeout", 600.0))
+        timeout = float(self.config.get("test_timeout", 240.0))
         graded = await grade_patch(self.repo_task, patch, await fresh_sandboxes(self._box()), timeout=timeout)
         result = RewardResult(reward=graded.reward, info={**info, "patch_bytes": len(patch), **graded.info})
         if self.done:  # nothing can change after submit: grade once
