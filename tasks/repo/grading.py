@@ -221,7 +221,14 @@ async def _run_tests(task: RepoTask, sandbox: Sandbox, gdir: str, timeout: float
 def judge(task: RepoTask, report: dict[str, Any]) -> GradeResult:
     """Reward 1 only if every listed id is in the report and passed."""
     info: dict[str, Any] = {"output_tail": str(report.get("output_tail", ""))[-2000:]}
-    for key in ("missing_files", "runner_error", "exit_code", "duration_s"):
+    for key in (
+        "missing_files",
+        "runner_error",
+        "exit_code",
+        "duration_s",
+        "leftover_processes",
+        "pipe_open",
+    ):
         if key in report:
             info[key] = report[key]
     if report.get("timed_out"):
