@@ -1,0 +1,129 @@
+"""``harbor-v1``: a Harbor task in a sandbox of its own image, graded by its verifier script.
+
+Reset copies the image's working directory (moved aside by the importer, see importer.py) into
+``/workspace`` and gives the agent ``instruction.md`` and the shell tools of shell-v1: ``run``,
+``read_file``, ``write_file``, ``submit``. Grading, as Harbor does it: after the agent, in the same
+sandbox, the task's ``tests/`` are copied to ``/tests`` (never there before), ``test.sh`` runs with
+the verifier's timeout, and the reward is the number it wrote to ``/logs/verifier/reward.txt``.
+Grading ends the episode: once the tests were in the sandbox, the agent gets no further turn.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import tarfile
+from typing import Any
+
+from env_server import Message, RewardResult
+from env_server.builtin import ShellEnv
+from env_server.types import Observation, ToolCall
+from sandboxes.hardening import SandboxSettings
+from sandboxes.protocol import SandboxError
+from tasks.harbor.task import TESTS_DIR, HarborTask
+
+__all__ = ["HARBOR_ROOT", "SEED_DIR", "HarborEnv"]
+
+# The image's /tests and /logs are symlinks to here: the root filesystem is read-only, /tmp a tmpfs.
+HARBOR_ROOT = "/tmp/.harbor"
+SEED_DIR = "/opt/pqrl-harbor/workdir"  # the image's working directory, copied to /workspace at reset
+_SOLVE = "/tmp/pqrl-solve.sh"
+
+SYSTEM = """\
+You are working in a Linux sandbox (no network); your working directory is /workspace. Tools:
+- run: runs a shell command
+- read_file / write_file: read or replace a whole file
+- submit: call it when you are done; the task's hidden tests then check the result"""
+
+
+def _tar(files: dict[str, str]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for path, text in sorted(files.items()):
+            data = text.encode()
+            info = tarfile.TarInfo(path)
+            info.size, info.mode, info.mtime = len(data), (0o755 if path.endswith(".sh") else 0o644), 0
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def parse_reward(text: str) -> tuple[float, str]:
+    """(reward, reason): the number in the reward file if it is one in [0, 1], else 0 and why."""
+    value = text.strip()
+    try:
+        reward = float(value)
+    except ValueError:
+        return 0.0, f"the reward file holds {value[:80]!r}, not a number"
+    if not (math.isfinite(reward) and 0.0 <= reward <= 1.0):
+        return 0.0, f"the reward file holds {value[:80]!r}, not a number in [0, 1]"
+    return reward, ""
+
+
+class HarborEnv(ShellEnv):
+    """Task: a HarborTask dict. Reward: what its verifier (tests/test.sh) writes to the reward file."""
+
+    task_model = HarborTask
+    reward_names = ("verifier",)
+
+    @classmethod
+    def sandbox_settings_for(cls, task: dict[str, Any]) -> SandboxSettings:
+        return SandboxSettings(image=HarborTask.model_validate(task).image)
+
+    @classmethod
+    def worked_example(cls, task: dict[str, Any]) -> list[ToolCall] | None:
+        """The oracle: solution/solve.sh written into the sandbox, run, then submit."""
+        t = HarborTask.model_validate(task)
+        if t.solution is None:
+            return None
+        return [ToolCall(name="write_file", arguments={"path": _SOLVE, "content": t.solution}, id="w1"),
+                ToolCall(name="run", arguments={"command": f"bash {_SOLVE}", "timeout": 300}, id="w2"),
+                ToolCall(name="submit", arguments={}, id="w3")]  # fmt: skip
+
+    async def reset(self, *, task: dict[str, Any], seed: int | None = None) -> Observation:
+        self.task = HarborTask.model_validate(task)
+        self.result: RewardResult | None = None
+        seed_cmd = f"if [ -d {SEED_DIR} ]; then cp -a {SEED_DIR}/. /workspace/; fi"
+        setup = await self.sandbox.exec(seed_cmd, timeout=120)
+        if not setup.ok:
+            raise SandboxError(f"harbor-v1: copying the working directory failed: {setup.text()[-500:]}")
+        return self.observation(
+            [Message(role="system", content=SYSTEM), Message(role="user", content=self.task.instruction)]
+        )
+
+    async def evaluate(self) -> RewardResult:
+        if self.result is None:
+            self.done = True  # the tests are in the sandbox from now on: no further turn
+            self.result = await self._verify()
+        return self.result
+
+    async def _verify(self) -> RewardResult:
+        t = self.task
+        info: dict[str, Any] = {"task_id": t.id}
+        # whatever the agent left at these paths is discarded: a fresh tree, then the tests
+        dirs = " ".join(f"{HARBOR_ROOT}/{d}" for d in ("tests", "logs/verifier", "logs/agent"))
+        fresh = f"rm -rf {HARBOR_ROOT} && mkdir -p {dirs}"
+        made = await self.sandbox.exec(fresh, timeout=60)
+        if not made.ok:
+            return RewardResult(
+                reward=0.0, info={**info, "reason": f"preparing {HARBOR_ROOT} failed: {made.text()[-300:]}"}
+            )
+        await self.sandbox.upload(_tar(t.tests), f"{HARBOR_ROOT}/tests")
+        run = await self.sandbox.exec(
+            f"if command -v bash >/dev/null; then bash {TESTS_DIR}/test.sh; else sh {TESTS_DIR}/test.sh; fi",
+            timeout=t.verifier_timeout_s,
+            cwd="/workspace",
+        )
+        info.update(verifier_exit_code=run.exit_code, verifier_output=run.text()[-2000:])
+        if run.timed_out:
+            return RewardResult(
+                reward=0.0, info={**info, "reason": f"the verifier ran past {t.verifier_timeout_s:g}s"}
+            )
+        reward_path = HARBOR_ROOT + t.reward_file  # /logs is a link to HARBOR_ROOT/logs
+        try:
+            text = (await self.sandbox.read_file(reward_path, max_bytes=4096)).decode("utf-8", "replace")
+        except SandboxError:
+            raise
+        except Exception as e:  # no reward file (or not a regular file): the verifier gave no reward
+            return RewardResult(reward=0.0, info={**info, "reason": f"no reward file {t.reward_file}: {e}"})
+        reward, reason = parse_reward(text)
+        return RewardResult(reward=reward, info={**info, **({"reason": reason} if reason else {})})
