@@ -10,9 +10,7 @@ Grading ends the episode: once the tests were in the sandbox, the agent gets no 
 
 from __future__ import annotations
 
-import io
 import math
-import tarfile
 from typing import Any
 
 from env_server import Message, RewardResult
@@ -20,6 +18,7 @@ from env_server.builtin import ShellEnv
 from env_server.types import Observation, ToolCall
 from sandboxes.hardening import SandboxSettings
 from sandboxes.protocol import SandboxError
+from tasks.coding.env import _tar as tar_files
 from tasks.harbor.task import TESTS_DIR, HarborTask
 
 __all__ = ["HARBOR_ROOT", "SEED_DIR", "HarborEnv"]
@@ -34,17 +33,6 @@ You are working in a Linux sandbox (no network); your working directory is /work
 - run: runs a shell command
 - read_file / write_file: read or replace a whole file
 - submit: call it when you are done; the task's hidden tests then check the result"""
-
-
-def _tar(files: dict[str, str]) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        for path, text in sorted(files.items()):
-            data = text.encode()
-            info = tarfile.TarInfo(path)
-            info.size, info.mode, info.mtime = len(data), (0o755 if path.endswith(".sh") else 0o644), 0
-            tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
 
 
 def parse_reward(text: str) -> tuple[float, str]:
@@ -107,9 +95,10 @@ class HarborEnv(ShellEnv):
             return RewardResult(
                 reward=0.0, info={**info, "reason": f"preparing {HARBOR_ROOT} failed: {made.text()[-300:]}"}
             )
-        await self.sandbox.upload(_tar(t.tests), f"{HARBOR_ROOT}/tests")
+        await self.sandbox.upload(tar_files(t.tests), f"{HARBOR_ROOT}/tests")
         run = await self.sandbox.exec(
-            f"if command -v bash >/dev/null; then bash {TESTS_DIR}/test.sh; else sh {TESTS_DIR}/test.sh; fi",
+            f"chmod -R a+rx {TESTS_DIR}/; if command -v bash >/dev/null; then bash {TESTS_DIR}/test.sh;"
+            f" else sh {TESTS_DIR}/test.sh; fi",
             timeout=t.verifier_timeout_s,
             cwd="/workspace",
         )

@@ -253,6 +253,10 @@ def import_harbor(
     """The suite of the task directories under ``root``; raises HarborInvalid listing every problem."""
     root = Path(root)
     dirs = task_dirs(root)
+    if (
+        subprocess.run(["docker", "info"], capture_output=True).returncode != 0
+    ):  # else every FROM is "missing"
+        raise ImageBuildError("no Docker engine answers: start dockerd (scripts/setup.sh does)")
     read = [(d, *read_task_dir(d)) for d in dirs]
     problems = [p for _, _, found in read for p in found]
     owner: dict[str, Path] = {}

@@ -10,6 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from env_server import registry as registry_module
+from env_server.conformance import check_environment
+from env_server.registry import register_environment
 from env_server.sessions import SessionManager
 from env_server.types import ToolCall
 from tasks.harbor.env import HarborEnv, parse_reward
@@ -40,9 +43,9 @@ TASKS = {
         "task.toml": 'version = "1.0"\n[verifier]\ntimeout_sec = 30\n',
         "environment/Dockerfile": f"FROM {BASE}\nCOPY words.txt /workspace/words.txt\n",
         "environment/words.txt": "alpha\nbeta\n",
-        "tests/test.sh": "#!/bin/bash\nif cmp -s /workspace/upper.txt /tests/expected.txt;"
+        "tests/test.sh": "#!/bin/bash\nif cmp -s /workspace/upper.txt /tests/data/expected.txt;"
         " then echo 1; else echo 0; fi > /logs/verifier/reward.txt\n",
-        "tests/expected.txt": "ALPHA\nBETA\n",
+        "tests/data/expected.txt": "ALPHA\nBETA\n",
         "solution/solve.sh": "tr a-z A-Z < words.txt > upper.txt\n",
     },
 }
@@ -74,7 +77,7 @@ def test_import_writes_a_suite_of_both_tasks(suite):
     assert set(by_id) == {"sum-numbers", "upper-words"}
     t = by_id["sum-numbers"]
     assert (t.agent_timeout_s, t.verifier_timeout_s) == (120.0, 60.0) and MARKER in t.tests["test.sh"]
-    assert set(by_id["upper-words"].tests) == {"test.sh", "expected.txt"}
+    assert set(by_id["upper-words"].tests) == {"test.sh", "data/expected.txt"}
     assert by_id["upper-words"].verifier_timeout_s == 30.0 and t.image.startswith("pqrl-harbor-sum-numbers:")
 
 
@@ -185,3 +188,16 @@ def test_the_cli_writes_a_suite_that_validates(tmp_path):
     loaded = load_suite(out)
     assert [t.id for t in loaded.tasks] == ["upper-words"] and loaded.manifest.name == "upper-words"
     assert json.loads(out.read_text().splitlines()[1])["kind"] == "harbor"
+
+
+async def test_harbor_v1_conforms_with_an_imported_task_as_its_sample(manager, suite):
+    # `pqrl env check` runs these rules, the worked example (solve.sh, then submit) earning 1 among them
+    register_environment(
+        "harbor-sample-v1", "tasks.harbor:HarborEnv", sample_task=suite.task("sum-numbers").model_dump()
+    )
+    try:
+        report = await check_environment("harbor-sample-v1", manager=manager)
+    finally:
+        registry_module._REGISTRY.pop("harbor-sample-v1")
+    passed = {r.name for r in report.rules if r.passed and not r.skipped}
+    assert {"worked example earns 1", "empty episode earns 0"} <= passed
