@@ -17,15 +17,14 @@ from env_server import Message, RewardResult
 from env_server.builtin import ShellEnv
 from env_server.types import Observation, ToolCall
 from sandboxes.hardening import SandboxSettings
+from sandboxes.image import ImageBuildError
 from sandboxes.protocol import SandboxError
 from tasks.coding.env import _tar as tar_files
+from tasks.harbor.image import HARBOR_ROOT, SEED_DIR, fitted
 from tasks.harbor.task import TESTS_DIR, HarborTask
 
-__all__ = ["HARBOR_ROOT", "SEED_DIR", "HarborEnv"]
+__all__ = ["HarborEnv", "parse_reward"]
 
-# The image's /tests and /logs are symlinks to here: the root filesystem is read-only, /tmp a tmpfs.
-HARBOR_ROOT = "/tmp/.harbor"
-SEED_DIR = "/opt/pqrl-harbor/workdir"  # the image's working directory, copied to /workspace at reset
 _SOLVE = "/tmp/pqrl-solve.sh"
 
 SYSTEM = """\
@@ -55,7 +54,11 @@ class HarborEnv(ShellEnv):
 
     @classmethod
     def sandbox_settings_for(cls, task: dict[str, Any]) -> SandboxSettings:
-        return SandboxSettings(image=HarborTask.model_validate(task).image)
+        image = HarborTask.model_validate(task).image
+        try:  # an imported task's image is fitted already; another is fitted on first use
+            return SandboxSettings(image=fitted(image))
+        except ImageBuildError as e:
+            raise ValueError(f"image {image} cannot run as a Harbor sandbox: {str(e)[-300:]}") from None
 
     @classmethod
     def worked_example(cls, task: dict[str, Any]) -> list[ToolCall] | None:

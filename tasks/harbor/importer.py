@@ -13,9 +13,7 @@ which the sandbox's exec agent needs.
 from __future__ import annotations
 
 import re
-import shlex
 import subprocess
-import tempfile
 import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,7 +22,7 @@ from typing import Any
 
 from pqrl.errors import UsageError
 from sandboxes.image import ImageBuildError, build_image_from_dockerfile, image_exists
-from tasks.harbor.env import HARBOR_ROOT, SEED_DIR
+from tasks.harbor.image import fit_image
 from tasks.harbor.task import HarborTask
 from tasks.repo.task import task_id
 from tasks.suite import Suite, SuiteManifest, parse_suite
@@ -32,9 +30,6 @@ from tasks.suite import Suite, SuiteManifest, parse_suite
 __all__ = ["HarborInvalid", "TaskProblem", "import_harbor", "read_task_dir", "task_dirs"]
 
 _TEXT_LIMIT = 1 << 20  # bytes of tests/ (or of any one file) a task may carry in the suite
-# a working directory moved aside would break the image: these stay where they are
-_SYSTEM_DIRS = {"/", "/bin", "/boot", "/dev", "/etc", "/lib", "/lib64", "/opt", "/proc", "/sbin", "/sys",
-                "/tmp", "/usr", "/var", "/home"}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -203,33 +198,6 @@ def read_task_dir(d: Path) -> tuple[dict[str, Any], list[TaskProblem]]:
     return fields, problems
 
 
-def _inspect(tag: str, template: str) -> str:
-    r = subprocess.run(["docker", "image", "inspect", "-f", template, tag], capture_output=True, text=True)
-    return r.stdout.strip() if r.returncode == 0 else ""
-
-
-def _layer(base: str) -> str:
-    """The Dockerfile fitting ``base`` to the sandbox (see the module's docstring)."""
-    workdir = _inspect(base, "{{.Config.WorkingDir}}").rstrip("/") or "/"
-    user = _inspect(base, "{{.Config.User}}")
-    q = shlex.quote
-    steps = [
-        "command -v python3 >/dev/null || { echo 'no python3 in the image (the sandbox needs it)'; exit 1; }",
-        f"rm -rf /tests /logs && ln -s {HARBOR_ROOT}/tests /tests && ln -s {HARBOR_ROOT}/logs /logs",
-        f"mkdir -p {SEED_DIR}",
-    ]
-    if workdir == "/workspace":
-        steps.append(f"cp -a /workspace/. {SEED_DIR}/")
-    elif workdir not in _SYSTEM_DIRS and not workdir.startswith(("/tmp/", "/workspace/", "/proc/", "/sys/")):
-        steps.append(
-            f"if [ -d {q(workdir)} ]; then cp -a {q(workdir)}/. {SEED_DIR}/ && rm -rf {q(workdir)}; fi"
-        )
-        steps.append(f'mkdir -p "$(dirname {q(workdir)})" && ln -s /workspace {q(workdir)}')
-    steps.append(f"chmod -R a+rX {SEED_DIR}")
-    lines = [f"FROM {base}", "USER root", "RUN " + " && ".join(steps), "WORKDIR /workspace"]
-    return "\n".join(lines + ([f"USER {user}"] if user else [])) + "\n"
-
-
 def _image_name(slug: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", slug).strip("-") or "task"
 
@@ -241,10 +209,7 @@ def build_task_image(d: Path, slug: str, progress: Callable[[str], None]) -> str
     base = build_image_from_dockerfile(
         env / "Dockerfile", name=f"pqrl-harbor-env-{name}", context=env, progress=progress
     )
-    with tempfile.TemporaryDirectory(prefix="pqrl-harbor-") as tmp:
-        dockerfile = Path(tmp, "Dockerfile")
-        dockerfile.write_text(_layer(base))
-        return build_image_from_dockerfile(dockerfile, name=f"pqrl-harbor-{name}", progress=progress)
+    return fit_image(base, name=f"pqrl-harbor-{name}", progress=progress)
 
 
 def import_harbor(

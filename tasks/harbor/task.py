@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-__all__ = ["LOGS_DIR", "REWARD_FILE", "TESTS_DIR", "HarborTask"]
+__all__ = ["LOGS_DIR", "REWARD_FILE", "SAMPLE_TASK", "TESTS_DIR", "HarborTask"]
 
 _SLUG = r"^[a-z0-9][a-z0-9_.-]{0,63}$"
 TESTS_DIR = "/tests"  # where Harbor's verifier expects its files
@@ -55,3 +55,17 @@ class HarborTask(BaseModel):
         if ".." in v.split("/"):
             raise ValueError("reward_file must not contain '..'")
         return v
+
+
+# The registration's sample (for `pqrl env check harbor-v1`): the local base image, fitted on first use.
+SAMPLE_TASK = {
+    "kind": "harbor",
+    "id": "harbor-sample",
+    "instruction": "Write the word hello to /workspace/hello.txt.",
+    "image": "pqrl-sandbox-base:latest",
+    "tests": {
+        "test.sh": 'if [ "$(cat /workspace/hello.txt 2>/dev/null)" = hello ]; then echo 1; else echo 0; fi'
+        " > /logs/verifier/reward.txt\n"
+    },
+    "solution": "echo hello > /workspace/hello.txt\n",
+}

@@ -13,7 +13,7 @@ import pytest
 from env_server import registry as registry_module
 from env_server.conformance import check_environment
 from env_server.registry import register_environment
-from env_server.sessions import SessionManager
+from env_server.sessions import BadTask, SessionManager
 from env_server.types import ToolCall
 from tasks.harbor.env import HarborEnv, parse_reward
 from tasks.harbor.importer import HarborInvalid, import_harbor
@@ -193,7 +193,7 @@ def test_the_cli_writes_a_suite_that_validates(tmp_path):
 async def test_harbor_v1_conforms_with_an_imported_task_as_its_sample(manager, suite):
     # `pqrl env check` runs these rules, the worked example (solve.sh, then submit) earning 1 among them
     register_environment(
-        "harbor-sample-v1", "tasks.harbor:HarborEnv", sample_task=suite.task("sum-numbers").model_dump()
+        "harbor-sample-v1", "tasks.harbor.env:HarborEnv", sample_task=suite.task("sum-numbers").model_dump()
     )
     try:
         report = await check_environment("harbor-sample-v1", manager=manager)
@@ -201,3 +201,9 @@ async def test_harbor_v1_conforms_with_an_imported_task_as_its_sample(manager, s
         registry_module._REGISTRY.pop("harbor-sample-v1")
     passed = {r.name for r in report.rules if r.passed and not r.skipped}
     assert {"worked example earns 1", "empty episode earns 0"} <= passed
+
+
+async def test_a_task_naming_an_image_docker_lacks_is_a_bad_task(manager, suite):
+    task = suite.task("upper-words").model_copy(update={"image": "pqrl-harbor-absent:none"})
+    with pytest.raises(BadTask, match="pqrl-harbor-absent:none cannot run as a Harbor sandbox"):
+        await manager.create("harbor-v1", task.model_dump())
