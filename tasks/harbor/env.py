@@ -76,7 +76,10 @@ class HarborEnv(ShellEnv):
         seed_cmd = f"if [ -d {SEED_DIR} ]; then cp -a {SEED_DIR}/. /workspace/; fi"
         setup = await self.sandbox.exec(seed_cmd, timeout=120)
         if not setup.ok:
-            raise SandboxError(f"harbor-v1: copying the working directory failed: {setup.text()[-500:]}")
+            # the task's to fix (its working directory does not fit /workspace, say), not the sandbox's
+            raise ValueError(
+                f"copying the image's working directory to /workspace failed: {setup.text()[-500:]}"
+            )
         return self.observation(
             [Message(role="system", content=SYSTEM), Message(role="user", content=self.task.instruction)]
         )
@@ -98,7 +101,12 @@ class HarborEnv(ShellEnv):
             return RewardResult(
                 reward=0.0, info={**info, "reason": f"preparing {HARBOR_ROOT} failed: {made.text()[-300:]}"}
             )
-        await self.sandbox.upload(tar_files(t.tests), f"{HARBOR_ROOT}/tests")
+        try:
+            await self.sandbox.upload(tar_files(t.tests), f"{HARBOR_ROOT}/tests")
+        except SandboxError:
+            raise
+        except Exception as e:  # the agent's doing (a full /tmp, say): it scores 0
+            return RewardResult(reward=0.0, info={**info, "reason": f"copying the tests in failed: {e}"})
         run = await self.sandbox.exec(
             f"chmod -R a+rx {TESTS_DIR}/; if command -v bash >/dev/null; then bash {TESTS_DIR}/test.sh;"
             f" else sh {TESTS_DIR}/test.sh; fi",

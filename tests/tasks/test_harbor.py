@@ -207,3 +207,21 @@ async def test_a_task_naming_an_image_docker_lacks_is_a_bad_task(manager, suite)
     task = suite.task("upper-words").model_copy(update={"image": "pqrl-harbor-absent:none"})
     with pytest.raises(BadTask, match="pqrl-harbor-absent:none cannot run as a Harbor sandbox"):
         await manager.create("harbor-v1", task.model_dump())
+
+
+@pytest.mark.parametrize(
+    "sabotage",
+    [
+        "mkdir -p /tmp/.harbor/x/y && chmod 000 /tmp/.harbor/x",  # a tree the grader cannot clear
+        "dd if=/dev/zero of=/tmp/fill bs=1M count=400 2>/dev/null; true",  # /tmp full: no room for the tests
+    ],
+)
+async def test_sabotaging_the_grader_scores_zero_not_an_error(manager, suite, sabotage):
+    task = suite.task("sum-numbers").model_dump()
+    s = await manager.create("harbor-v1", task)
+    for c in HarborEnv.worked_example(task)[:2]:  # solved, then sabotaged
+        await manager.step(s.session_id, [c])
+    assert (await call(manager, s.session_id, "run", command=sabotage)).startswith("[exit code 0]")
+    result = await manager.evaluate(s.session_id)
+    assert result.reward == 0.0 and result.info["reason"], result.info
+    await manager.close(s.session_id)
