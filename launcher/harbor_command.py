@@ -29,9 +29,15 @@ def add_import_harbor(tasks: Any) -> None:
 
 
 def _cmd_import_harbor(args: argparse.Namespace) -> int:
-    from tasks.harbor.importer import import_harbor
+    from pqrl.errors import UsageError
+    from tasks.harbor.importer import HarborInvalid, import_harbor
 
-    suite = import_harbor(args.dir, name=args.name, progress=lambda m: print(m, file=sys.stderr))
+    try:
+        suite = import_harbor(args.dir, name=args.name, progress=lambda m: print(m, file=sys.stderr))
+    except HarborInvalid as e:  # every problem on its own line; the handler's one line sums up
+        for problem in e.problems:
+            print(problem, file=sys.stderr)
+        raise UsageError(f"{args.dir}: {len(e.problems)} problem(s), nothing written", fix=e.fix) from None
     out = Path(args.output)
     partial = out.with_name(out.name + ".partial")
     partial.write_text(suite.to_jsonl())

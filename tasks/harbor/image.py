@@ -17,13 +17,14 @@ from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 
-from sandboxes.image import build_image_from_dockerfile
+from sandboxes.image import ImageBuildError, build_image_from_dockerfile
 
 __all__ = ["HARBOR_ROOT", "SEED_DIR", "fit_image", "fitted"]
 
 HARBOR_ROOT = "/tmp/.harbor"
 SEED_DIR = "/opt/pqrl-harbor/workdir"
 _LABEL = "pqrl.harbor.fitted"
+_PYTHON_CHECK = "command -v python3"
 
 # a working directory moved aside would break the image: these stay where they are
 _SYSTEM_DIRS = {"/", "/bin", "/boot", "/dev", "/etc", "/lib", "/lib64", "/opt", "/proc", "/sbin", "/sys",
@@ -41,7 +42,6 @@ def _layer(base: str) -> str:
     user = _inspect(base, "{{.Config.User}}")
     q = shlex.quote
     steps = [
-        "command -v python3 >/dev/null || { echo 'no python3 in the image (the sandbox needs it)'; exit 1; }",
         f"rm -rf /tests /logs && ln -s {HARBOR_ROOT}/tests /tests && ln -s {HARBOR_ROOT}/logs /logs",
         f"mkdir -p {SEED_DIR}",
     ]
@@ -58,6 +58,7 @@ def _layer(base: str) -> str:
         f"FROM {base}",
         f"LABEL {_LABEL}=1 pqrl.harbor.base={base_id or 'missing'}",
         "USER root",
+        f"RUN {_PYTHON_CHECK}",  # a step of its own, so its failure is recognised
         "RUN " + " && ".join(steps),
         "WORKDIR /workspace",
     ]
@@ -71,7 +72,14 @@ def fit_image(base: str, *, name: str = "pqrl-harbor", progress: Callable[[str],
     with tempfile.TemporaryDirectory(prefix="pqrl-harbor-") as tmp:
         dockerfile = Path(tmp, "Dockerfile")
         dockerfile.write_text(_layer(base))
-        return build_image_from_dockerfile(dockerfile, name=name, progress=progress)
+        try:
+            return build_image_from_dockerfile(dockerfile, name=name, progress=progress)
+        except ImageBuildError as e:
+            if f"-c {_PYTHON_CHECK}" in str(e):
+                raise ImageBuildError(
+                    f"{base} has no python3, which the sandbox's exec agent needs"
+                ) from None
+            raise
 
 
 @cache

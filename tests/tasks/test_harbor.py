@@ -225,3 +225,28 @@ async def test_sabotaging_the_grader_scores_zero_not_an_error(manager, suite, sa
     result = await manager.evaluate(s.session_id)
     assert result.reward == 0.0 and result.info["reason"], result.info
     await manager.close(s.session_id)
+
+
+def test_images_that_fail_to_build_or_lack_python_are_problems(tmp_path):
+    task = {k: v for k, v in TASKS["upper-words"].items() if not k.startswith("environment/")}
+    bad = {
+        "no-python": {
+            **task,
+            "environment/Dockerfile": f"FROM {BASE}\nUSER root\nRUN rm -f /usr/bin/python3*\n",
+        },
+        "run-fails": {**task, "environment/Dockerfile": f"FROM {BASE}\nRUN exit 7\n"},
+    }
+    root = write_tasks(tmp_path / "bad", bad)
+    with pytest.raises(HarborInvalid) as e:
+        import_harbor(root, progress=lambda m: None)
+    reasons = {Path(p.path).parent.name: (p.field, p.reason) for p in e.value.problems}
+    field, reason = reasons["no-python"]
+    assert field == "image" and reason.endswith("has no python3, which the sandbox's exec agent needs"), (
+        reason
+    )
+    assert reasons["run-fails"][0] == "image" and "7" in reasons["run-fails"][1]
+    # a failed build leaves no container behind (docker build --force-rm)
+    ps = subprocess.run(
+        ["docker", "ps", "-a", "--no-trunc", "--format", "{{.Command}}"], capture_output=True, text=True
+    )
+    assert "exit 7" not in ps.stdout and "-c command -v python3" not in ps.stdout
