@@ -67,6 +67,8 @@ def _layer(base: str) -> str:
 
 def fit_image(base: str, *, name: str = "pqrl-harbor", progress: Callable[[str], None] = print) -> str:
     """The tag of ``base`` with the layer (``base`` itself when it has it); built once per base image id."""
+    if not _inspect(base, "{{.Id}}"):  # never pulled: a task names only what the operator loaded
+        raise ImageBuildError(f"{base} is not in the local Docker engine: build or load it first")
     if _inspect(base, f'{{{{index .Config.Labels "{_LABEL}"}}}}') == "1":
         return base
     with tempfile.TemporaryDirectory(prefix="pqrl-harbor-") as tmp:

@@ -62,7 +62,7 @@ def task_dirs(root: Path) -> list[Path]:
     """``root`` itself when it is a task directory, else its subdirectories (not hidden)."""
     if not root.is_dir():
         raise UsageError(f"{root} is not a directory", fix="give a Harbor task directory or a folder of them")
-    if (root / "task.toml").exists() or (root / "instruction.md").exists():
+    if any((root / name).exists() for name in ("task.toml", "instruction.md", "environment", "tests")):
         return [root]
     found = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
     if not found:
