@@ -1,6 +1,6 @@
 """``harbor-v1``: a Harbor task in a sandbox of its own image, graded by its verifier script.
 
-Reset copies the image's working directory (moved aside by the importer, see importer.py) into
+Reset copies the image's working directory (kept aside by the layer of tasks/harbor/image.py) into
 ``/workspace`` and gives the agent ``instruction.md`` and the shell tools of shell-v1: ``run``,
 ``read_file``, ``write_file``, ``submit``. Grading, as Harbor does it: after the agent, in the same
 sandbox, the task's ``tests/`` are copied to ``/tests`` (never there before), ``test.sh`` runs with
