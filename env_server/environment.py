@@ -99,6 +99,12 @@ class ToolEnvironment:
         """Releases what the environment holds (the server releases the sandbox itself)."""
 
     @classmethod
+    def sandbox_settings_for(cls, task: dict[str, Any]) -> SandboxSettings | None:
+        """The sandbox ``task`` runs in (its own image, say); ``sandbox_settings`` unless overridden.
+        Called before ``reset``; a task it rejects (ValueError) is a bad task."""
+        return cls.sandbox_settings
+
+    @classmethod
     def worked_example(cls, task: dict[str, Any]) -> list[ToolCall] | None:
         """The calls of a correct episode of ``task`` (one step each), for ``pqrl env check``; None
         when the environment gives none."""

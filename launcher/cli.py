@@ -364,6 +364,9 @@ def _add_tasks(sub: _SubParsers, group: Callable[[str, str], _SubParsers]) -> No
         if name in ("submit", "list", "show"):
             task_parser.add_argument("--redis-url", default=None, help="default: $PQRL_REDIS_URL")
         task_parser.set_defaults(func=_cmd_tasks_filter if name == "filter" else _cmd_tasks)
+    from launcher.harbor_command import add_import_harbor
+
+    add_import_harbor(tasks)
 
 
 def _add_engine(sub: _SubParsers, group: Callable[[str, str], _SubParsers]) -> None:

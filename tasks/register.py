@@ -30,3 +30,6 @@ def register() -> None:
     sample = make_data_task(random.Random(0), "data-sample").model_dump()
     register_environment("data-v1", entry_point="tasks.data:DataEnv", max_turns=6, sample_task=sample)
     register_environment("coding-v1", "tasks.coding:CodingEnv", max_turns=30, sample_task={"ref": "roman-00"})
+    from tasks.harbor.task import SAMPLE_TASK
+
+    register_environment("harbor-v1", "tasks.harbor.env:HarborEnv", max_turns=40, sample_task=SAMPLE_TASK)
