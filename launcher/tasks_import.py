@@ -5,13 +5,18 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from launcher.errors_cli import positive_int
+from pqrl.errors import UsageError
+
+if TYPE_CHECKING:
+    from tasks.suite import Suite
 
 __all__ = ["add_import_parser", "add_check_arguments", "check_suite_command", "import_command"]
 
 
-def add_import_parser(tasks: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_import_parser(tasks: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = tasks.add_parser("import", help="convert a dataset's instances into a suite")
     p.add_argument("format", choices=["swebench"], help="SWE-bench, SWE-Gym, SWE-smith, R2E-Gym fields")
     p.add_argument("file", help="the instances: JSONL, or a JSON list")
@@ -35,6 +40,9 @@ def add_check_arguments(p: argparse.ArgumentParser) -> None:
 def import_command(args: argparse.Namespace) -> int:
     from tasks.repo.swebench import ImportFailed, import_swebench, suite_name
 
+    out = Path(args.output)
+    if not out.parent.is_dir():  # before any image is built
+        raise UsageError(f"-o {args.output}: the folder {out.parent} does not exist")
     say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     try:
         name = args.name or suite_name(args.output)
@@ -45,17 +53,22 @@ def import_command(args: argparse.Namespace) -> int:
         raise
     for p in result.skipped:
         print(f"skipped {p}")
-    Path(args.output).write_text(result.suite.to_jsonl())
+    partial = out.with_name(f".{out.name}.partial")
+    try:  # whole or not at all
+        partial.write_text(result.suite.to_jsonl())
+        partial.replace(out)
+    except OSError as e:
+        partial.unlink(missing_ok=True)
+        raise UsageError(f"-o {args.output} cannot be written: {e}") from None
     suite = result.suite
     print(f"wrote {suite.id} ({len(suite.tasks)} tasks, {len(result.images_built)} images) to {args.output}")
     return 0
 
 
-def check_suite_command(suite, jobs: int) -> None:  # type: ignore[no-untyped-def]
+def check_suite_command(suite: Suite, jobs: int) -> None:
     """Runs ``tasks.check`` over ``suite``; prints every failing task and raises UsageError if any."""
     import asyncio
 
-    from pqrl.errors import UsageError
     from tasks.check import check_suite
 
     say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731

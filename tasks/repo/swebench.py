@@ -43,7 +43,8 @@ __all__ = [
 
 ENV_ID = "repo-v1"
 _HEX = re.compile(r"^[0-9a-f]{7,64}$")
-_REPO = re.compile(r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)?$")
+_PART = r"(?!\.+(?:/|$))[A-Za-z0-9_.-]+"  # never "." or "..": a name is a folder under --repos
+_REPO = re.compile(rf"^{_PART}(/{_PART})?$")
 _IMAGE_FIELDS = ("image_name", "docker_image")  # SWE-smith / SWE-Gym, R2E-Gym
 _LISTS = {"FAIL_TO_PASS": "fail_to_pass", "PASS_TO_PASS": "pass_to_pass"}
 
@@ -67,12 +68,17 @@ def read_instances(path: str | Path) -> list[tuple[int, Any]]:
         text = Path(path).read_text()
     except (OSError, UnicodeDecodeError) as e:
         raise UsageError(f"{path} cannot be read: {e}") from None
-    if text.lstrip().startswith("["):
-        try:
-            items = json.loads(text)
-        except ValueError as e:
-            raise UsageError(f"{path}: not a JSON list: {e}") from None
-        return list(enumerate(items, 1))
+    if text.lstrip().startswith(("[", "{")):
+        try:  # one JSON list (or one pretty-printed instance); JSONL fails here and is read by line
+            whole = json.loads(text)
+        except ValueError:
+            whole = None
+        except RecursionError:
+            raise UsageError(f"{path}: nested too deeply to read") from None
+        if isinstance(whole, list):
+            return list(enumerate(whole, 1))
+        if isinstance(whole, dict):
+            return [(1, whole)]
     out: list[tuple[int, Any]] = []
     for n, raw in enumerate(text.splitlines(), 1):
         if not raw.strip():
@@ -107,6 +113,10 @@ def read_requirements(path: str | Path | None) -> dict[str, tuple[str, ...]]:
     for repo, specs in data.items():
         if not isinstance(specs, list) or not all(isinstance(s, str) and s.strip() for s in specs):
             raise UsageError(f"requirements {path}: {repo}: expected a list of pip specs")
+        try:  # the recipe's own rule for a spec (no pip options), before anything is built
+            RepoRecipe(name="check", source=".", requirements=tuple(specs))
+        except UsageError as e:
+            raise UsageError(f"requirements {path}: {repo}: {e}") from None
         out[str(repo)] = tuple(specs)
     return out
 
@@ -166,6 +176,7 @@ def _convert(
         except ValueError as e:
             bad(src, "missing" if src not in record else str(e))
     commit = record.get("base_commit")
+    commit = commit.strip().lower() if isinstance(commit, str) else commit  # git reads either case
     if isinstance(commit, str) and commit and not _HEX.match(commit):
         bad("base_commit", f"{commit[:80]!r} is not a hexadecimal commit hash (7 to 64 digits)")
     repo = record.get("repo")
@@ -193,6 +204,7 @@ def _convert(
                                 requirements=reqs, install="editable")  # fmt: skip
     if problems:
         return None, problems
+    assert isinstance(iid, str)
     fields.update(
         kind="repo", id=task_id(iid), instance_id=iid, repo=repo, base_commit=commit,
         problem_statement=record["problem_statement"], patch=record.get("patch") or None,
@@ -224,7 +236,7 @@ def import_swebench(
     """The suite of the instances in ``path`` (images built first). Raises UsageError listing
     every problem unless ``skip_bad`` (then the skipped instances are the result's ``skipped``)."""
     try:
-        SuiteManifest(name=name, version="1", env_id=ENV_ID, kind="repo")
+        SuiteManifest(name=name, version="1", env_id=ENV_ID, kind="repo", reward="env")
     except ValidationError:
         raise UsageError(f"suite name {name!r} is not a lower-case slug", fix="pass --name") from None
     repos_dir = Path(repos) if repos is not None else None
@@ -248,7 +260,14 @@ def import_swebench(
         raise ImportFailed(problems)
     if not pending:
         raise ImportFailed(problems or [ImportProblem(0, None, "(file)", "no instances")])
-    images = _build_images(pending, build, progress)
+    images, failed = _build_images(pending, build, progress)
+    for p in pending:  # an image that cannot be built fails the instances that need it
+        if p.recipe in failed:
+            iid = p.fields["instance_id"]
+            problems.append(ImportProblem(p.line, iid, "image", f"building it failed: {failed[p.recipe]}"))
+    pending = [p for p in pending if p.recipe not in failed]
+    if failed and (not skip_bad or not pending):
+        raise ImportFailed(problems)
     tasks = []
     used: dict[str, int] = {}
     for p in pending:
@@ -256,7 +275,9 @@ def import_swebench(
         used[image] = used.get(image, 0) + 1
         tasks.append(RepoTask.model_validate({**p.fields, "image": image}))
     about = f"imported from {Path(path).name} ({len(tasks)} instances)"
-    manifest = SuiteManifest(name=name, version="1", env_id=ENV_ID, kind="repo", description=about)
+    manifest = SuiteManifest(
+        name=name, version="1", env_id=ENV_ID, kind="repo", reward="env", description=about
+    )
     return ImportResult(Suite(manifest, tuple(tasks)), problems, used)
 
 
@@ -267,13 +288,19 @@ def suite_name(output: str | Path) -> str:
 
 def _build_images(
     pending: list[_Pending], build: Callable[..., str], progress: Callable[[str], None]
-) -> dict[RepoRecipe, str]:
+) -> tuple[dict[RepoRecipe | None, str], dict[RepoRecipe | None, str]]:
+    """(recipe -> image tag, recipe -> why its build failed)."""
     recipes = list(dict.fromkeys(p.recipe for p in pending if p.recipe is not None))
-    images: dict[RepoRecipe, str] = {}
+    images: dict[RepoRecipe | None, str] = {}
+    failed: dict[RepoRecipe | None, str] = {}
     for i, recipe in enumerate(recipes, 1):
         progress(f"image {i}/{len(recipes)}: {recipe.name} at {recipe.base_commit}")
-        images[recipe] = build(recipe, progress=progress)
-    return images
+        try:
+            images[recipe] = build(recipe, progress=progress)
+        except PqrlError as e:  # a requirement pip cannot install, a failed docker build
+            failed[recipe] = e.line()
+            progress(f"image {i}/{len(recipes)}: failed: {e.line()}")
+    return images, failed
 
 
 class ImportFailed(UsageError):

@@ -143,3 +143,55 @@ def test_an_instance_without_image_or_repos_is_a_problem(tmp_path):
         "line 2: instance_id: must be a non-empty string" in out
         and "line 3: (record): not a JSON object (list)" in out
     )
+
+
+def test_names_that_leave_the_repos_folder_and_bad_requirements_are_refused(repos, tmp_path):
+    outside = _write(tmp_path / "dots.jsonl", [
+        _instance("up-1", repos["base"], repo="owner/.."),
+        _instance("up-2", repos["base"], repo=".."),
+        _instance("caps-1", repos["base"].upper(), image_name="some/image:1"),
+    ])  # fmt: skip
+    r = _pqrl("import", "swebench", str(outside), "-o", str(tmp_path / "o.jsonl"), "--repos", repos["dir"])
+    assert r.returncode == 2 and not (tmp_path / "o.jsonl").exists(), r.stdout + r.stderr
+    assert r.stdout.splitlines() == [
+        "line 1 (up-1): repo: 'owner/..' is not owner/name",
+        "line 2 (up-2): repo: '..' is not owner/name",
+    ]
+    reqs = tmp_path / "reqs.yaml"
+    reqs.write_text("owner/calc:\n  - --index-url=http://example.invalid\n")
+    one = _write(tmp_path / "one.jsonl", [_instance("calc-1", repos["base"])])
+    r = _pqrl("import", "swebench", str(one), "-o", str(tmp_path / "o.jsonl"), "--repos", repos["dir"],
+              "--requirements", str(reqs))  # fmt: skip
+    assert r.returncode == 2 and "not a pip spec" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert "docker build" not in r.stderr and not (tmp_path / "o.jsonl").exists()
+    pretty = tmp_path / "pretty.json"
+    pretty.write_text(json.dumps(_instance("caps-1", repos["base"].upper(), image_name="img:1"), indent=2))
+    r = _pqrl("import", "swebench", str(pretty), "-o", str(tmp_path / "o.jsonl"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert json.loads((tmp_path / "o.jsonl").read_text().splitlines()[1])["base_commit"] == repos["base"]
+
+
+def test_an_image_that_cannot_be_built_fails_its_instances_only(repos, tmp_path):
+    reqs = tmp_path / "reqs.json"
+    reqs.write_text(json.dumps({"calc": ["pqrl-no-such-package-4f1c9a==0.0.1"]}))
+    src = _write(
+        tmp_path / "two.jsonl",
+        [_instance("calc-1", repos["base"]), _instance("img-1", "c" * 40, image_name="x:1")],
+    )
+    args = [
+        "import",
+        "swebench",
+        str(src),
+        "-o",
+        str(tmp_path / "o.jsonl"),
+        "--repos",
+        repos["dir"],
+        "--requirements",
+        str(reqs),
+    ]
+    r = _pqrl(*args)
+    assert r.returncode == 2 and not (tmp_path / "o.jsonl").exists() and "Traceback" not in r.stderr, r.stderr
+    assert r.stdout.startswith("line 1 (calc-1): image: building it failed: "), r.stdout
+    r = _pqrl(*args, "--skip-bad")
+    assert r.returncode == 0 and r.stdout.startswith("skipped line 1 (calc-1): image: "), r.stdout + r.stderr
+    assert [json.loads(x)["id"] for x in (tmp_path / "o.jsonl").read_text().splitlines()[1:]] == ["img-1"]
