@@ -68,14 +68,22 @@ def test_check_passes_gold_1_and_empty_0_and_names_a_task_whose_gold_is_wrong(tm
         path, "def nothing():\n    pass\n", "def nothing():\n    return 1\n"
     )  # applies nowhere
     suite = _three(tmp_path, {2: wrong, 3: stale})
+    lines = suite.read_text().splitlines()
+    solved = json.loads(lines[1])  # its bug already fixed: doing nothing passes the hidden tests
+    solved["repo"].update(apply_patch(solved["repo"], solved["gold_patch"]))
+    fixed = split_patch(solved["gold_patch"])[0].path
+    solved["gold_patch"] = unified_diff(fixed, solved["repo"][fixed], solved["repo"][fixed] + "\n# ok\n")
+    lines[1] = json.dumps(solved)
+    suite.write_text("\n".join(lines) + "\n")
     bad, left = _run("validate", "--check", str(suite))
     assert bad.returncode == 2 and "Traceback" not in bad.stderr and not left, bad.stdout + bad.stderr
     failed = [line for line in bad.stdout.splitlines() if line.startswith("FAIL ")]
-    ids = [json.loads(line)["id"] for line in suite.read_text().splitlines()[1:]]
-    assert [f.split(":")[0] for f in failed] == [f"FAIL {ids[1]}", f"FAIL {ids[2]}"], bad.stdout
-    assert "gold patch" in failed[0], failed  # the grader checks the gold itself
-    assert "could not be built" in failed[1] and "does not match" in failed[1], failed
-    assert bad.stderr.strip().splitlines()[-1].endswith("2 of 3 task(s) fail --check, listed above")
+    ids = [json.loads(line)["id"] for line in lines[1:]]
+    assert [f.split(":")[0] for f in failed] == [f"FAIL {i}" for i in ids], bad.stdout
+    assert "empty episode: an episode without a call earned 1, not 0" in failed[0], failed
+    assert "gold patch" in failed[1], failed  # the grader checks the gold itself
+    assert "could not be built" in failed[2] and "does not match" in failed[2], failed
+    assert bad.stderr.strip().splitlines()[-1].endswith("3 of 3 task(s) fail --check, listed above")
 
     refused, left = _run("submit", "--check", str(suite), "--run", "r", "--redis-url", "redis://127.0.0.1:9")
     assert refused.returncode == 2 and "fail --check" in refused.stderr and not left, refused.stderr
