@@ -15,6 +15,7 @@ any instance is bad unless ``skip_bad``.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Callable
@@ -196,7 +197,7 @@ def _convert(
             bad("repo", f"unknown repository: {where}")
         else:
             try:  # the full commit, so an abbreviated one shares its image; a missing one is a problem
-                commit = source_digest(source, commit).removeprefix("git:")
+                commit = _resolved(str(source), commit)
             except PqrlError as e:
                 bad("base_commit", str(e))
             reqs = requirements.get(repo, requirements.get(repo.rsplit("/", 1)[-1], ()))
@@ -215,6 +216,12 @@ def _convert(
     except ValidationError as e:
         return None, [ImportProblem(n, shown, _source_name(err["loc"]), err["msg"]) for err in e.errors()]
     return _Pending(n, fields, recipe), []
+
+
+@functools.lru_cache(maxsize=4096)
+def _resolved(source: str, commit: str) -> str:
+    """The full commit (one git call per clone and commit, however many instances share it)."""
+    return source_digest(source, commit).removeprefix("git:")
 
 
 def _source_name(loc: tuple[Any, ...]) -> str:
