@@ -46,9 +46,11 @@ def repos(tmp_path: Path) -> Iterator[dict[str, str]]:
     base = _git(repo, "rev-parse", "HEAD")
     (repo / "calc.py").write_text("def add(a, b):\n    return a + b\n")
     _git(repo, "commit", "-qam", "fix")
+    _git(root, "clone", "-q", "--mirror", str(repo), "calc2.git")  # DIR/name.git: a bare mirror
     before = _dangling()
     yield {"dir": str(root), "base": base, "fix": _git(repo, "rev-parse", "HEAD")}
-    r = subprocess.run(["docker", "images", "-q", "pqrl-repo-owner-calc"], capture_output=True, text=True)
+    r = subprocess.run(["docker", "images", "-q", "--filter", "reference=pqrl-repo-owner-calc*"],
+                       capture_output=True, text=True)  # fmt: skip
     for image in set(r.stdout.split()):
         subprocess.run(["docker", "rmi", "-f", image], capture_output=True)
     # Only this test's recipes count: other builds on a shared engine may leave their own.
@@ -83,16 +85,19 @@ def test_import_builds_one_image_per_repository_version_and_the_suite_validates(
         _instance("owner__calc-2", base[:12], FAIL_TO_PASS=["tests/test_calc.py::test_add"],
                   PASS_TO_PASS=["tests/test_calc.py::test_sub"]),
         _instance("Other__Thing-7", "a" * 40, repo="other/thing", image_name="swesmith.other__thing.aa"),
+        _instance("owner__calc2-1", base, repo="owner/calc2"),
     ])  # fmt: skip
     out = tmp_path / "calc-suite.jsonl"
     r = _pqrl("import", "swebench", str(instances), "-o", str(out), "--repos", repos["dir"])
     assert r.returncode == 0, r.stdout + r.stderr
-    assert r.stderr.count("docker build ->") == 1 and "image 1/1: owner__calc" in r.stderr, r.stderr
+    assert r.stderr.count("docker build ->") == 2, r.stderr  # one per repository version
+    assert "image 1/2: owner__calc at" in r.stderr and "image 2/2: owner__calc2 at" in r.stderr, r.stderr
     lines = [json.loads(x) for x in out.read_text().splitlines()]
     manifest = SuiteManifest.model_validate(lines[0]["suite"])
     assert (manifest.name, manifest.kind, manifest.env_id) == ("calc-suite", "repo", "repo-v1")
     tasks = [RepoTask.model_validate(x) for x in lines[1:]]
-    assert [t.id for t in tasks] == ["owner__calc-1", "owner__calc-2", "other__thing-7"]
+    assert [t.id for t in tasks] == ["owner__calc-1", "owner__calc-2", "other__thing-7", "owner__calc2-1"]
+    assert tasks[3].image.startswith("pqrl-repo-owner-calc2:")
     assert tasks[0].image == tasks[1].image and tasks[0].image.startswith("pqrl-repo-owner-calc:")
     assert tasks[2].image == "swesmith.other__thing.aa"
     assert tasks[1].base_commit == base  # resolved in the clone
@@ -100,7 +105,7 @@ def test_import_builds_one_image_per_repository_version_and_the_suite_validates(
     assert tasks[1].pass_to_pass == ["tests/test_calc.py::test_sub"]
     assert subprocess.run(["docker", "image", "inspect", tasks[0].image], capture_output=True).returncode == 0
     if "repo-v1" in registry():  # the environment registered: the suite loads as any other
-        assert len(load_suite(out).tasks) == 3
+        assert len(load_suite(out).tasks) == 4
     # Again: the image is found, not rebuilt; a JSON list reads like JSONL.
     listed = tmp_path / "instances.json"
     listed.write_text(json.dumps([json.loads(x) for x in instances.read_text().splitlines()]))
