@@ -50,6 +50,12 @@ def test_every_builtin_gold_patch_lays_out_as_files():
         assert task.gold_patch
         changed = apply_patch(task.repo, task.gold_patch)
         assert changed and all(changed[p] != task.repo.get(p) for p in changed), task.id
+    old = "".join(f"line {i}\n" for i in range(40))
+    new = old.replace("line 2\n", "two\n").replace("line 37\n", "")  # two hunks
+    patch = unified_diff("a.py", old, new) + unified_diff("b.py", None, "made\n")
+    patch += unified_diff("c.py", "gone\n", None) + unified_diff("d.py", "x = 1", "x = 2")  # no final newline
+    files = {"a.py": old, "c.py": "gone\n", "d.py": "x = 1"}
+    assert apply_patch(files, patch) == {"a.py": new, "b.py": "made\n", "c.py": None, "d.py": "x = 2"}
     with pytest.raises(ValueError, match="does not match line"):
         apply_patch({"a.py": "x = 1\n"}, unified_diff("a.py", "x = 2\n", "x = 3\n"))
 
