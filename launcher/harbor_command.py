@@ -11,16 +11,9 @@ from typing import Any
 __all__ = ["add_import_harbor"]
 
 
-def import_group(tasks: Any) -> Any:
-    """The subcommands of ``pqrl tasks import`` (made on first use, so importers share it)."""
-    parser = tasks.choices.get("import")
-    if parser is None:
-        parser = tasks.add_parser("import", help="write a suite from another benchmark's tasks")
-        parser.add_subparsers(dest="import_source", required=True, metavar="SOURCE")
-    return parser._subparsers._group_actions[0]
-
-
 def add_import_harbor(tasks: Any) -> None:
+    from launcher.tasks_import import import_group
+
     p = import_group(tasks).add_parser("harbor", help="Harbor (Terminal-Bench) task directories")
     p.add_argument("dir", help="a task directory, or a directory of them")
     p.add_argument("-o", "--output", required=True, help="the suite file to write")
