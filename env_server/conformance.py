@@ -18,7 +18,14 @@ from env_server.registry import EnvSpec, spec
 from env_server.sessions import GraderFailure, SessionDone, SessionManager
 from env_server.types import ToolCall, ToolStatus
 
-__all__ = ["ConformanceError", "ConformanceReport", "Rule", "check_environment", "worked_calls"]
+__all__ = [
+    "ConformanceError",
+    "ConformanceReport",
+    "Rule",
+    "check_environment",
+    "scripted_episodes",
+    "worked_calls",
+]
 
 
 @dataclass(frozen=True)
@@ -218,8 +225,18 @@ async def _worked_example(
     if calls is None:
         report.skip("worked example earns 1", "the environment gives no worked example")
         return
-    task = dict(s.sample_task)
-    session = await manager.create(s.id, task, seed)
+    worked, empty = await scripted_episodes(manager, s.id, dict(s.sample_task), calls, seed)
+    report.check("worked example earns 1", worked)
+    report.check("empty episode earns 0", empty)
+
+
+async def scripted_episodes(
+    manager: SessionManager, env_id: str, task: dict[str, Any], calls: list[ToolCall], seed: int = 0,
+    env_kwargs: dict[str, Any] | None = None,
+) -> tuple[list[str], list[str]]:  # fmt: skip
+    """The problems of ``calls`` run as one episode of ``task`` (each call must be answered ok and
+    the episode earn 1), and of an episode without a call (it must earn 0)."""
+    session = await manager.create(env_id, task, seed, env_kwargs)
     problems = []
     try:
         for call in calls:
@@ -236,13 +253,12 @@ async def _worked_example(
         problems.append(f"evaluate failed: {e.__cause__ or e}")
     finally:
         await manager.close(session.session_id)
-    report.check("worked example earns 1", problems)
-    empty = await manager.create(s.id, task, seed)
+    empty = await manager.create(env_id, task, seed, env_kwargs)
     try:
         scored = await manager.evaluate(empty.session_id)
-        zero = [] if scored.reward == 0.0 else f"an episode without a call earned {scored.reward:g}, not 0"
-        report.check("empty episode earns 0", zero)
+        zero = [] if scored.reward == 0.0 else [f"an episode without a call earned {scored.reward:g}, not 0"]
     except GraderFailure as e:
-        report.check("empty episode earns 0", f"evaluate failed: {e.__cause__ or e}")
+        zero = [f"evaluate failed: {e.__cause__ or e}"]
     finally:
         await manager.close(empty.session_id)
+    return problems, zero

@@ -56,8 +56,7 @@ class ToolEnvironment:
 
     Class attributes:
         needs_sandbox: the server attaches a sandbox (``self.sandbox``) before ``reset``.
-        sandbox_settings: settings of that sandbox (default: the hardened defaults);
-            ``sandbox_settings_for`` may derive them from the task (e.g. its image).
+        sandbox_settings: settings of that sandbox (default: the hardened defaults).
         deterministic: ``reset`` with the same task and seed gives the same observation (checked
             by the conformance checker).
         task_model: the pydantic model of its tasks (a suite of its ``kind`` validates against it).
@@ -99,10 +98,11 @@ class ToolEnvironment:
     async def close(self) -> None:
         """Releases what the environment holds (the server releases the sandbox itself)."""
 
-    def sandbox_settings_for(self, task: dict[str, Any]) -> SandboxSettings:
-        """The settings of the sandbox for ``task``, chosen before ``reset``; equal settings share
-        a warm pool. Default: ``sandbox_settings``, the same for every task."""
-        return self.sandbox_settings or SandboxSettings()
+    @classmethod
+    def sandbox_settings_for(cls, task: dict[str, Any]) -> SandboxSettings | None:
+        """The sandbox ``task`` runs in (its own image, say); ``sandbox_settings`` unless overridden.
+        Called before ``reset``; a task it rejects (ValueError) is a bad task."""
+        return cls.sandbox_settings
 
     @classmethod
     def worked_example(cls, task: dict[str, Any]) -> list[ToolCall] | None:

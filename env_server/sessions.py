@@ -395,7 +395,8 @@ class SessionManager:
         sandbox = pool = None
         try:
             if inner.needs_sandbox:
-                pool, sandbox = await self.sandbox_pools.acquire(inner.sandbox_settings_for(task))
+                settings = inner.sandbox_settings_for(task) or SandboxSettings()  # the task's image, say
+                pool, sandbox = await self.sandbox_pools.acquire(settings)
                 inner.sandbox = sandbox
             observation = await env.reset(task=task, seed=seed)
         except BaseException as e:

@@ -151,6 +151,10 @@ def _cmd_tasks(args: argparse.Namespace) -> int:
                 print("\n".join(str(p) for p in e.problems))
                 raise UsageError(f"{args.file}: {len(e.problems)} problem(s), listed above") from e
             raise
+        if args.check:  # every task's worked example earns 1 and its empty episode 0
+            from launcher.tasks_import import check_suite_command
+
+            check_suite_command(suite, args.jobs)
         if args.tasks_command == "validate":
             print(
                 f"{suite.id}: {len(suite.tasks)} valid {suite.manifest.kind} tasks "
@@ -325,6 +329,7 @@ def _add_sandbox_and_env(sub: _SubParsers, group: Callable[[str, str], _SubParse
 
 def _add_tasks(sub: _SubParsers, group: Callable[[str, str], _SubParsers]) -> None:
     from agent_loop.config import EpisodeConfig
+    from launcher.tasks_import import add_check_arguments, add_import_parser
     from pqrl.model_cache import DEFAULT_MODEL
     from pqrl.settings import add_arguments
     from tasks.generators import GENERATED
@@ -364,6 +369,12 @@ def _add_tasks(sub: _SubParsers, group: Callable[[str, str], _SubParsers]) -> No
         if name in ("submit", "list", "show"):
             task_parser.add_argument("--redis-url", default=None, help="default: $PQRL_REDIS_URL")
         task_parser.set_defaults(func=_cmd_tasks_filter if name == "filter" else _cmd_tasks)
+        if name in ("validate", "submit"):
+            add_check_arguments(task_parser)
+    add_import_parser(tasks)
+    from launcher.harbor_command import add_import_harbor
+
+    add_import_harbor(tasks)
 
 
 def _add_engine(sub: _SubParsers, group: Callable[[str, str], _SubParsers]) -> None:

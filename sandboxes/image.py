@@ -126,7 +126,7 @@ def build_image_from_dockerfile(
         progress(f"sandbox image {tag} is present")
         return tag
     progress(f"docker build {dockerfile} -> {tag}")
-    _run(["docker", "build", "-q", "-t", tag, "-f", str(dockerfile), str(ctx)])
+    _run(["docker", "build", "-q", "--force-rm", "-t", tag, "-f", str(dockerfile), str(ctx)])
     _run(["docker", "tag", tag, f"{name}:latest"])
     return tag
 

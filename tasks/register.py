@@ -36,3 +36,6 @@ def register() -> None:
     register_environment(
         "repo-v1", "tasks.repo.env:RepoEnv", max_turns=50, tool_timeout_s=330.0, sample_task=sample_task()
     )
+    from tasks.harbor.task import SAMPLE_TASK
+
+    register_environment("harbor-v1", "tasks.harbor.env:HarborEnv", max_turns=40, sample_task=SAMPLE_TASK)

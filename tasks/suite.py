@@ -20,7 +20,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -143,9 +143,10 @@ class Problem:
     task_id: str | None
     field: str
     reason: str
+    NAMED: ClassVar[str] = "task "  # what the id names, before it
 
     def __str__(self) -> str:
-        where = f"line {self.line}" + (f" (task {self.task_id})" if self.task_id else "")
+        where = f"line {self.line}" + (f" ({self.NAMED}{self.task_id})" if self.task_id else "")
         return f"{where}: {self.field}: {self.reason}"
 
 

@@ -22,6 +22,9 @@ CHECKED = [
     "env_server/pools.py",
     "agent_loop/tool_parser.py",
     "tasks/suite.py",
+    "tasks/check.py",
+    "tasks/repo/swebench.py",
+    "tasks/coding/diffs.py",
     "tasks/corpus.py",
     "tasks/retrieval.py",
     "tasks/retrieval_server.py",
@@ -41,6 +44,7 @@ CHECKED = [
     "agent_loop/config.py",
     "launcher/errors_cli.py",
     "launcher/quiet.py",
+    "launcher/tasks_import.py",
 ]
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 __all__ = [
     "FilePatch",
+    "apply_patch",
     "filter_patch",
     "is_noise",
     "is_protected",
@@ -186,3 +187,45 @@ def filter_patch(text: str, allowed: Iterable[str]) -> tuple[str, list[str]]:
         else:
             dropped += sorted(paths | named) or [part.path]
     return "".join(kept), sorted(set(dropped))
+
+
+def apply_patch(files: Mapping[str, str], patch: str) -> dict[str, str | None]:
+    """The files ``patch`` changes, as it leaves them (None: deleted). Strict: every context and
+    removed line must match at its hunk's line, else ValueError naming the file and hunk."""
+    out: dict[str, str | None] = {}
+    for fp in split_patch(patch):
+        if fp.old_path is not None and fp.old_path not in files and fp.old_path not in out:
+            raise ValueError(f"{fp.old_path}: not in the repository")
+        before = out.get(fp.old_path, files.get(fp.old_path)) if fp.old_path else ""
+        old = (before or "").splitlines(keepends=True)
+        new: list[str] = []
+        pos, hunks, last = 0, 0, ""
+        for line in fp.lines:
+            line = " \n" if hunks and line == "\n" else line  # an empty context line, its space trimmed
+            head = _HUNK.match(line)
+            if head:
+                hunks += 1
+                start = max(int(head.group(1)) - (0 if head.group(2) == "0" else 1), 0)
+                if start < pos or start > len(old):
+                    raise ValueError(f"{fp.path}: hunk {hunks} starts outside the file")
+                new += old[pos:start]
+                pos = start
+            elif hunks and line[:1] in (" ", "-"):
+                if pos >= len(old) or old[pos].rstrip("\n") != line[1:].rstrip("\n"):
+                    raise ValueError(f"{fp.path}: hunk {hunks} does not match line {pos + 1}")
+                if line[0] == " ":
+                    new.append(old[pos])
+                pos += 1
+            elif hunks and line[:1] == "+":
+                new.append(line[1:] if line.endswith("\n") else line[1:] + "\n")
+            elif hunks and line.startswith("\\") and last in ("+", " ") and new:
+                new[-1] = new[-1].rstrip("\n")  # "\ No newline at end of file" after a kept line
+            last = line[:1]
+        new += old[pos:]
+        if fp.new_path is None:
+            out[fp.old_path or fp.path] = None
+        else:
+            if fp.old_path and fp.old_path != fp.new_path:
+                out[fp.old_path] = None
+            out[fp.new_path] = "".join(new)
+    return out

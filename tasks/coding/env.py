@@ -13,6 +13,7 @@ A task is a CodingTask dict, or ``{"ref": "<task id>"}`` naming a task of the bu
 from __future__ import annotations
 
 import io
+import shlex
 import tarfile
 from functools import cache
 from typing import Any
@@ -22,10 +23,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from env_server import Message, RewardResult, tool
 from env_server.builtin import ShellEnv
 from env_server.tools import tool_call_text
-from env_server.types import Observation
+from env_server.types import Observation, ToolCall
 from sandboxes.protocol import SandboxError
 from tasks.coding.capture import WORKSPACE, Ungradable
-from tasks.coding.diffs import source_files
+from tasks.coding.diffs import apply_patch, source_files
 from tasks.coding.grader import CodingGrader
 from tasks.suite import CodingTask, Suite
 
@@ -181,6 +182,21 @@ class CodingEnv(ShellEnv):
             raise ValueError(f"`old` occurs {count} times in {full}; it must occur exactly once")
         await self.sandbox.write_file(full, text.replace(old, new, 1).encode())
         return f"edited {full}"
+
+    @classmethod
+    def worked_example(cls, task: dict[str, Any]) -> list[ToolCall] | None:
+        """The gold patch's files written with write_file (a deleted one removed with run), then submit."""
+        found = _task(task)
+        if not found.gold_patch:
+            return None
+        steps: list[tuple[str, dict[str, Any]]] = []
+        for path, text in sorted(apply_patch(found.repo, found.gold_patch).items()):
+            if text is None:
+                steps.append(("run", {"command": f"rm -f -- {shlex.quote(path)}"}))
+            else:
+                steps.append(("write_file", {"path": path, "content": text}))
+        steps.append(("submit", {}))
+        return [ToolCall(name=n, arguments=a, id=f"w{i}") for i, (n, a) in enumerate(steps)]
 
     async def evaluate(self) -> RewardResult:
         if self.result is not None:

@@ -69,8 +69,9 @@ class RepoEnv(CodingEnv):
             raise RuntimeError("repo-v1 needs a sandbox (the server attaches one before reset)")
         return self.sandbox
 
-    def sandbox_settings_for(self, task: dict[str, Any]) -> SandboxSettings:
-        base = self.sandbox_settings or SandboxSettings()
+    @classmethod
+    def sandbox_settings_for(cls, task: dict[str, Any]) -> SandboxSettings:
+        base = cls.sandbox_settings or SandboxSettings()
         return dataclasses.replace(base, image=RepoTask.model_validate(task).image)
 
     async def reset(self, *, task: dict[str, Any], seed: int | None = None) -> Observation:

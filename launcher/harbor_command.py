@@ -1,0 +1,39 @@
+"""``pqrl tasks import harbor DIR -o SUITE.jsonl``: Harbor task directories to a suite."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["add_import_harbor"]
+
+
+def add_import_harbor(tasks: Any) -> None:
+    from launcher.tasks_import import import_group
+
+    p = import_group(tasks).add_parser("harbor", help="Harbor (Terminal-Bench) task directories")
+    p.add_argument("dir", help="a task directory, or a directory of them")
+    p.add_argument("-o", "--output", required=True, help="the suite file to write")
+    p.add_argument("--name", default=None, help="suite name (default: the directory's name)")
+    p.set_defaults(func=_cmd_import_harbor)
+
+
+def _cmd_import_harbor(args: argparse.Namespace) -> int:
+    from pqrl.errors import UsageError
+    from tasks.harbor.importer import HarborInvalid, import_harbor
+
+    try:
+        suite = import_harbor(args.dir, name=args.name, progress=lambda m: print(m, file=sys.stderr))
+    except HarborInvalid as e:  # every problem on its own line; the handler's one line sums up
+        for problem in e.problems:
+            print(problem, file=sys.stderr)
+        raise UsageError(f"{args.dir}: {len(e.problems)} problem(s), nothing written", fix=e.fix) from None
+    out = Path(args.output)
+    partial = out.with_name(out.name + ".partial")
+    partial.write_text(suite.to_jsonl())
+    os.replace(partial, out)
+    print(f"wrote {suite.id} ({len(suite.tasks)} tasks) to {out}")
+    return 0

@@ -1,0 +1,205 @@
+"""``pqrl tasks import swebench`` for real: instances in the field shapes the datasets use (test ids
+as JSON-encoded strings and as lists, an image named and not), a local git repository made here,
+an image built by docker once per repository version, and bad instances reported as
+``line N (instance): field: reason`` with nothing written."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from env_server.registry import registry
+from tasks.repo.task import RepoTask
+from tasks.suite import SuiteManifest, load_suite
+from tests.sandboxes.test_recipes import _dangling, _git
+
+pytestmark = pytest.mark.timeout(300)
+
+ROOT = Path(__file__).resolve().parents[2]
+TEST_PATCH = "diff --git a/tests/test_calc.py b/tests/test_calc.py\n--- /dev/null\n+++ b/tests/test_calc.py\n"
+
+
+def _pqrl(*args: str) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "launcher.cli", "tasks", *args]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240, env=dict(os.environ))
+
+
+@pytest.fixture
+def repos(tmp_path: Path) -> Iterator[dict[str, str]]:
+    """DIR/owner__calc: two commits (base, then the fix); the images built from it are removed after."""
+    root = tmp_path / "repos"
+    repo = root / "owner__calc"
+    repo.mkdir(parents=True)
+    (repo / "calc.py").write_text(
+        f"# {uuid.uuid4().hex}\ndef add(a, b):\n    return a - b\n"
+    )  # a fresh image
+    _git(root, "init", "-q", "-b", "main", "owner__calc")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "base")
+    base = _git(repo, "rev-parse", "HEAD")
+    (repo / "calc.py").write_text("def add(a, b):\n    return a + b\n")
+    _git(repo, "commit", "-qam", "fix")
+    _git(root, "clone", "-q", "--mirror", str(repo), "calc2.git")  # DIR/name.git: a bare mirror
+    before = _dangling()
+    yield {"dir": str(root), "base": base, "fix": _git(repo, "rev-parse", "HEAD")}
+    r = subprocess.run(["docker", "images", "-q", "--filter", "reference=pqrl-repo-owner-calc*"],
+                       capture_output=True, text=True)  # fmt: skip
+    for image in set(r.stdout.split()):
+        subprocess.run(["docker", "rmi", "-f", image], capture_output=True)
+    # Only this test's recipes count: other builds on a shared engine may leave their own.
+    ours = subprocess.run(["docker", "images", "-q", "-f", "dangling=true", "-f", "label=pqrl.recipe"],
+                          capture_output=True, text=True).stdout.split()  # fmt: skip
+    assert set(ours) <= before, "the import left dangling images"
+
+
+def _instance(iid: str, commit: str | None, **over: object) -> dict[str, object]:
+    record: dict[str, object] = {
+        "instance_id": iid, "repo": "owner/calc", "base_commit": commit, "version": "1.0",
+        "environment_setup_commit": commit, "problem_statement": "add(2, 3) returns -1",
+        "patch": "diff --git a/calc.py b/calc.py\n", "test_patch": TEST_PATCH,
+        "FAIL_TO_PASS": '["tests/test_calc.py::test_add"]', "PASS_TO_PASS": "[]",
+        "created_at": "2024-01-01T00:00:00Z", "hints_text": "",
+    }  # fmt: skip
+    if commit is None:
+        del record["base_commit"]
+    record.update(over)
+    return record
+
+
+def _write(path: Path, records: list[dict[str, object]]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def test_import_builds_one_image_per_repository_version_and_the_suite_validates(repos, tmp_path):
+    base = repos["base"]
+    instances = _write(tmp_path / "instances.jsonl", [
+        _instance("owner__calc-1", base),
+        _instance("owner__calc-2", base[:12], FAIL_TO_PASS=["tests/test_calc.py::test_add"],
+                  PASS_TO_PASS=["tests/test_calc.py::test_sub"]),
+        _instance("Other__Thing-7", "a" * 40, repo="other/thing", image_name="swesmith.other__thing.aa"),
+        _instance("owner__calc2-1", base, repo="owner/calc2"),
+    ])  # fmt: skip
+    out = tmp_path / "calc-suite.jsonl"
+    r = _pqrl("import", "swebench", str(instances), "-o", str(out), "--repos", repos["dir"])
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stderr.count("docker build ->") == 2, r.stderr  # one per repository version
+    assert "image 1/2: owner__calc at" in r.stderr and "image 2/2: owner__calc2 at" in r.stderr, r.stderr
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    manifest = SuiteManifest.model_validate(lines[0]["suite"])
+    assert (manifest.name, manifest.kind, manifest.env_id) == ("calc-suite", "repo", "repo-v1")
+    tasks = [RepoTask.model_validate(x) for x in lines[1:]]
+    assert [t.id for t in tasks] == ["owner__calc-1", "owner__calc-2", "other__thing-7", "owner__calc2-1"]
+    assert tasks[3].image.startswith("pqrl-repo-owner-calc2:")
+    assert tasks[0].image == tasks[1].image and tasks[0].image.startswith("pqrl-repo-owner-calc:")
+    assert tasks[2].image == "swesmith.other__thing.aa"
+    assert tasks[1].base_commit == base  # resolved in the clone
+    assert tasks[0].fail_to_pass == ["tests/test_calc.py::test_add"] and tasks[0].pass_to_pass == []
+    assert tasks[1].pass_to_pass == ["tests/test_calc.py::test_sub"]
+    assert subprocess.run(["docker", "image", "inspect", tasks[0].image], capture_output=True).returncode == 0
+    if "repo-v1" in registry():  # the environment registered: the suite loads as any other
+        assert len(load_suite(out).tasks) == 4
+    # Again: the image is found, not rebuilt; a JSON list reads like JSONL.
+    listed = tmp_path / "instances.json"
+    listed.write_text(json.dumps([json.loads(x) for x in instances.read_text().splitlines()]))
+    again = _pqrl(
+        "import", "swebench", str(listed), "-o", str(tmp_path / "again.jsonl"), "--repos", repos["dir"]
+    )
+    assert again.returncode == 0 and "docker build" not in again.stderr and "is present" in again.stderr
+
+    bad = _write(tmp_path / "bad.jsonl", [
+        _instance("owner__calc-1", base),
+        _instance("owner__calc-3", None),
+        _instance("owner__nowhere-1", base, repo="owner/nowhere"),
+        _instance("owner__calc-4", "zz" + base[2:]),
+        _instance("owner__calc-5", base, FAIL_TO_PASS='"tests/test_calc.py::test_add"'),
+        _instance("owner__calc-6", "f" * 40),
+    ])  # fmt: skip
+    failed = tmp_path / "failed.jsonl"
+    r = _pqrl("import", "swebench", str(bad), "-o", str(failed), "--repos", repos["dir"])
+    assert r.returncode == 2 and "Traceback" not in r.stderr and not failed.exists(), r.stdout + r.stderr
+    problems = r.stdout.splitlines()
+    assert problems[0] == "line 2 (owner__calc-3): base_commit: missing", problems
+    assert problems[1].startswith("line 3 (owner__nowhere-1): repo: unknown repository"), problems
+    assert problems[2].startswith("line 4 (owner__calc-4): base_commit: ") and "hexadecimal" in problems[2]
+    assert problems[3].startswith("line 5 (owner__calc-5): FAIL_TO_PASS: not a list"), problems
+    assert problems[4].startswith("line 6 (owner__calc-6): base_commit: ") and "not" in problems[4], problems
+    assert len(problems) == 5 and "5 problem(s)" in r.stderr
+    # --skip-bad writes the good one and lists the rest.
+    r = _pqrl("import", "swebench", str(bad), "-o", str(failed), "--repos", repos["dir"], "--skip-bad")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert sum(x.startswith("skipped line ") for x in r.stdout.splitlines()) == 5
+    assert [json.loads(x)["id"] for x in failed.read_text().splitlines()[1:]] == ["owner__calc-1"]
+
+
+def test_an_instance_without_image_or_repos_is_a_problem(tmp_path):
+    src = _write(tmp_path / "one.jsonl", [_instance("a-1", "b" * 40), {"instance_id": 3}, ["x"]])
+    r = _pqrl("import", "swebench", str(src), "-o", str(tmp_path / "o.jsonl"))
+    assert r.returncode == 2 and not (tmp_path / "o.jsonl").exists()
+    out = r.stdout.splitlines()
+    assert (
+        out[0] == "line 1 (a-1): repo: unknown repository: no image_name and no --repos DIR to build one from"
+    )
+    assert (
+        "line 2: instance_id: must be a non-empty string" in out
+        and "line 3: (record): not a JSON object (list)" in out
+    )
+
+
+def test_names_that_leave_the_repos_folder_and_bad_requirements_are_refused(repos, tmp_path):
+    outside = _write(tmp_path / "dots.jsonl", [
+        _instance("up-1", repos["base"], repo="owner/.."),
+        _instance("up-2", repos["base"], repo=".."),
+        _instance("caps-1", repos["base"].upper(), image_name="some/image:1"),
+    ])  # fmt: skip
+    r = _pqrl("import", "swebench", str(outside), "-o", str(tmp_path / "o.jsonl"), "--repos", repos["dir"])
+    assert r.returncode == 2 and not (tmp_path / "o.jsonl").exists(), r.stdout + r.stderr
+    assert r.stdout.splitlines() == [
+        "line 1 (up-1): repo: 'owner/..' is not owner/name",
+        "line 2 (up-2): repo: '..' is not owner/name",
+    ]
+    reqs = tmp_path / "reqs.yaml"
+    reqs.write_text("owner/calc:\n  - --index-url=http://example.invalid\n")
+    one = _write(tmp_path / "one.jsonl", [_instance("calc-1", repos["base"])])
+    r = _pqrl("import", "swebench", str(one), "-o", str(tmp_path / "o.jsonl"), "--repos", repos["dir"],
+              "--requirements", str(reqs))  # fmt: skip
+    assert r.returncode == 2 and "not a pip spec" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert "docker build" not in r.stderr and not (tmp_path / "o.jsonl").exists()
+    pretty = tmp_path / "pretty.json"
+    pretty.write_text(json.dumps(_instance("caps-1", repos["base"].upper(), image_name="img:1"), indent=2))
+    r = _pqrl("import", "swebench", str(pretty), "-o", str(tmp_path / "o.jsonl"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert json.loads((tmp_path / "o.jsonl").read_text().splitlines()[1])["base_commit"] == repos["base"]
+
+
+def test_an_image_that_cannot_be_built_fails_its_instances_only(repos, tmp_path):
+    reqs = tmp_path / "reqs.json"
+    reqs.write_text(json.dumps({"calc": ["pqrl-no-such-package-4f1c9a==0.0.1"]}))
+    src = _write(
+        tmp_path / "two.jsonl",
+        [_instance("calc-1", repos["base"]), _instance("img-1", "c" * 40, image_name="x:1")],
+    )
+    args = [
+        "import",
+        "swebench",
+        str(src),
+        "-o",
+        str(tmp_path / "o.jsonl"),
+        "--repos",
+        repos["dir"],
+        "--requirements",
+        str(reqs),
+    ]
+    r = _pqrl(*args)
+    assert r.returncode == 2 and not (tmp_path / "o.jsonl").exists() and "Traceback" not in r.stderr, r.stderr
+    assert r.stdout.startswith("line 1 (calc-1): image: building it failed: "), r.stdout
+    r = _pqrl(*args, "--skip-bad")
+    assert r.returncode == 0 and r.stdout.startswith("skipped line 1 (calc-1): image: "), r.stdout + r.stderr
+    assert [json.loads(x)["id"] for x in (tmp_path / "o.jsonl").read_text().splitlines()[1:]] == ["img-1"]
