@@ -30,7 +30,7 @@ from sandboxes.docker import DockerSandbox
 from sandboxes.docker_api import DockerAPI
 from sandboxes.hardening import SandboxSettings
 from sandboxes.pool import SandboxPool
-from sandboxes.protocol import SandboxCallFailed, SandboxError, SandboxUnavailable
+from sandboxes.protocol import ImageMissing, SandboxCallFailed, SandboxError, SandboxUnavailable
 
 __all__ = [
     "BackendDown",
@@ -421,6 +421,9 @@ class SessionManager:
     def _reset_failure(self, env_id: str, e: BaseException) -> BaseException:
         """What a reset that raised ``e`` answers; every message bounded."""
         cause = f"{type(e).__name__}: {e}"
+        if isinstance(e, ImageMissing):  # no retry builds it; a task may name its own image (repo-v1)
+            self._error("bad_task")
+            return BadTask(clipped(f"{env_id}: {e}", _CAUSE_CHARS))
         if isinstance(e, SandboxError) and not isinstance(e, SandboxUnavailable):
             self._error("infra")
             return InfraFailure(clipped(f"{env_id}: sandbox unavailable: {e}", _CAUSE_CHARS))

@@ -22,7 +22,7 @@ from pqrl.finite import finite
 from sandboxes.docker import DockerSandbox
 from sandboxes.docker_api import DockerAPI
 from sandboxes.hardening import SandboxSettings
-from sandboxes.protocol import SandboxError
+from sandboxes.protocol import ImageMissing, SandboxError
 from sandboxes.reaper import reap
 
 __all__ = ["PoolStats", "SandboxPool"]
@@ -113,6 +113,8 @@ class SandboxPool:
     async def start(self) -> None:
         """Checks the engine and image, reaps leftovers, and starts filling."""
         await self.api.ping()
+        if not await self.api.image_exists(self.settings.image):  # else every creation fails, retried
+            raise ImageMissing(f"sandbox image {self.settings.image!r} is not in the engine")
         self.stats.reaped += len(await reap(self.api))
         self._filler = asyncio.create_task(self._fill_loop(), name="sandbox-pool-filler")
         self._reaper = asyncio.create_task(self._reap_loop(), name="sandbox-pool-reaper")

@@ -30,6 +30,12 @@ def register() -> None:
     sample = make_data_task(random.Random(0), "data-sample").model_dump()
     register_environment("data-v1", entry_point="tasks.data:DataEnv", max_turns=6, sample_task=sample)
     register_environment("coding-v1", "tasks.coding:CodingEnv", max_turns=30, sample_task={"ref": "roman-00"})
+    from tasks.repo.sample import sample_task
+
+    # the run tool allows 300 s; a real repository's test run takes that long
+    register_environment(
+        "repo-v1", "tasks.repo.env:RepoEnv", max_turns=50, tool_timeout_s=330.0, sample_task=sample_task()
+    )
     from tasks.harbor.task import SAMPLE_TASK
 
     register_environment("harbor-v1", "tasks.harbor.env:HarborEnv", max_turns=40, sample_task=SAMPLE_TASK)

@@ -29,6 +29,8 @@ CHECKED = [
     "tasks/retrieval.py",
     "tasks/retrieval_server.py",
     "tasks/coding/policy_classes.py",
+    "tasks/repo/env.py",
+    "tasks/repo/grading.py",
     "sandboxes/uids.py",
     "sandboxes/recipes.py",
     "sandboxes/repo_source.py",

@@ -30,7 +30,7 @@ from tasks.coding.diffs import apply_patch, source_files
 from tasks.coding.grader import CodingGrader
 from tasks.suite import CodingTask, Suite
 
-__all__ = ["CodingEnv", "builtin_suite", "demonstration"]
+__all__ = ["GIT_ENV", "CodingEnv", "builtin_suite", "demonstration"]
 
 SYSTEM = """\
 You are a software engineer fixing a bug in the repository in /workspace (a git repository; its \
@@ -46,7 +46,7 @@ dataclasses, typing, functools, itertools, heapq, bisect, enum, fractions, decim
 abc; no file, process or interpreter access (os, sys, open, eval, exec, getattr, dunder \
 attributes)."""
 
-_GIT_ENV = {
+GIT_ENV = {
     "GIT_AUTHOR_NAME": "pqrl",
     "GIT_AUTHOR_EMAIL": "pqrl@localhost",
     "GIT_COMMITTER_NAME": "pqrl",
@@ -154,7 +154,7 @@ class CodingEnv(ShellEnv):
         self.task = _task(task)
         self.result: RewardResult | None = None
         await self.sandbox.upload(_tar(self.task.repo), WORKSPACE)
-        setup = await self.sandbox.exec(_SETUP, cwd=WORKSPACE, env=_GIT_ENV, timeout=60)
+        setup = await self.sandbox.exec(_SETUP, cwd=WORKSPACE, env=GIT_ENV, timeout=60)
         if not setup.ok:
             raise SandboxError(f"coding-v1: creating the base commit failed: {setup.text()[-500:]}")
         self.base_commit = setup.stdout.decode().strip()

@@ -71,7 +71,7 @@ from tasks.coding.record import Record, sendable
 from tasks.coding.verdict import GradeResult, Reference, judge
 from tasks.suite import CodingTask
 
-__all__ = ["CodingGrader", "GradeResult", "grading_slots", "judge"]
+__all__ = ["CodingGrader", "GradeResult", "fresh_sandboxes", "grading_slots", "judge"]
 
 RUNNER_SOURCE = (Path(__file__).parent / "runner.py").read_text()
 PROBE_RUNTIME_SOURCE = (Path(__file__).parent / "probe_runtime.py").read_text()
@@ -137,6 +137,21 @@ def _rejected(violations: list[Violation]) -> dict[str, Any]:
     }
 
 
+async def fresh_sandboxes(sandbox: Sandbox) -> Callable[[], Awaitable[Sandbox]]:
+    """A maker of fresh sandboxes like ``sandbox`` (a DockerSandbox): its image, limits and run label."""
+    if not isinstance(sandbox, DockerSandbox):
+        raise TypeError(f"grading needs a DockerSandbox, got {type(sandbox).__name__}")
+    labels = (await sandbox.api.inspect(sandbox.id)).get("Config", {}).get("Labels") or {}
+    run = labels.get("pqrl.run", "grader")
+
+    async def make() -> Sandbox:
+        return await DockerSandbox.create(
+            sandbox.api, sandbox.settings, run=run, session=f"grade-{uuid.uuid4().hex}"
+        )
+
+    return make
+
+
 class CodingGrader:
     """Grades coding submissions in fresh sandboxes, at most ``slots`` at a time.
 
@@ -164,17 +179,7 @@ class CodingGrader:
     @classmethod
     async def for_sandbox(cls, sandbox: Sandbox, **kwargs: Any) -> CodingGrader:
         """A grader whose fresh sandboxes match ``sandbox`` (a DockerSandbox): image, limits, run label."""
-        if not isinstance(sandbox, DockerSandbox):
-            raise TypeError(f"the coding grader needs a DockerSandbox, got {type(sandbox).__name__}")
-        labels = (await sandbox.api.inspect(sandbox.id)).get("Config", {}).get("Labels") or {}
-        run = labels.get("pqrl.run", "grader")
-
-        async def make() -> Sandbox:
-            return await DockerSandbox.create(
-                sandbox.api, sandbox.settings, run=run, session=f"grade-{uuid.uuid4().hex}"
-            )
-
-        return cls(make, **kwargs)
+        return cls(await fresh_sandboxes(sandbox), **kwargs)
 
     async def grade_workspace(
         self, task: CodingTask, sandbox: Sandbox, base_commit: str | None = None

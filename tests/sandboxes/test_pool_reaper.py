@@ -14,7 +14,7 @@ from sandboxes.docker import DockerSandbox, owner_id
 from sandboxes.docker_api import DockerAPI
 from sandboxes.hardening import SandboxSettings
 from sandboxes.pool import SandboxPool
-from sandboxes.protocol import SandboxError
+from sandboxes.protocol import ImageMissing
 from sandboxes.reaper import owner_alive, reap
 
 SMALL = SandboxSettings(memory_mb=128)
@@ -69,12 +69,12 @@ async def test_burst_of_acquires_is_served_within_the_creation_rate_limit(api):
             pool.release(s)
 
 
-async def test_acquire_times_out_with_the_cause_when_the_image_is_missing(api):
+async def test_a_pool_of_a_missing_image_fails_at_start_not_after_the_acquire_timeout(api):
     pool = SandboxPool(api, SandboxSettings(image="pqrl-no-such-image:1"), size=1, run="pytest-missing")
-    await pool.start()
     try:
-        with pytest.raises(SandboxError, match="pqrl-no-such-image"):
-            await pool.acquire(timeout=3)
+        with pytest.raises(ImageMissing, match="pqrl-no-such-image"):
+            await pool.start()
+        assert pool.stats.create_failures == 0  # no creation was tried
     finally:
         await pool.close()
 

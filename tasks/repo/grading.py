@@ -1,0 +1,252 @@
+"""Grading a ``repo`` task: the agent's diff and the hidden tests, in a fresh container of its image.
+
+1. **Capture** (in the agent's sandbox): every change in ``/workspace`` against the base commit
+   made at reset, tracked and untracked files alike, through a throwaway index (the agent's own
+   index is left alone), as one ``git diff --binary``. Paths the ``test_patch`` touches and the
+   test files the listed ids name are left out: the grader decides what those files hold.
+2. **Apply** (in a fresh container of the task's image): the repository copied from
+   ``repo_path``, the diff applied with ``git apply`` without those paths (one that does not
+   apply scores 0, with git's complaint), then the ``test_patch``.
+3. **Run**: the grader-owned runner (tasks/coding/runner.py) starts ``test_command`` on the test
+   files the listed ids name, its JUnit XML into a pipe only the runner holds, bounded by a
+   timeout, and kills what outlives it.
+4. **Judge** (on the host): the report parsed strictly (tasks/coding/junit.py); reward 1 only if
+   every id of FAIL_TO_PASS and PASS_TO_PASS is present and passed. A missing id is a failure;
+   other tests are ignored.
+
+There is no source policy for this kind: a reward of 1 says the listed tests passed in a fresh
+container with their files restored from the test patch, not that the submission left the test
+process alone (docs/security.md).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import secrets
+import shlex
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from sandboxes.protocol import Sandbox, SandboxDied
+from tasks.coding.capture import WORKSPACE
+from tasks.coding.diffs import split_patch
+from tasks.coding.grader import RUNNER_SOURCE, _tar, grading_slots
+from tasks.coding.junit import ReportError, parse_junit
+from tasks.coding.verdict import GradeResult
+from tasks.repo.task import RepoTask
+
+__all__ = ["MAX_PATCH_BYTES", "capture_diff", "grade_patch", "graded_paths", "hidden_paths"]
+
+MAX_PATCH_BYTES = 8 << 20
+_DIFF = ("diff", "--cached", "--binary", "--full-index", "--no-ext-diff", "--no-textconv", "--no-renames")
+
+
+class Ungradable(Exception):
+    """The workspace gives no diff (its git state is broken, the diff is too large): it scores 0."""
+
+
+def hidden_paths(test_patch: str) -> list[str]:
+    """Every path the test patch names: old and new names, renames and copies, git's quoted names
+    unquoted."""
+    paths: set[str] = set()
+    for part in split_patch(test_patch):
+        paths |= {p for p in (part.old_path, part.new_path, *part.git_paths) if p and "\0" not in p}
+        for line in part.header + part.lines[:2]:
+            for prefix, strip in _NAME_LINES:
+                if line.startswith(prefix):
+                    name = _unquoted(line[len(prefix) :].rstrip("\n"))
+                    name = name[2:] if strip and name[:2] in ("a/", "b/") else name
+                    if name != "/dev/null":
+                        paths.add(name)
+    return sorted(paths)
+
+
+_NAME_LINES = (("--- ", True), ("+++ ", True), ("rename from ", False), ("rename to ", False),
+               ("copy from ", False), ("copy to ", False))  # fmt: skip
+_ESCAPES = {"a": 7, "b": 8, "f": 12, "n": 10, "r": 13, "t": 9, "v": 11, "\\": 92, '"': 34}
+
+
+def _unquoted(raw: str) -> str:
+    """A name as git writes it in a patch: C-quoted (escapes, octal bytes) when it has special
+    characters, else plain up to a tab."""
+    if not raw.startswith('"'):
+        return raw.split("\t", 1)[0]
+    body, out, i = raw[1 : raw.rindex('"')] if raw.count('"') > 1 else raw[1:], bytearray(), 0
+    while i < len(body):
+        if body[i] == "\\" and body[i + 1 : i + 2] in _ESCAPES:
+            out.append(_ESCAPES[body[i + 1]])
+            i += 2
+        elif body[i] == "\\" and len(body[i + 1 : i + 4]) == 3 and body[i + 1 : i + 4].isdigit():
+            out.append(int(body[i + 1 : i + 4], 8) & 0xFF)
+            i += 4
+        else:
+            out += body[i].encode("utf-8", "surrogateescape")
+            i += 1
+    return out.decode("utf-8", "surrogateescape")
+
+
+def graded_paths(task: RepoTask) -> list[str]:
+    """Files the agent's diff may not change: every path the test patch names and every test file
+    a listed id names (a PASS_TO_PASS test's file is as much the grader's as a hidden one)."""
+    return sorted({*hidden_paths(task.test_patch), *_test_files(task)})
+
+
+def _excludes(task: RepoTask) -> list[str]:
+    return [".", *(f":(exclude,literal){p}" for p in graded_paths(task))]
+
+
+async def capture_diff(sandbox: Sandbox, task: RepoTask, base_commit: str) -> bytes:
+    """The agent's changes in ``/workspace`` against ``base_commit``, without the test patch's paths."""
+    tag = secrets.token_hex(8)
+    env = {"GIT_INDEX_FILE": f"/tmp/pqrl-index-{tag}", "GIT_OPTIONAL_LOCKS": "0"}
+    out = f"/tmp/pqrl-diff-{tag}"
+    steps = (
+        ["git", "read-tree", base_commit],
+        ["git", "add", "-A", "--", *_excludes(task)],
+        ["git", *_DIFF, f"--output={out}", base_commit, "--", *_excludes(task)],
+    )
+    for argv in steps:
+        r = await sandbox.exec(argv, cwd=WORKSPACE, env=env, timeout=120)
+        if not r.ok:
+            raise Ungradable(f"`git {argv[1]}` failed in the workspace: {r.text()[-500:]}")
+    try:
+        return await sandbox.read_file(out, max_bytes=MAX_PATCH_BYTES)
+    except ValueError:
+        raise Ungradable(f"the diff is larger than {MAX_PATCH_BYTES} bytes") from None
+
+
+async def grade_patch(
+    task: RepoTask, patch: bytes, make_sandbox: Callable[[], Awaitable[Sandbox]], *, timeout: float
+) -> GradeResult:
+    """Grades ``patch`` (a git diff against the repository at ``repo_path``) in a fresh sandbox."""
+    t0 = time.monotonic()
+    async with grading_slots():
+        sandbox = await make_sandbox()
+        try:
+            result = await _grade(task, patch, sandbox, timeout)
+        except SandboxDied as e:  # the submitted code took the container down (e.g. memory)
+            result = GradeResult(0.0, {"reason": f"the grading sandbox died during the tests: {e}"})
+        finally:
+            await sandbox.close()
+    result.info["grade_s"] = round(time.monotonic() - t0, 3)
+    return result
+
+
+async def _grade(task: RepoTask, patch: bytes, sandbox: Sandbox, timeout: float) -> GradeResult:
+    gdir = f"/tmp/pqrl-grade-{secrets.token_hex(8)}"
+    copy = await sandbox.exec(["cp", "-a", f"{task.repo_path}/.", WORKSPACE], timeout=600)
+    if not copy.ok:
+        raise RuntimeError(f"copying {task.repo_path} into the grading sandbox failed: {copy.text()[-500:]}")
+    await sandbox.upload(
+        _tar({"agent.diff": patch, "tests.diff": task.test_patch, "runner.py": RUNNER_SOURCE}), gdir
+    )
+    # The diff came out of the agent's sandbox, whose git it controls: the hidden paths are left
+    # out here again, by the grader's own git, which also names them (quoted names included).
+    named = await sandbox.exec(["git", "apply", "--numstat", "-z", f"{gdir}/tests.diff"], cwd=WORKSPACE)
+    if not named.ok:
+        return GradeResult(
+            0.0, {"reason": "the test patch cannot be read", "apply_error": named.text()[-2000:]}
+        )
+    names = {*_numstat_paths(named.stdout), *graded_paths(task)}  # numstat gives no old names
+    hidden = [f"--exclude={_glob_literal(p)}" for p in sorted(names)]
+    for name, what, options in (("agent.diff", "the patch", hidden), ("tests.diff", "the test patch", [])):
+        if name == "agent.diff" and not patch.strip():
+            continue
+        argv = ["git", "apply", "--whitespace=nowarn", *options, f"{gdir}/{name}"]
+        applied = await sandbox.exec(argv, cwd=WORKSPACE)
+        if not applied.ok:
+            return GradeResult(
+                0.0, {"reason": f"{what} does not apply", "apply_error": applied.text()[-2000:]}
+            )
+    report = await _run_tests(task, sandbox, gdir, timeout)
+    return judge(task, report)
+
+
+def _numstat_paths(out: bytes) -> list[str]:
+    """The paths of ``git apply --numstat -z``: ``ADDED\tDELETED\tPATH\0`` per file, or for a
+    rename or copy ``ADDED\tDELETED\t\0OLD\0NEW\0``."""
+    paths, fields = [], out.decode("utf-8", "surrogateescape").split("\0")
+    i = 0
+    while i < len(fields):
+        head = fields[i].split("\t", 2)
+        if len(head) == 3 and head[2]:
+            paths.append(head[2])
+        elif len(head) == 3 and i + 2 < len(fields):  # a rename: the two names follow
+            paths += fields[i + 1 : i + 3]
+            i += 2
+        i += 1
+    return sorted(set(paths))
+
+
+def _glob_literal(path: str) -> str:
+    """``path`` as a pattern of ``git apply --exclude`` (wildmatch) that matches only itself."""
+    return "".join("\\" + c if c in "*?[]\\" else c for c in path)
+
+
+def _test_files(task: RepoTask) -> list[str]:
+    return sorted({t.split("::", 1)[0] for t in (*task.fail_to_pass, *task.pass_to_pass)})
+
+
+async def _run_tests(task: RepoTask, sandbox: Sandbox, gdir: str, timeout: float) -> dict[str, Any]:
+    """The runner's report of ``test_command`` on the files the ids name (those that exist: a
+    missing file would stop pytest before any test ran; its ids then count as missing)."""
+    files = _test_files(task)
+    found = await sandbox.exec(
+        ["sh", "-c", 'for f; do [ -e "$f" ] && printf "%s\\n" "$f"; done; true', "sh", *files], cwd=WORKSPACE
+    )
+    present = found.stdout.decode("utf-8", "replace").splitlines()
+    if not present:
+        return {"xml": "", "missing_files": files}
+    env_out = await sandbox.exec(["env", "-0"], cwd=WORKSPACE)
+    env = dict(kv.split("=", 1) for kv in env_out.stdout.decode("utf-8", "replace").split("\0") if "=" in kv)
+    # ids are relative to the repository's root, whatever pytest would take for its rootdir
+    argv = [*shlex.split(task.test_command), f"--rootdir={WORKSPACE}", "--junitxml={junit}", *present]
+    config = {"argv": argv, "cwd": WORKSPACE, "env": env, "timeout": timeout, "report_dir": f"{gdir}/report"}
+    run = await sandbox.exec(
+        ["python3", "-I", "-B", f"{gdir}/runner.py"],
+        cwd=gdir,
+        stdin=json.dumps(config).encode(),
+        timeout=timeout + 30,
+    )
+    if not run.ok:
+        return {"xml": "", "runner_error": f"exit {run.exit_code}: {run.text()[-1000:]}"}
+    report: dict[str, Any] = json.loads(
+        await sandbox.read_file(f"{gdir}/report/report.json", max_bytes=32 << 20)
+    )
+    return report
+
+
+def judge(task: RepoTask, report: dict[str, Any]) -> GradeResult:
+    """Reward 1 only if every listed id is in the report and passed."""
+    info: dict[str, Any] = {"output_tail": str(report.get("output_tail", ""))[-2000:]}
+    for key in (
+        "missing_files",
+        "runner_error",
+        "exit_code",
+        "duration_s",
+        "leftover_processes",
+        "pipe_open",
+    ):
+        if key in report:
+            info[key] = report[key]
+    if report.get("timed_out"):
+        return GradeResult(0.0, {**info, "reason": "the tests timed out"})
+    if report.get("xml_overflow"):
+        return GradeResult(0.0, {**info, "reason": "the test report is too large"})
+    listed = [*task.fail_to_pass, *task.pass_to_pass]
+    xml = base64.b64decode(report.get("xml", "")) if report.get("xml") else b""
+    try:
+        outcomes = {o.id: o for o in parse_junit(xml, _test_files(task))} if xml.strip() else {}
+    except ReportError as e:
+        return GradeResult(0.0, {**info, "reason": f"the test report cannot be trusted: {e}"})
+    missing = [t for t in listed if t not in outcomes]
+    failed = {t: outcomes[t].outcome for t in listed if t in outcomes and outcomes[t].outcome != "passed"}
+    info.update(missing_tests=missing, failed_tests=failed, passed=len(listed) - len(missing) - len(failed))
+    if missing or failed:
+        names = [*failed, *missing][:5]
+        return GradeResult(
+            0.0, {**info, "reason": f"{len(missing) + len(failed)} listed test(s) did not pass: {names}"}
+        )
+    return GradeResult(1.0, {**info, "reason": "every listed test passed"})
