@@ -93,3 +93,4 @@ def check_suite_command(suite: Suite, jobs: int) -> None:
         raise UsageError(
             f"{suite.id}: {len(failures)} of {len(suite.tasks)} task(s) fail --check, listed above"
         )
+    print(f"{suite.id}: all {len(suite.tasks)} task(s) pass --check (worked example 1, empty episode 0)")

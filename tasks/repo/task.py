@@ -36,7 +36,7 @@ class RepoTask(BaseModel):
     fail_to_pass: list[str] = Field(min_length=1, description="test ids the gold fixes")
     pass_to_pass: list[str] = Field(default_factory=list, description="test ids that must keep passing")
     test_command: str = Field(
-        "python -m pytest -p no:cacheprovider",
+        "python3 -m pytest -p no:cacheprovider",
         min_length=1,
         description="the command the test ids are appended to (pytest node ids by default)",
     )

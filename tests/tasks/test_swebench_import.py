@@ -203,3 +203,52 @@ def test_an_image_that_cannot_be_built_fails_its_instances_only(repos, tmp_path)
     r = _pqrl(*args, "--skip-bad")
     assert r.returncode == 0 and r.stdout.startswith("skipped line 1 (calc-1): image: "), r.stdout + r.stderr
     assert [json.loads(x)["id"] for x in (tmp_path / "o.jsonl").read_text().splitlines()[1:]] == ["img-1"]
+
+
+_TESTS = """\
+diff --git a/tests/test_calc.py b/tests/test_calc.py
+new file mode 100644
+--- /dev/null
++++ b/tests/test_calc.py
+@@ -0,0 +1,9 @@
++from calc import add
++
++
++def test_add():
++    assert add(2, 3) == 5
++
++
++def test_add_zero():
++    assert add(0, 0) == 0
+"""
+
+
+def test_imported_instances_grade_gold_1_and_empty_0_and_a_gold_that_fixes_nothing_is_named(repos, tmp_path):
+    """SWE-bench-format instances from the clone, imported, then every task's gold patch and an
+    empty episode graded by repo-v1 in real sandboxes (``tasks validate --check``)."""
+    clone = Path(repos["dir"]) / "owner__calc"
+    gold = _git(clone, "diff", repos["base"], repos["fix"]) + "\n"
+    noop = gold.replace("+    return a + b", "+    return a - b")  # changes the comment line only
+    common = {"FAIL_TO_PASS": '["tests/test_calc.py::test_add"]',
+              "PASS_TO_PASS": '["tests/test_calc.py::test_add_zero"]', "test_patch": _TESTS}  # fmt: skip
+    good = _write(tmp_path / "good.jsonl", [
+        _instance("owner__calc-1", repos["base"], patch=gold, **common),
+        _instance("owner__calc-2", repos["base"], patch=gold, problem_statement="add is wrong", **common),
+    ])  # fmt: skip
+    out = tmp_path / "calc-real.jsonl"
+    r = _pqrl("import", "swebench", str(good), "-o", str(out), "--repos", repos["dir"])
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = _pqrl("validate", str(out), "--check", "--jobs", "2")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "all 2 task(s) pass --check" in r.stdout and "owner__calc-1: ok" in r.stderr, r.stdout + r.stderr
+
+    bad = _write(tmp_path / "bad.jsonl", [
+        _instance("owner__calc-1", repos["base"], patch=gold, **common),
+        _instance("owner__calc-9", repos["base"], patch=noop, **common),
+    ])  # fmt: skip
+    out = tmp_path / "calc-bad.jsonl"
+    r = _pqrl("import", "swebench", str(bad), "-o", str(out), "--repos", repos["dir"])
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = _pqrl("validate", str(out), "--check", "--jobs", "2")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stdout + r.stderr
+    assert "owner__calc-9" in r.stdout + r.stderr and "owner__calc-1" not in r.stdout, r.stdout + r.stderr
