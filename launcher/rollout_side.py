@@ -137,7 +137,9 @@ class Job:
                 if status.get("phase") == "finished" and (
                     seen_working or status.get("finished_at", 0) > started
                 ):
-                    log.info("the trainer finished the run: stopping after the groups in flight")
+                    # a warning, so a --quiet worker still says why it ends
+                    log.warning("the trainer finished the run: stopping after the groups in flight")
+                    self.ended = "the trainer finished the run"
                     manager.stop()
                     return
                 seen_working |= status.get("phase") not in (None, "finished")
@@ -196,14 +198,21 @@ class Job:
         """Role ``rollout``: run groups until the run's task plan is done or its trainer finishes."""
         await self.queue_tasks()
         manager = self.start_manager()
-        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, manager.stop)
-        asyncio.get_running_loop().add_signal_handler(signal.SIGINT, manager.stop)
+        self.ended = "the task queue is empty"
+
+        def on_signal() -> None:
+            self.ended = "stopped by a signal"
+            manager.stop()
+
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, on_signal)
+        asyncio.get_running_loop().add_signal_handler(signal.SIGINT, on_signal)
         watch = asyncio.create_task(self._stop_when_the_trainer_finishes(manager))
         try:
             stats = await manager.run(until_empty=True)
         finally:
             watch.cancel()
         return {
+            "ended": self.ended,
             "groups_written": stats.groups_written,
             "groups_dropped": stats.groups_dropped,
             "failures": dict(stats.failures),

@@ -72,7 +72,7 @@ def test_bad_plugin_tasks_are_problems_with_line_and_field(plugin, tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text("\n".join(json.dumps(r) for r in records) + "\n")
     out = pqrl(plugin, "tasks", "validate", str(bad))
-    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
     for where in (
         "line 1: suite.defaults.tolerance: ",
         "line 1: suite.defaults.precision: Extra inputs",
@@ -82,7 +82,7 @@ def test_bad_plugin_tasks_are_problems_with_line_and_field(plugin, tmp_path):
         "line 5 (task c-4): kind: 'calc' in a suite of kind",
         "line 6 (task c-5): colour: Extra inputs",
     ):
-        assert where in out.stderr, out.stderr
+        assert where in out.stdout, out.stdout + out.stderr
     unknown = tmp_path / "unknown.jsonl"
     unknown.write_text(
         json.dumps({"suite": {**manifest, "env_id": "convert-v9", "defaults": {}, "reward": "env"}})
@@ -91,11 +91,11 @@ def test_bad_plugin_tasks_are_problems_with_line_and_field(plugin, tmp_path):
         + "\n"
     )
     out = pqrl(plugin, "tasks", "validate", str(unknown))
-    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
     assert (
-        "suite.env_id: unknown environment 'convert-v9'" in out.stderr
-        and "line 2 (task c-1): source" in out.stderr
-    )
+        "suite.env_id: unknown environment 'convert-v9'" in out.stdout
+        and "line 2 (task c-1): source" in out.stdout
+    ), out.stdout + out.stderr
 
 
 @pytest.mark.timeout(900)  # one short job: about 100 s on 2 idle cores

@@ -32,11 +32,11 @@ def live() -> Iterator[LiveServer]:
 
 def test_schema_covers_every_route():
     assert SCHEMA["paths"].keys() == {
-        "/healthz", "/metrics", "/environments", "/sessions", "/sessions/{session_id}/step",
+        "/healthz", "/readyz", "/metrics", "/environments", "/sessions", "/sessions/{session_id}/step",
         "/sessions/{session_id}/evaluate", "/sessions/{session_id}",
     }  # fmt: skip
     op_ids = {op["operationId"] for ops in SCHEMA["paths"].values() for op in ops.values()}
-    assert op_ids == {"health", "metrics", "list_environments", "create_session", "step", "evaluate",
+    assert op_ids == {"health", "ready", "metrics", "list_environments", "create_session", "step", "evaluate",
                       "close_session"}  # fmt: skip
 
 
