@@ -205,22 +205,19 @@ def test_an_image_that_cannot_be_built_fails_its_instances_only(repos, tmp_path)
     assert [json.loads(x)["id"] for x in (tmp_path / "o.jsonl").read_text().splitlines()[1:]] == ["img-1"]
 
 
-_TESTS = """\
-diff --git a/tests/test_calc.py b/tests/test_calc.py
-new file mode 100644
---- /dev/null
-+++ b/tests/test_calc.py
-@@ -0,0 +1,9 @@
-+from calc import add
-+
-+
-+def test_add():
-+    assert add(2, 3) == 5
-+
-+
-+def test_add_zero():
-+    assert add(0, 0) == 0
-"""
+def _new_file(path: str, text: str) -> str:
+    """A unified diff that creates ``path`` holding ``text``."""
+    lines = text.splitlines()
+    body = "".join(f"+{line}\n" for line in lines)
+    head = f"diff --git a/{path} b/{path}\nnew file mode 100644\n--- /dev/null\n+++ b/{path}\n"
+    return f"{head}@@ -0,0 +1,{len(lines)} @@\n{body}"
+
+
+_TESTS = _new_file(
+    "tests/test_calc.py",
+    "from calc import add\n\ndef test_add():\n    assert add(2, 3) == 5\n\ndef test_add_zero():\n"
+    "    assert add(0, 0) == 0\n",
+)
 
 
 def test_imported_instances_grade_gold_1_and_empty_0_and_a_gold_that_fixes_nothing_is_named(repos, tmp_path):
