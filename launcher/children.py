@@ -19,11 +19,21 @@ from pathlib import Path
 
 from pqrl.redis_server import stop_process
 
-__all__ = ["Children", "progress_every_s", "tail"]
+__all__ = ["ChildDied", "Children", "progress_every_s", "tail"]
 
 
 POLL_S = 0.5
 progress_every_s = 5.0  # how often a wait says it is still waiting
+
+
+class ChildDied(SystemExit):
+    """A child the job depends on died: ``code`` is the one line that says which and why, ``status``
+    the job's exit status: the child's own when it names a class of ``pqrl.errors`` (2 bad input, 3
+    permanent fault, 4 retries exhausted: an engine refusing an unknown model exits 3), else 1."""
+
+    def __init__(self, line: str, child_status: int) -> None:
+        super().__init__(line)
+        self.status = child_status if child_status in (2, 3, 4) else 1
 
 
 @dataclass
@@ -46,25 +56,27 @@ class Children:
     def add(self, name: str, proc: subprocess.Popen[bytes], log: Path) -> None:
         self.children.append(_Child(name, proc, log))
 
-    def death(self) -> str | None:
-        """The line that reports the first child found dead; None while all run."""
+    def death(self) -> ChildDied | None:
+        """What ends the job because the first child found dead died; None while all run."""
         for c in self.children:
             code = c.proc.poll()
             if code is not None:
-                return f"{self.command}: the {c.name} (pid {c.proc.pid}) {_status(code)}; {tail(c.log)}"
+                line = f"{self.command}: the {c.name} (pid {c.proc.pid}) {_status(code)}; {tail(c.log)}"
+                return ChildDied(line, code)
         return None
 
-    def exit_unless_done_in(self, seconds: float, line: str) -> None:
-        """Arms a hard end: unless ``disarm`` comes first, prints ``line``, stops the other children and
-        exits the process after ``seconds``. The job's wind-down waits through Redis outages (groups
-        are worth keeping across a restart) and cannot tell a dead Redis from a restarting one."""
+    def exit_unless_done_in(self, seconds: float, line: str, status: int = 1) -> None:
+        """Arms a hard end: unless ``disarm`` comes first, prints ``line``, stops the other children
+        and exits the process with ``status`` after ``seconds``. The job's wind-down waits through
+        Redis outages (groups are worth keeping across a restart) and cannot tell a dead Redis from
+        a restarting one."""
 
         def end() -> None:
             for c in self.children:
                 with contextlib.suppress(Exception):
                     stop_process(c.proc, timeout_s=5)
             print(line, file=sys.stderr, flush=True)  # last: the job's own errors may come before
-            os._exit(1)
+            os._exit(status)
 
         self._deadline = threading.Timer(seconds, end)
         self._deadline.daemon = True
@@ -74,10 +86,10 @@ class Children:
         if self._deadline is not None:
             self._deadline.cancel()
 
-    async def wait_for_death(self) -> str:
-        while (line := self.death()) is None:
+    async def wait_for_death(self) -> ChildDied:
+        while (died := self.death()) is None:
             await asyncio.sleep(POLL_S)
-        return line
+        return died
 
     async def wait_until(
         self, ready: Callable[[], Awaitable[bool]], *, what: str, timeout_s: float, stop: asyncio.Event
@@ -87,8 +99,8 @@ class Children:
         t0 = time.monotonic()
         told = t0
         while not await ready():
-            if (line := self.death()) is not None:
-                raise SystemExit(line)
+            if (died := self.death()) is not None:
+                raise died
             waited = time.monotonic() - t0
             if stop.is_set():
                 raise SystemExit(f"{self.command}: stopped while waiting for {what} ({waited:.0f} s)")

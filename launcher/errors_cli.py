@@ -157,7 +157,7 @@ def run_command(func: Callable[[argparse.Namespace], Any], args: argparse.Namesp
     except SystemExit as e:
         if isinstance(e.code, str):  # a command's own one line
             print(one_line(e.code), file=sys.stderr)
-            return 1
+            return int(getattr(e, "status", 1))  # a dead child's class (launcher.children.ChildDied)
         raise
     except BaseException as e:  # noqa: BLE001 - the one place every failure ends up
         if debug:

@@ -177,8 +177,8 @@ def _eval(args: argparse.Namespace) -> int:
             env_url = stack.enter_context(server)
         result = asyncio.run(_evaluate(suite, f"http://127.0.0.1:{port}", env_url, token, target, cfg, args,
                                        children))  # fmt: skip
-        if (line := children.death()) is not None:  # the cause of the failures, not their symptom
-            raise SystemExit(line)
+        if (died := children.death()) is not None:  # the cause of the failures, not their symptom
+            raise died
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text("".join(json.dumps(t.record(args.k, args.threshold)) + "\n" for t in result.tasks))
     shutil.rmtree(logs, ignore_errors=True)

@@ -54,8 +54,8 @@ async def check_env_servers(env: Any, env_ids: set[str], *, grace_s: float, chil
 
 async def _wait(deadline: float, children: Any, fault: PermanentFault) -> None:
     """A poll's pause; past ``deadline`` ``fault``; a dead child ends the job with its own line."""
-    if children is not None and (line := children.death()) is not None:
-        raise SystemExit(line)
+    if children is not None and (died := children.death()) is not None:
+        raise died
     if time.monotonic() > deadline:
         raise fault
     await asyncio.sleep(POLL_S)

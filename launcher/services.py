@@ -150,7 +150,7 @@ def wait_for_health(
     watched = Children(command=command)
     watched.add(what, proc, log)
     silent = f"{command}: the {what} is silent after {timeout_s:.0f} s; {tail(log)}"
-    raise SystemExit(watched.death() or silent)
+    raise watched.death() or SystemExit(silent)
 
 
 @contextlib.contextmanager

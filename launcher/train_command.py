@@ -203,16 +203,16 @@ async def _run_job(cfg: TrainConfig, services: dict[str, Any], **how: Any) -> di
     if task.done():
         death.cancel()
         failed = not task.cancelled() and task.exception() is not None
-        if failed and (line := children.death()) is not None:  # the cause, not its symptom
-            raise SystemExit(line) from task.exception()
+        if failed and (died := children.death()) is not None:  # the cause, not its symptom
+            raise died from task.exception()
         return task.result()
-    line = death.result()
-    children.exit_unless_done_in(15, line)
+    died = death.result()
+    children.exit_unless_done_in(15, str(died.code), died.status)
     job.stopping.set()
     job.hurry.set()  # nothing in flight can finish without the dead process
     task.cancel()
     await asyncio.wait({task}, timeout=10)
-    raise SystemExit(line)
+    raise died
 
 
 def _trainer_ranks() -> Any:
