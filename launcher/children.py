@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pqrl.errors import PermanentFault, RetriesExhausted, UsageError
 from pqrl.redis_server import stop_process
 
 __all__ = ["ChildDied", "Children", "progress_every_s", "tail"]
@@ -33,7 +34,8 @@ class ChildDied(SystemExit):
 
     def __init__(self, line: str, child_status: int) -> None:
         super().__init__(line)
-        self.status = child_status if child_status in (2, 3, 4) else 1
+        classed = {c.exit_code for c in (UsageError, PermanentFault, RetriesExhausted)}
+        self.status = child_status if child_status in classed else 1
 
 
 @dataclass

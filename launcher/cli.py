@@ -50,15 +50,10 @@ def _cmd_build_image(args: argparse.Namespace) -> int:
 
 
 def _cmd_build_recipe(args: argparse.Namespace) -> int:
-    from pqrl.errors import PqrlError
     from sandboxes.recipes import RepoRecipe, build_recipe
 
-    try:
-        recipe = RepoRecipe.from_json(args.recipe)
-        print(build_recipe(recipe, force=args.force, progress=lambda m: print(m, file=sys.stderr)))
-    except PqrlError as e:
-        print(f"pqrl sandbox build-recipe: {e.line()}", file=sys.stderr)
-        return e.exit_code
+    recipe = RepoRecipe.from_json(args.recipe)
+    print(build_recipe(recipe, force=args.force, progress=lambda m: print(m, file=sys.stderr)))
     return 0
 
 
@@ -371,10 +366,12 @@ def _add_tasks(sub: _SubParsers, group: Callable[[str, str], _SubParsers]) -> No
         task_parser.set_defaults(func=_cmd_tasks_filter if name == "filter" else _cmd_tasks)
         if name in ("validate", "submit"):
             add_check_arguments(task_parser)
-    add_import_parser(tasks)
     from launcher.harbor_command import add_import_harbor
 
-    add_import_harbor(tasks)
+    importer = tasks.add_parser("import", help="write a suite from another benchmark's tasks")
+    sources = importer.add_subparsers(dest="import_source", required=True, metavar="SOURCE")
+    add_import_parser(sources)
+    add_import_harbor(sources)
 
 
 def _add_engine(sub: _SubParsers, group: Callable[[str, str], _SubParsers]) -> None:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from pqrl.errors import JobEnded, PqrlError, UsageError
+from pqrl.errors import JobEnded, UsageError
 
 __all__ = ["add_eval_arguments", "eval_command", "resolve_checkpoint"]
 
@@ -57,15 +57,6 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> None:
     # the episode's limits and sampling: the run's own (its config.yaml) unless given here
     add_arguments(p, EpisodeConfig)
     p.set_defaults(**{f.name: _UNSET for f in fields_of(EpisodeConfig)})
-
-
-def eval_command(args: argparse.Namespace) -> int:
-    """Exit 0 with a result; 1 (``JobEnded``) when no pass rate can be reported; 2 on bad input."""
-    try:
-        return _eval(args)
-    except PqrlError as e:
-        print(f"pqrl eval: {e.line()}", file=sys.stderr)
-        return e.exit_code
 
 
 @dataclass(frozen=True)
@@ -153,7 +144,9 @@ def _checked(args: argparse.Namespace) -> Any:
                          fix=f"pqrl tasks validate {args.suite} lists them all") from None  # fmt: skip
 
 
-def _eval(args: argparse.Namespace) -> int:
+def eval_command(args: argparse.Namespace) -> int:
+    """Exit 0 with a result; 1 (``JobEnded``) when no pass rate can be reported; 2 on bad input (the
+    command line's handler prints a failure as its one line)."""
     from launcher.children import Children
     from launcher.services import engine_process, env_server_process, needing_sandbox
     from pqrl.redis_server import free_port

@@ -11,10 +11,9 @@ from typing import Any
 __all__ = ["add_import_harbor"]
 
 
-def add_import_harbor(tasks: Any) -> None:
-    from launcher.tasks_import import import_group
-
-    p = import_group(tasks).add_parser("harbor", help="Harbor (Terminal-Bench) task directories")
+def add_import_harbor(sources: Any) -> None:
+    """``pqrl tasks import harbor``, added to ``sources``: the subcommands of ``pqrl tasks import``."""
+    p = sources.add_parser("harbor", help="Harbor (Terminal-Bench) task directories")
     p.add_argument("dir", help="a task directory, or a directory of them")
     p.add_argument("-o", "--output", required=True, help="the suite file to write")
     p.add_argument("--name", default=None, help="suite name (default: the directory's name)")

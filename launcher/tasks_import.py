@@ -18,21 +18,12 @@ __all__ = [
     "add_import_parser",
     "check_suite_command",
     "import_command",
-    "import_group",
 ]
 
 
-def import_group(tasks: Any) -> Any:
-    """The subcommands of ``pqrl tasks import``, one per source format (made on first use)."""
-    parser = tasks.choices.get("import")
-    if parser is None:
-        parser = tasks.add_parser("import", help="write a suite from another benchmark's tasks")
-        parser.add_subparsers(dest="import_source", required=True, metavar="SOURCE")
-    return parser._subparsers._group_actions[0]
-
-
-def add_import_parser(tasks: Any) -> None:
-    p = import_group(tasks).add_parser("swebench", help="SWE-bench, SWE-Gym, SWE-smith, R2E-Gym instances")
+def add_import_parser(sources: Any) -> None:
+    """``pqrl tasks import swebench``, added to ``sources``: the subcommands of ``pqrl tasks import``."""
+    p = sources.add_parser("swebench", help="SWE-bench, SWE-Gym, SWE-smith, R2E-Gym instances")
     p.add_argument("file", help="the instances: JSONL, or a JSON list")
     p.add_argument("-o", "--output", required=True, help="the suite file to write")
     p.add_argument("--name", default=None, help="suite name (default: from the output file's name)")

@@ -31,7 +31,7 @@ from typing import Any
 from pqrl.cache import cache_dir
 from pqrl.errors import PermanentFault, UsageError
 from sandboxes.image import image_exists
-from sandboxes.repo_source import source_digest, stage_repository
+from sandboxes.repo_source import last_line, source_digest, stage_repository
 
 __all__ = ["REPO_PATH", "WORKSPACE", "RepoRecipe", "build_recipe", "recipe_tag"]
 
@@ -330,8 +330,7 @@ def _docker_build(stage: Path, tag: str) -> None:
 
 
 def _last_line(text: str) -> str:
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    return lines[-1][:500] if lines else "(no output)"
+    return last_line(text)[:500] or "(no output)"
 
 
 @contextlib.contextmanager

@@ -43,7 +43,7 @@ def _git(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None)
         raise PermanentFault("git not found", fix="install git on the host")
     r = subprocess.run(["git", *args], cwd=cwd, env=full, capture_output=True, text=True)
     if r.returncode != 0:
-        raise _GitFailed(_last_line(r.stderr or r.stdout) or f"git {args[0]} failed ({r.returncode})")
+        raise _GitFailed(last_line(r.stderr or r.stdout) or f"git {args[0]} failed ({r.returncode})")
     return r.stdout.strip()
 
 
@@ -51,7 +51,8 @@ class _GitFailed(Exception):
     pass
 
 
-def _last_line(text: str) -> str:
+def last_line(text: str) -> str:
+    """The last non-empty line of a command's output, stripped; empty when there is none."""
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     return lines[-1] if lines else ""
 
@@ -173,7 +174,7 @@ def _write_tree(git_dir: str, commit: str, dest: Path) -> None:
     r = subprocess.run(cmd, input="\n".join(blobs).encode() + b"\n", capture_output=True,
                        env={**os.environ, **_GIT_ENV})  # fmt: skip
     if r.returncode != 0:
-        raise PermanentFault(f"reading the blobs of {commit[:12]} failed: {_last_line(r.stderr.decode())}")
+        raise PermanentFault(f"reading the blobs of {commit[:12]} failed: {last_line(r.stderr.decode())}")
     data, at = r.stdout, 0
     for mode, kind, _sha, name in entries:
         target = _inside(dest, name)

@@ -41,7 +41,7 @@ __all__ = [
     "parse_suite",
 ]
 
-_SLUG = r"^[a-z0-9][a-z0-9_.-]{0,63}$"
+SLUG = r"^[a-z0-9][a-z0-9_.-]{0,63}$"  # ids, names and kinds
 
 
 class _Strict(BaseModel):
@@ -51,10 +51,10 @@ class _Strict(BaseModel):
 class SuiteManifest(_Strict):
     """What a suite is and how its tasks run and are scored."""
 
-    name: str = Field(pattern=_SLUG, description="lower-case slug")
+    name: str = Field(pattern=SLUG, description="lower-case slug")
     version: str = Field(min_length=1, max_length=32)
     env_id: str = Field(description="registered environment the tasks run in, e.g. calc-v1")
-    kind: str = Field(pattern=_SLUG, description="the kind its environment's task model declares")
+    kind: str = Field(pattern=SLUG, description="the kind its environment's task model declares")
     reward: RewardSpec = Field(
         "env", description="the scoring: 'env' (the environment's evaluate) or weighted reward functions"
     )
@@ -68,7 +68,7 @@ class CalcTask(_Strict):
     """An arithmetic word problem with one exact numeric answer."""
 
     kind: Literal["calc"] = "calc"
-    id: str = Field(pattern=_SLUG)
+    id: str = Field(pattern=SLUG)
     question: str = Field(min_length=1)
     answer: str = Field(min_length=1)
     expression: str | None = Field(default=None, description="how the answer was computed (gold solution)")
@@ -78,7 +78,7 @@ class QATask(_Strict):
     """A question with one or more reference answers (SQuAD-normalised exact match and F1)."""
 
     kind: Literal["qa"] = "qa"
-    id: str = Field(pattern=_SLUG)
+    id: str = Field(pattern=SLUG)
     question: str = Field(min_length=1)
     answers: list[str] = Field(min_length=1)
     hops: int = Field(default=1, ge=1)
@@ -95,7 +95,7 @@ class CodingTask(_Strict):
     """A repository with a bug, an issue text and hidden tests (SWE-bench style)."""
 
     kind: Literal["coding"] = "coding"
-    id: str = Field(pattern=_SLUG)
+    id: str = Field(pattern=SLUG)
     repo: dict[str, str] = Field(min_length=1, description="path -> content of the repository snapshot")
     issue: str = Field(min_length=1)
     hidden_tests: dict[str, str] = Field(
@@ -110,7 +110,7 @@ class DataTask(_Strict):
     """A question about files written into the agent's sandbox, with one exact numeric answer."""
 
     kind: Literal["data"] = "data"
-    id: str = Field(pattern=_SLUG)
+    id: str = Field(pattern=SLUG)
     question: str = Field(min_length=1)
     answer: str = Field(min_length=1)
     files: dict[str, str] = Field(
@@ -130,8 +130,8 @@ class OpenTask(BaseModel):
     """A task of an environment that declares no task model: an id, its kind, any other fields."""
 
     model_config = ConfigDict(extra="allow", frozen=True)
-    kind: str = Field(pattern=_SLUG)
-    id: str = Field(pattern=_SLUG)
+    kind: str = Field(pattern=SLUG)
+    id: str = Field(pattern=SLUG)
 
 
 AnyTask = Any  # an instance of the suite's task model

@@ -27,7 +27,6 @@ class EnvCheck:
 
     task_model: type[BaseModel] | None
     findings: list[Finding]
-    env_names: tuple[str, ...] = ()
 
 
 def field_path(loc: tuple[Any, ...] | list[Any]) -> str:
@@ -52,7 +51,7 @@ def check_environment_of(env_id: str, kind: str, defaults: dict[str, Any], rewar
         model = _model_of_kind(kind)  # the tasks are still checked as what they say they are
     findings += config_problems(cls, s, defaults)
     findings += reward_problems(reward, cls.reward_names)
-    return EnvCheck(model, findings, cls.reward_names)
+    return EnvCheck(model, findings)
 
 
 def config_problems(cls: type[ToolEnvironment], s: EnvSpec, defaults: dict[str, Any]) -> list[Finding]:

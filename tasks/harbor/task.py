@@ -13,9 +13,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from tasks.suite import SLUG
+
 __all__ = ["LOGS_DIR", "REWARD_FILE", "SAMPLE_TASK", "TESTS_DIR", "HarborTask"]
 
-_SLUG = r"^[a-z0-9][a-z0-9_.-]{0,63}$"
 TESTS_DIR = "/tests"  # where Harbor's verifier expects its files
 LOGS_DIR = "/logs"  # Harbor's /logs/agent, /logs/verifier
 REWARD_FILE = "/logs/verifier/reward.txt"
@@ -27,7 +28,7 @@ class HarborTask(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     kind: Literal["harbor"] = "harbor"
-    id: str = Field(pattern=_SLUG, description="the suite's id (from the directory's name)")
+    id: str = Field(pattern=SLUG, description="the suite's id (from the directory's name)")
     instruction: str = Field(min_length=1, description="instruction.md: what the agent is told")
     image: str = Field(min_length=1, description="the built image of environment/ (a local tag)")
     tests: dict[str, str] = Field(description="tests/ by relative path (test.sh is the verifier); hidden")

@@ -102,10 +102,11 @@ async def capture_diff(sandbox: Sandbox, task: RepoTask, base_commit: str) -> by
     tag = secrets.token_hex(8)
     env = {"GIT_INDEX_FILE": f"/tmp/pqrl-index-{tag}", "GIT_OPTIONAL_LOCKS": "0"}
     out = f"/tmp/pqrl-diff-{tag}"
+    excludes = _excludes(task)
     steps = (
         ["git", "read-tree", base_commit],
-        ["git", "add", "-A", "--", *_excludes(task)],
-        ["git", *_DIFF, f"--output={out}", base_commit, "--", *_excludes(task)],
+        ["git", "add", "-A", "--", *excludes],
+        ["git", *_DIFF, f"--output={out}", base_commit, "--", *excludes],
     )
     for argv in steps:
         r = await sandbox.exec(argv, cwd=WORKSPACE, env=env, timeout=120)

@@ -15,9 +15,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-__all__ = ["RepoTask", "task_id"]
+from tasks.suite import SLUG
 
-_SLUG = r"^[a-z0-9][a-z0-9_.-]{0,63}$"
+__all__ = ["RepoTask", "task_id"]
 
 
 class RepoTask(BaseModel):
@@ -26,7 +26,7 @@ class RepoTask(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     kind: Literal["repo"] = "repo"
-    id: str = Field(pattern=_SLUG, description="the suite's id (task_id of instance_id)")
+    id: str = Field(pattern=SLUG, description="the suite's id (task_id of instance_id)")
     instance_id: str = Field(min_length=1, max_length=256, description="the id in its source dataset")
     repo: str = Field(min_length=1, description="where the repository comes from, e.g. owner/name")
     base_commit: str = Field(pattern=r"^[0-9a-f]{7,64}$")
