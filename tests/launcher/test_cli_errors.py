@@ -145,6 +145,27 @@ def test_an_http_error_is_permanent_unless_the_server_says_try_again():
     assert isinstance(classify(EngineHTTPError("http://e", 503, "loading")), RetriesExhausted)
 
 
+def test_the_command_line_classes_every_env_server_error_as_the_rollout_paths_do():
+    """One table (pqrl.faults) decides: what a job retries ends a command as exit 4, what a job
+    stops on ends it as exit 3, each with the same fix text."""
+    from env_server import sessions
+    from env_server.client import AuthError, EnvUnavailable
+    from pqrl.faults import Fault, fault_of, fix_for
+
+    errors = [
+        cls("x")
+        for cls in (*vars(sessions).values(), AuthError, EnvUnavailable)
+        if isinstance(cls, type) and issubclass(cls, sessions.EnvServerError)
+    ]
+    assert len(errors) >= 10
+    for e in errors:
+        found = classify(e)
+        want = RetriesExhausted if fault_of(e) is Fault.TRANSIENT else PermanentFault
+        assert type(found) is want, (type(e).__name__, found)
+        if fix_for(e):
+            assert found.fix == fix_for(e), type(e).__name__
+
+
 def test_the_old_variable_name_works_with_a_warning_and_the_new_one_wins(caplog, monkeypatch):
     monkeypatch.setattr(envvars, "_warned", set())
     with caplog.at_level("WARNING", logger="pqrl.env"):
