@@ -117,7 +117,8 @@ class SandboxPool:
             raise ImageMissing(f"sandbox image {self.settings.image!r} is not in the engine")
         if self.reap_interval_s is not None:  # None: whoever owns this pool reaps (env_server.pools)
             self.stats.reaped += len(await reap(self.api))
-            self._reaper = asyncio.create_task(self._reap_loop(self.reap_interval_s), name="sandbox-pool-reaper")
+            reaping = self._reap_loop(self.reap_interval_s)
+            self._reaper = asyncio.create_task(reaping, name="sandbox-pool-reaper")
         self._filler = asyncio.create_task(self._fill_loop(), name="sandbox-pool-filler")
 
     @property
