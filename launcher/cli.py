@@ -130,12 +130,12 @@ def _cmd_tasks(args: argparse.Namespace) -> int:
     import asyncio
     import json
 
+    from launcher.suite_file import write_suite
     from tasks.suite import SuiteInvalid, load_suite
 
     if args.tasks_command == "generate":
         suite = _generated_suite(args)
-        with open(args.output, "w") as f:
-            f.write(suite.to_jsonl())
+        write_suite(suite, args.output)
         print(f"wrote {suite.id} ({len(suite.tasks)} tasks) to {args.output}")
         return 0
     if args.tasks_command in ("validate", "submit"):

@@ -50,7 +50,7 @@ def _bad_inputs(tmp: Path) -> list[tuple[list[str], int | set[int], str]]:
         (["tasks", "list", "--redis-url", "localhost:6379"], 2, "not a Redis URL"),
         (["tasks", "show", "x", "--redis-url", CLOSED], 4, "Redis"),
         (["tasks", "generate", "calc", "--n", "0", "-o", str(tmp / "x.jsonl")], 2, "positive"),
-        (["tasks", "generate", "calc", "--n", "2", "-o", str(tmp / "no" / "x.jsonl")], 2, "No such file"),
+        (["tasks", "generate", "calc", "--n", "2", "-o", str(tmp / "no" / "x.jsonl")], 2, "does not exist"),
         (["tasks", "filter", none, "-o", out], 2, "No such file"),
         (["tasks", "filter", bad, "-o", out, "--samples", "x"], 2, "--samples"),
         # an unknown environment: refused when an episode opens it (3), or by the suite check (2)
