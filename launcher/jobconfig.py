@@ -146,7 +146,7 @@ class SuiteRef(_Section):
     def build(self) -> Any:
         """The suite this entry names: a built-in generated one or a file, scored by ``reward``
         where given (a new suite id: the scoring is part of the content)."""
-        from tasks.suite import Suite, load_suite, parse_suite
+        from tasks.suite import load_suite
 
         if self.generate is None:
             suite = load_suite(self.path)  # type: ignore[arg-type]
@@ -156,10 +156,8 @@ class SuiteRef(_Section):
             suite = generate_suite(self._generate())
         if self.reward is None:
             return suite
-        manifest = type(suite.manifest).model_validate(suite.manifest.model_dump() | {"reward": self.reward})
-        rescored = Suite(manifest, suite.tasks)
-        return parse_suite(
-            rescored.to_jsonl(), source=f"{self.path or self.generate} with reward {self.reward}"
+        return suite.with_manifest(
+            {"reward": self.reward}, source=f"{self.path or self.generate} with reward {self.reward}"
         )
 
 
