@@ -232,3 +232,19 @@ def test_every_variable_read_is_one_pqrl_setting_in_the_docs_table():
         assert old not in read, (
             f"{old} is read directly in {read.get(old)}: read its new name through setting()"
         )
+
+
+def test_a_server_on_a_taken_port_says_so_in_one_line_before_loading_anything():
+    """The port is bound first: the engine refuses before its model loads (no log line of uvicorn's)."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        for argv in (["engine", "serve", "--model", "smollm2-135m-instruct", "--port", port],
+                     ["env-server", "--insecure-local", "--port", port]):  # fmt: skip
+            out = _pqrl(*argv, timeout=60)
+            lines = out.stderr.splitlines()
+            assert out.returncode == 2 and len(lines) == 1, (argv, out.stderr[-600:])
+            assert lines[0].startswith(f"pqrl {argv[0]}") and f"port {port} on 127.0.0.1 is in use" in lines[0]
