@@ -247,4 +247,5 @@ def test_a_server_on_a_taken_port_says_so_in_one_line_before_loading_anything():
             out = _pqrl(*argv, timeout=60)
             lines = out.stderr.splitlines()
             assert out.returncode == 2 and len(lines) == 1, (argv, out.stderr[-600:])
-            assert lines[0].startswith(f"pqrl {argv[0]}") and f"port {port} on 127.0.0.1 is in use" in lines[0]
+            assert lines[0].startswith(f"pqrl {argv[0]}"), lines[0]
+            assert f"port {port} on 127.0.0.1 is in use" in lines[0]
