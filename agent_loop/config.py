@@ -58,6 +58,12 @@ class ManagerConfig(Settings):
         "stops with a permanent fault",
         gt=0,
     )
+    dead_tasks_to_stop: int = setting(
+        3,
+        "tasks dead-lettered (a permanent fault of their own) before any group was written that stop "
+        "the job: every task failing at once is the suite's fault, not a task's",
+        ge=1,
+    )
     min_valid: int = setting(
         MIN_GROUP_EPISODES, "a group with fewer usable episodes is dropped", ge=MIN_GROUP_EPISODES
     )
