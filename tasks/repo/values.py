@@ -77,16 +77,20 @@ def values_verdict(
             junit.reward, {**junit.info, "verdict": "junit", "verdict_fallback": ref.why_junit}
         )
     failures = held_out_failures(ref.reference, report, listed)
-    info = {
+    info: dict[str, Any] = {
         **junit.info,
         "verdict": "values",
         "junit_only_tests": ref.junit_only[:50],
         "held_out_failures": dict(list(failures.items())[:50]),
     }
-    if junit.reward != 1.0:
+    if "failed_tests" not in junit.info:  # no outcomes to judge (a timeout, an untrusted report)
         return GradeResult(junit.reward, info)
-    if failures:
-        names = sorted(failures)[:5]
-        reason = f"{len(failures)} listed test(s) recorded values the correct code does not: {names}"
+    missing = list(junit.info.get("missing_tests", []))
+    failed = {**junit.info["failed_tests"]}
+    failed.update({t: "failed" for t in failures if t not in failed and t not in missing})
+    info.update(failed_tests=failed, passed=len(listed) - len(missing) - len(failed))
+    if missing or failed:
+        names = [*failed, *missing][:5]
+        reason = f"{len(missing) + len(failed)} listed test(s) did not pass: {names}"
         return GradeResult(0.0, {**info, "reason": reason})
-    return GradeResult(1.0, {**info, "reason": "every listed test passed with the correct code's values"})
+    return GradeResult(1.0, {**info, "reason": "every listed test passed, with the correct code's values"})
