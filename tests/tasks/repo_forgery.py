@@ -77,7 +77,7 @@ def _without(source: str, classes: Iterable[str]) -> str:
 def _outcomes(tree: Path, tests: str) -> dict[str, str]:
     """node id -> PASSED/FAILED/ERROR/SKIPPED of ``tests`` run with this Python's pytest in ``tree``."""
     argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rA", "--color=no", tests]
-    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
     out = subprocess.run(argv, cwd=tree, capture_output=True, text=True, timeout=300, env=env).stdout
     found = re.findall(r"^(PASSED|FAILED|ERROR|SKIPPED)\s+(\S+::\S+)", out, re.MULTILINE)
     return {node: outcome for outcome, node in found}
@@ -115,7 +115,7 @@ def build(project: Path, bugs: list[Bug], name: str, work: Path, p2p_count: int 
                 (tree / bug.path).write_text(sources[bug.path].replace(bug.replace, bug.find))
             runs[state] = _outcomes(tree, bug.tests)
         ours = [t for t in runs["gold"] if f"::{bug.test_class}::" in t]
-        f2p = [t for t in ours if runs["gold"][t] == "PASSED" and runs["base"].get(t) != "PASSED"]
+        f2p = sorted(t for t in ours if runs["gold"][t] == "PASSED" and runs["base"].get(t) != "PASSED")
         p2p = [
             t for t, o in base_runs[bug.tests].items() if o == "PASSED" and runs["gold"].get(t) == "PASSED"
         ]
