@@ -12,11 +12,12 @@
    timeout, and kills what outlives it.
 4. **Judge** (on the host): the report parsed strictly (tasks/coding/junit.py); reward 1 only if
    every id of FAIL_TO_PASS and PASS_TO_PASS is present and passed. A missing id is a failure;
-   other tests are ignored.
+   other tests are ignored. By default (``verdict="values"``) the listed test files run
+   rewritten by the coding grader's probes and each listed test's record must also match the
+   gold patch's (``reference``: computed once per task content; tasks/repo/values.py says what
+   falls back to JUnit alone).
 
-There is no source policy for this kind: a reward of 1 says the listed tests passed in a fresh
-container with their files restored from the test patch, not that the submission left the test
-process alone (docs/security.md).
+There is no source policy for this kind; what a reward of 1 guarantees is in docs/security.md.
 """
 
 from __future__ import annotations
