@@ -28,16 +28,10 @@ from tasks.coding.verdict import GradeResult
 from tasks.repo.grading import grade_patch
 from tasks.repo.task import RepoTask
 from tests.tasks.forgery import APPENDED, EDITS, FORGER_DIR, FORGERS, KIT
+from tests.tasks.test_repo_env import _git  # fixed identity and dates: the same files, the same commit
 
 SOURCES = {**APPENDED, **{p.stem: p.read_text() for p in sorted((FORGER_DIR / "report").glob("f*.py"))}}
 REPO_FORGERS = [*FORGERS, *(f for f in SOURCES if f not in APPENDED)]
-# Fixed identity and dates: the same files give the same commit, so the recipe's image is cached.
-_GIT = {
-    "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1", "PATH": "/usr/bin:/bin",
-    "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
-    "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t",
-    "GIT_AUTHOR_DATE": "2020-01-01T00:00:00+0000", "GIT_COMMITTER_DATE": "2020-01-01T00:00:00+0000",
-}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -56,12 +50,6 @@ class Bug:
 class Built:
     tasks: list[RepoTask]
     sources: dict[str, str]  # path -> the base's text of every module a bug is in
-
-
-def _git(repo: Path, *args: str) -> str:
-    r = subprocess.run(["git", "-C", str(repo), *args], env=_GIT, capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    return r.stdout.strip()
 
 
 def _without(source: str, classes: Iterable[str]) -> str:
