@@ -273,6 +273,8 @@ async def reference(
         async with locks.setdefault(key, asyncio.Lock()):  # one computation per task, across gradings
             if key not in _REFERENCES:
                 computed = await _compute_reference(task, make_sandbox, timeout)
+                if not computed.cached:
+                    return computed
                 while len(_REFERENCES) >= MAX_REFERENCES:  # oldest first: a bounded cache
                     _REFERENCES.pop(next(iter(_REFERENCES)))
                 _REFERENCES[key] = computed
@@ -320,9 +322,14 @@ async def _compute_reference(
 
             try:
                 ref = await build_reference(task.id, hidden, listed, run_base, run_gold)
-            except (GoldReferenceError, SandboxDied, ValueError) as e:  # BadRecord is a ValueError
+            except (GoldReferenceError, ValueError) as e:  # BadRecord is a ValueError
                 return RepoReference(None, f"no gold record: {str(e)[:500]}")
-            return RepoReference(ref, junit_only=junit_only(ref, listed))
+            except SandboxDied as e:  # the container's fault, maybe not the gold's: not kept
+                return RepoReference(None, f"no gold record: {str(e)[:500]}", cached=False)
+            only = junit_only(ref, listed)
+            if len(only) == len(listed):  # e.g. ids that are not pytest's node ids: nothing to compare
+                return RepoReference(None, "no listed test recorded a check on the gold solution")
+            return RepoReference(ref, junit_only=only)
         finally:
             for box in boxes:
                 await box.close()

@@ -10,10 +10,11 @@ unfixed base, then the gold patch, in fresh containers, once per task content) a
 
 Judged by JUnit alone (``verdict: "junit"`` in the reward's info, with ``verdict_fallback``): a task
 without a gold patch, one whose listed test files do not parse or hold no assert the probes rewrite,
-one whose gold patch does not pass its own rewritten tests, and repo-v1 configured with
+one whose gold patch does not pass its own rewritten tests, one where no listed test recorded a
+check on the gold solution (ids that are not pytest's node ids), and repo-v1 configured with
 ``verdict: junit``. With ``verdict: "values"``, a listed test that recorded no check on the gold
-solution (``junit_only_tests``: e.g. unittest's ``self.assertEqual``) is still judged by JUnit
-alone.
+solution (``junit_only_tests``: e.g. one checked by a project's own assert helper or by
+``assertAlmostEqual``) is still judged by JUnit alone.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ class RepoReference:
     reference: Reference | None
     why_junit: str = ""
     junit_only: list[str] = field(default_factory=list)
+    cached: bool = True  # False: computed again for the next grading
 
 
 def reference_key(task: RepoTask) -> str:

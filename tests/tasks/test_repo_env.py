@@ -208,6 +208,20 @@ async def test_a_listed_id_the_test_patch_does_not_create_is_missing(grade, imag
     assert result.info["failed_tests"] == {}
 
 
+async def test_the_verdict_is_by_values_and_says_where_it_falls_back_to_junit(grade, image):
+    assert (await grade(make_task(image), GOLD.encode())).info["verdict"] == "values"
+    no_gold = await grade(make_task(image, patch=None), GOLD.encode())
+    assert no_gold.reward == 1.0 and no_gold.info["verdict"] == "junit"
+    assert no_gold.info["verdict_fallback"] == "the task has no gold patch"
+    bare = HIDDEN.replace("+    assert ", "+    ").replace("+        assert ", "+        ")  # no assert left
+    mixed = await grade(make_task(image, test_patch=bare), GOLD.encode())
+    assert mixed.reward == 1.0 and mixed.info["verdict"] == "values"
+    assert sorted(mixed.info["junit_only_tests"]) == sorted(F2P)  # test_basic's assert still judged by value
+    alone = await grade(make_task(image, test_patch=bare, pass_to_pass=[]), b"")
+    assert alone.reward == 1.0 and alone.info["verdict"] == "junit"  # nothing the probes could check
+    assert "no listed test file has an assert" in alone.info["verdict_fallback"]
+
+
 async def test_a_patch_that_does_not_apply_scores_0_with_the_reason(grade, image):
     result = await grade(make_task(image), GOLD.replace("return a + b\n+", "return a ** b\n+").encode())
     assert result.reward == 0.0 and result.info["reason"] == "the patch does not apply"
