@@ -167,6 +167,15 @@ async def test_the_worked_example_earns_1_and_the_empty_episode_0(manager, image
     assert set(empty.info["failed_tests"]) == set(F2P) and empty.info["missing_tests"] == []
 
 
+async def test_the_verdict_is_a_config_of_the_environment(manager, image):
+    task = make_task(image)
+    by_values = await episode(manager, task, RepoEnv.worked_example(task) or [])
+    by_junit = await episode(manager, task, RepoEnv.worked_example(task) or [], verdict="junit")
+    assert (by_values.reward, by_values.info["verdict"]) == (1.0, "values")
+    assert (by_junit.reward, by_junit.info["verdict"]) == (1.0, "junit")
+    assert by_junit.info["verdict_fallback"] == "repo-v1 is configured with verdict: junit"
+
+
 async def test_the_sample_task_conforms(manager):
     await check_environment("repo-v1", manager=manager)
 
