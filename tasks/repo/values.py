@@ -52,7 +52,7 @@ def reference_key(task: RepoTask) -> str:
 def unrewritable(hidden: dict[str, str], missing: list[str]) -> str | None:
     """Why the listed tests' files cannot be judged by values (None: they can)."""
     if missing:
-        return f"a listed test file is missing after the test patch: {missing[0]}"
+        return f"a listed test file is missing after the test patch, or not UTF-8: {missing[0]}"
     for path, source in sorted(hidden.items()):
         try:
             compile(source, path, "exec", dont_inherit=True, flags=0x400)  # ast.PyCF_ONLY_AST
