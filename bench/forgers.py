@@ -2,6 +2,7 @@
 off and on: which of them the grader lets score, without the bug being fixed.
 
     python bench/forgers.py | tee bench/results/forgers_before.log
+    python bench/forgers.py --repo [--verdict junit]   # repo-v1 on a real project: bench/forgers_repo.py
 
 Prints, per forger and policy, the tasks scoring > 0 (and any grading that raised: a grader
 failure, i.e. ``failed_infra``), then one JSON line of the counts. Every count should be 0.
@@ -59,7 +60,11 @@ async def main(forgers: list[str]) -> None:
     )
 
 
-if __name__ == "__main__":
+if __name__ == "__main__" and sys.argv[1:2] == ["--repo"]:
+    from bench.forgers_repo import run
+
+    run(sys.argv[2:])
+elif __name__ == "__main__":
     chosen = sys.argv[1:] or FORGERS
     commit = short_commit(ROOT)
     print(f"# python bench/forgers.py {' '.join(sys.argv[1:])}".rstrip(), flush=True)

@@ -50,28 +50,26 @@ import io
 import json
 import secrets
 import tarfile
-import threading
 import time
 import uuid
 import weakref
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from pqrl.envvars import setting
-from pqrl.faults import BadTask
 from sandboxes.docker import DockerSandbox
 from sandboxes.protocol import Sandbox, SandboxDied
 from tasks.coding import probes
 from tasks.coding.capture import WORKSPACE, Submission, capture_workspace, submission_from_patch
 from tasks.coding.diffs import source_files
-from tasks.coding.held import base_fails, could_hold, held_operands, settle
 from tasks.coding.policy import MAX_SOURCE_BYTES, Violation, check_source
 from tasks.coding.record import Record, sendable
+from tasks.coding.reference import GoldReferenceError, ast_work, build_reference
 from tasks.coding.verdict import GradeResult, Reference, judge
 from tasks.suite import CodingTask
 
-__all__ = ["CodingGrader", "GradeResult", "fresh_sandboxes", "grading_slots", "judge"]
+__all__ = ["CodingGrader", "GoldReferenceError", "GradeResult", "fresh_sandboxes", "grading_slots", "judge"]
 
 RUNNER_SOURCE = (Path(__file__).parent / "runner.py").read_text()
 PROBE_RUNTIME_SOURCE = (Path(__file__).parent / "probe_runtime.py").read_text()
@@ -84,23 +82,7 @@ _CANARY = (
     "def test_{name}_must_fail():\n    assert 1 + 1 == 3\n"
 )
 _PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-T = TypeVar("T")
 _SLOTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = weakref.WeakKeyDictionary()
-
-
-_AST_LOCK = threading.Lock()
-
-
-async def _ast_work(fn: Callable[..., T], *args: Any) -> T:
-    """Parsing is CPU work: off the event loop, so rollouts sharing it never wait on it. One at a
-    time: CPython 3.11's ast module keeps recursion state per interpreter, and concurrent parses in
-    threads fail with "AST constructor recursion depth mismatch"."""
-
-    def locked() -> T:
-        with _AST_LOCK:
-            return fn(*args)
-
-    return await asyncio.to_thread(locked)
 
 
 def grading_slots(limit: int | None = None) -> asyncio.Semaphore:
@@ -248,7 +230,7 @@ class CodingGrader:
                 violations.append(Violation(path, 0, "size", f"over {MAX_SOURCE_BYTES} bytes"))
                 continue
             if self.source_policy and patched != task.repo[path].encode():
-                violations += await _ast_work(check_source, path, patched, task.repo[path].encode())
+                violations += await ast_work(check_source, path, patched, task.repo[path].encode())
         timings["apply_s"] = round(time.monotonic() - t, 3)
         if violations:
             return GradeResult(0.0, _rejected(violations))
@@ -340,51 +322,33 @@ class CodingGrader:
         return _REFERENCES[key]
 
     async def _compute_reference(self, task: CodingTask) -> Reference:
-        """In one fresh sandbox: the fully rewritten tests on the unfixed repository (the base),
-        then twice on the gold solution, the second time with the operands tasks/coding/held.py
-        holds left out, as a submission runs them. If leaving them out changes what the gold
-        code passes, nothing is held and the second run is repeated in full."""
-        full = await _ast_work(probes.instrument, task.hidden_tests)
+        """In one fresh sandbox: the rewritten tests on the unfixed repository, then on the gold
+        solution (tasks/coding/reference.py says which runs and why)."""
         tests = sorted(set(task.fail_to_pass) | set(task.pass_to_pass))
         gdir = f"/tmp/pqrl-grade-{secrets.token_hex(8)}"
         async with self.slots or grading_slots():
-            sandbox = await self.make_sandbox()
+            box = [await self.make_sandbox()]
+            gold_out = [False]
+
+            async def run_base(files: Mapping[str, str]) -> Record | None:
+                return await self._base_record(task, box[0], gdir, files)
+
+            async def run_gold(files: Mapping[str, str]) -> Record:
+                if not gold_out[0]:
+                    if not getattr(box[0], "alive", True):  # the unfixed code took the container down
+                        await box[0].close()
+                        box[0] = await self.make_sandbox()
+                    apply_error = await _checkout(box[0], task, task.gold_patch or "", gdir)
+                    if apply_error is not None:
+                        why = apply_error[-500:]
+                        raise GoldReferenceError(f"task {task.id}: the gold patch does not apply: {why}")
+                    gold_out[0] = True
+                return await self._gold_record(task, box[0], gdir, files)
+
             try:
-                base = None
-                if could_hold(full.sites):
-                    base = await self._base_record(task, sandbox, gdir, full.files)
-                if not getattr(sandbox, "alive", True):  # the unfixed code took the container down
-                    await sandbox.close()
-                    sandbox = await self.make_sandbox()
-                apply_error = await _checkout(sandbox, task, task.gold_patch or "", gdir)
-                if apply_error is not None:
-                    why = apply_error[-500:]
-                    raise GoldReferenceError(f"task {task.id}: the gold patch does not apply: {why}")
-                first = await self._gold_record(task, sandbox, gdir, full.files)
-                held = held_operands(full.sites, first, base) if base is not None else {}
-                settled = None
-                if held:
-                    reduced = await _ast_work(probes.instrument, task.hidden_tests, held)
-                    try:
-                        second = await self._gold_record(task, sandbox, gdir, reduced.files)
-                        settled = settle(reduced.sites, first, second, tests)
-                    except GoldReferenceError:
-                        settled = None
-                if settled is None:
-                    second = await self._gold_record(task, sandbox, gdir, full.files)
-                    settled = settle(full.sites, first, second, tests)
+                return await build_reference(task.id, task.hidden_tests, tests, run_base, run_gold)
             finally:
-                await sandbox.close()
-        if settled is None:
-            raise GoldReferenceError(f"task {task.id}: the gold patch fails its own rewritten checks")
-        if not settled.held:
-            final = full
-        elif settled.held == held:  # every held operand stood: the second run's rewriting is final
-            final = reduced
-        else:
-            final = await _ast_work(probes.instrument, task.hidden_tests, settled.held)
-        fails = base_fails(first, base) if base is not None else None
-        return Reference(final.files, final.sites, first, settled.unstable, settled.unstable_tests, fails)
+                await box[0].close()
 
     async def _base_record(
         self, task: CodingTask, sandbox: Sandbox, gdir: str, files: Mapping[str, str]
@@ -424,11 +388,6 @@ class _RunnerFailed(Exception):
     def __init__(self, info: dict[str, Any]) -> None:
         super().__init__(info["reason"])
         self.info = info
-
-
-class GoldReferenceError(BadTask, RuntimeError):
-    """The gold solution does not pass its own rewritten tests: the task (or the grader) is broken,
-    never the submission's fault; a ``BadTask``, so the task is dead-lettered, not retried."""
 
 
 _REFERENCES: dict[str, Reference] = {}

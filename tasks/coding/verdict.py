@@ -16,7 +16,7 @@ from tasks.coding.junit import ReportError, parse_junit
 from tasks.coding.record import Record
 from tasks.suite import CodingTask
 
-__all__ = ["GradeResult", "Reference", "judge"]
+__all__ = ["GradeResult", "Reference", "held_out_failures", "judge"]
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ class Reference:
     base_fails: frozenset[tuple[str, int]] | None = None
 
 
-def _held_out_failures(reference: Reference, report: dict[str, Any], tests: list[str]) -> dict[str, str]:
+def held_out_failures(reference: Reference, report: dict[str, Any], tests: list[str]) -> dict[str, str]:
     """Test id -> why its probe record differs from the gold one (every test, if the record is
     unreadable)."""
     if report.get("probes_overflow"):
@@ -92,7 +92,7 @@ def judge(
         integrity.append("pytest exited 0 although a canary test fails")
     expected = set(task.fail_to_pass) | set(task.pass_to_pass)
     if reference is not None and outcomes:
-        failures = _held_out_failures(reference, report, sorted(expected))
+        failures = held_out_failures(reference, report, sorted(expected))
         info["held_out_failures"] = dict(list(failures.items())[:50])
         tests.update({t: "failed" for t in failures if tests.get(t) == "passed"})
     missing = sorted(expected - set(tests))

@@ -10,7 +10,7 @@ this sandbox: tasks/repo/grading.py applies it in a fresh container after the ag
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -52,11 +52,17 @@ class RepoConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     # under the HTTP env client's 300 s per request, with room for the copy and the container
     test_timeout: float = Field(240.0, gt=0, le=3600, description="seconds for the hidden test run")
+    verdict: Literal["values", "junit"] = Field(
+        "values",
+        description="values: the listed tests' probe record must match the gold's (tasks/repo/values.py); "
+        "junit: their JUnit outcomes alone",
+    )
 
 
 class RepoEnv(CodingEnv):
-    """Task: a RepoTask dict. Reward: 1 when every FAIL_TO_PASS and PASS_TO_PASS test passes.
-    Config: ``test_timeout``, seconds for the hidden test run (default 240)."""
+    """Task: a RepoTask dict. Reward: 1 when every FAIL_TO_PASS and PASS_TO_PASS test passes (and,
+    by default, records the gold solution's values: tasks/repo/values.py). Config:
+    ``test_timeout``, seconds for the hidden test run (default 240); ``verdict``, values or junit."""
 
     task_model = RepoTask  # type: ignore[assignment]
     config_model = RepoConfig  # type: ignore[assignment]
@@ -99,7 +105,9 @@ class RepoEnv(CodingEnv):
         except Ungradable as e:  # the agent broke its own git state: its failure
             return RewardResult(reward=0.0, info={**info, "reason": str(e)})
         timeout = float(self.config.get("test_timeout", 240.0))
-        graded = await grade_patch(self.repo_task, patch, await fresh_sandboxes(self._box()), timeout=timeout)
+        verdict = str(self.config.get("verdict", "values"))
+        make = await fresh_sandboxes(self._box())
+        graded = await grade_patch(self.repo_task, patch, make, timeout=timeout, verdict=verdict)
         result = RewardResult(reward=graded.reward, info={**info, "patch_bytes": len(patch), **graded.info})
         if self.done:  # nothing can change after submit: grade once
             self.result = result

@@ -12,32 +12,39 @@
    timeout, and kills what outlives it.
 4. **Judge** (on the host): the report parsed strictly (tasks/coding/junit.py); reward 1 only if
    every id of FAIL_TO_PASS and PASS_TO_PASS is present and passed. A missing id is a failure;
-   other tests are ignored.
+   other tests are ignored. By default (``verdict="values"``) the listed test files run
+   rewritten by the coding grader's probes and each listed test's record must also match the
+   gold patch's (``reference``: computed once per task content; tasks/repo/values.py says what
+   falls back to JUnit alone).
 
-There is no source policy for this kind: a reward of 1 says the listed tests passed in a fresh
-container with their files restored from the test patch, not that the submission left the test
-process alone (docs/security.md).
+There is no source policy for this kind; what a reward of 1 guarantees is in docs/security.md.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import secrets
 import shlex
 import time
-from collections.abc import Awaitable, Callable
+import weakref
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from sandboxes.protocol import Sandbox, SandboxDied
+from tasks.coding import probes
 from tasks.coding.capture import WORKSPACE
 from tasks.coding.diffs import split_patch
-from tasks.coding.grader import RUNNER_SOURCE, _tar, grading_slots
+from tasks.coding.grader import PROBE_RUNTIME_SOURCE, RUNNER_SOURCE, _tar, grading_slots
 from tasks.coding.junit import ReportError, parse_junit
+from tasks.coding.record import Record
+from tasks.coding.reference import GoldReferenceError, ast_work, build_reference
 from tasks.coding.verdict import GradeResult
 from tasks.repo.task import RepoTask
+from tasks.repo.values import RepoReference, junit_only, reference_key, unrewritable, values_verdict
 
-__all__ = ["MAX_PATCH_BYTES", "capture_diff", "grade_patch", "graded_paths", "hidden_paths"]
+__all__ = ["MAX_PATCH_BYTES", "capture_diff", "grade_patch", "graded_paths", "hidden_paths", "reference"]
 
 MAX_PATCH_BYTES = 8 << 20
 _DIFF = ("diff", "--cached", "--binary", "--full-index", "--no-ext-diff", "--no-textconv", "--no-renames")
@@ -119,14 +126,25 @@ async def capture_diff(sandbox: Sandbox, task: RepoTask, base_commit: str) -> by
 
 
 async def grade_patch(
-    task: RepoTask, patch: bytes, make_sandbox: Callable[[], Awaitable[Sandbox]], *, timeout: float
+    task: RepoTask,
+    patch: bytes,
+    make_sandbox: Callable[[], Awaitable[Sandbox]],
+    *,
+    timeout: float,
+    verdict: str = "values",
 ) -> GradeResult:
-    """Grades ``patch`` (a git diff against the repository at ``repo_path``) in a fresh sandbox."""
+    """Grades ``patch`` (a git diff against the repository at ``repo_path``) in a fresh sandbox;
+    ``verdict``: "values" (the probe record must match the gold's, tasks/repo/values.py) or
+    "junit" (the listed tests' JUnit outcomes alone)."""
     t0 = time.monotonic()
+    if verdict == "values":
+        ref = await reference(task, make_sandbox, timeout)
+    else:
+        ref = RepoReference(None, "repo-v1 is configured with verdict: junit")
     async with grading_slots():
         sandbox = await make_sandbox()
         try:
-            result = await _grade(task, patch, sandbox, timeout)
+            result = await _grade(task, patch, sandbox, timeout, ref)
         except SandboxDied as e:  # the submitted code took the container down (e.g. memory)
             result = GradeResult(0.0, {"reason": f"the grading sandbox died during the tests: {e}"})
         finally:
@@ -135,8 +153,25 @@ async def grade_patch(
     return result
 
 
-async def _grade(task: RepoTask, patch: bytes, sandbox: Sandbox, timeout: float) -> GradeResult:
+async def _grade(
+    task: RepoTask, patch: bytes, sandbox: Sandbox, timeout: float, ref: RepoReference
+) -> GradeResult:
     gdir = f"/tmp/pqrl-grade-{secrets.token_hex(8)}"
+    failed = await _checkout(task, patch, sandbox, gdir)
+    if failed is not None:
+        return failed
+    files = ref.reference.files if ref.reference else None
+    report = await _run_tests(task, sandbox, gdir, timeout, files)
+    return values_verdict(judge(task, report), ref, report, _listed(task))
+
+
+def _listed(task: RepoTask) -> list[str]:
+    return sorted({*task.fail_to_pass, *task.pass_to_pass})
+
+
+async def _checkout(task: RepoTask, patch: bytes, sandbox: Sandbox, gdir: str) -> GradeResult | None:
+    """The repository in ``sandbox``'s workspace with ``patch`` (less the graded paths) and the test
+    patch applied; the 0 verdict when one does not apply."""
     copy = await sandbox.exec(["cp", "-a", f"{task.repo_path}/.", WORKSPACE], timeout=600)
     if not copy.ok:
         raise RuntimeError(f"copying {task.repo_path} into the grading sandbox failed: {copy.text()[-500:]}")
@@ -161,8 +196,7 @@ async def _grade(task: RepoTask, patch: bytes, sandbox: Sandbox, timeout: float)
             return GradeResult(
                 0.0, {"reason": f"{what} does not apply", "apply_error": applied.text()[-2000:]}
             )
-    report = await _run_tests(task, sandbox, gdir, timeout)
-    return judge(task, report)
+    return None
 
 
 def _numstat_paths(out: bytes) -> list[str]:
@@ -190,21 +224,29 @@ def _test_files(task: RepoTask) -> list[str]:
     return sorted({t.split("::", 1)[0] for t in (*task.fail_to_pass, *task.pass_to_pass)})
 
 
-async def _run_tests(task: RepoTask, sandbox: Sandbox, gdir: str, timeout: float) -> dict[str, Any]:
+async def _run_tests(
+    task: RepoTask, sandbox: Sandbox, gdir: str, timeout: float, files: Mapping[str, str] | None = None
+) -> dict[str, Any]:
     """The runner's report of ``test_command`` on the files the ids name (those that exist: a
-    missing file would stop pytest before any test ran; its ids then count as missing)."""
-    files = _test_files(task)
+    missing file would stop pytest before any test ran; its ids then count as missing), with
+    ``files`` (the rewritten tests) over them and the probes' recorder importable."""
+    tests = _test_files(task)
     found = await sandbox.exec(
-        ["sh", "-c", 'for f; do [ -e "$f" ] && printf "%s\\n" "$f"; done; true', "sh", *files], cwd=WORKSPACE
+        ["sh", "-c", 'for f; do [ -e "$f" ] && printf "%s\\n" "$f"; done; true', "sh", *tests], cwd=WORKSPACE
     )
     present = found.stdout.decode("utf-8", "replace").splitlines()
     if not present:
-        return {"xml": "", "missing_files": files}
+        return {"xml": "", "missing_files": tests}
     env_out = await sandbox.exec(["env", "-0"], cwd=WORKSPACE)
     env = dict(kv.split("=", 1) for kv in env_out.stdout.decode("utf-8", "replace").split("\0") if "=" in kv)
+    if files is not None:
+        await sandbox.upload(_tar(files), WORKSPACE)
+        await sandbox.upload(_tar({f"{probes.MODULE}.py": PROBE_RUNTIME_SOURCE}), f"{gdir}/lib")
+        env["PYTHONPATH"] = ":".join(p for p in (f"{gdir}/lib", env.get("PYTHONPATH")) if p)
     # ids are relative to the repository's root, whatever pytest would take for its rootdir
     argv = [*shlex.split(task.test_command), f"--rootdir={WORKSPACE}", "--junitxml={junit}", *present]
-    config = {"argv": argv, "cwd": WORKSPACE, "env": env, "timeout": timeout, "report_dir": f"{gdir}/report"}
+    report_dir = f"{gdir}/report-{secrets.token_hex(8)}"  # the runner makes it: one per run
+    config = {"argv": argv, "cwd": WORKSPACE, "env": env, "timeout": timeout, "report_dir": report_dir}
     run = await sandbox.exec(
         ["python3", "-I", "-B", f"{gdir}/runner.py"],
         cwd=gdir,
@@ -214,9 +256,103 @@ async def _run_tests(task: RepoTask, sandbox: Sandbox, gdir: str, timeout: float
     if not run.ok:
         return {"xml": "", "runner_error": f"exit {run.exit_code}: {run.text()[-1000:]}"}
     report: dict[str, Any] = json.loads(
-        await sandbox.read_file(f"{gdir}/report/report.json", max_bytes=32 << 20)
+        await sandbox.read_file(f"{report_dir}/report.json", max_bytes=32 << 20)
     )
     return report
+
+
+async def reference(
+    task: RepoTask, make_sandbox: Callable[[], Awaitable[Sandbox]], timeout: float
+) -> RepoReference:
+    """The task's reference, computed once per process and task content (tasks/repo/values.py)."""
+    if not task.patch:
+        return RepoReference(None, "the task has no gold patch")
+    key = reference_key(task)
+    if key not in _REFERENCES:
+        locks = _REFERENCE_LOCKS.setdefault(asyncio.get_running_loop(), {})
+        async with locks.setdefault(key, asyncio.Lock()):  # one computation per task, across gradings
+            if key not in _REFERENCES:
+                computed = await _compute_reference(task, make_sandbox, timeout)
+                if not computed.cached:
+                    return computed
+                while len(_REFERENCES) >= MAX_REFERENCES:  # oldest first: a bounded cache
+                    _REFERENCES.pop(next(iter(_REFERENCES)))
+                _REFERENCES[key] = computed
+    return _REFERENCES[key]
+
+
+async def _compute_reference(
+    task: RepoTask, make_sandbox: Callable[[], Awaitable[Sandbox]], timeout: float
+) -> RepoReference:
+    """The listed test files read from a checkout of the base with the test patch, then the
+    reference runs (tasks/coding/reference.py): the base in that sandbox, the gold in another."""
+    gdir, listed = f"/tmp/pqrl-grade-{secrets.token_hex(8)}", _listed(task)
+    boxes: list[Sandbox] = []
+    async with grading_slots():
+        try:
+            boxes.append(await make_sandbox())
+            failed = await _checkout(task, b"", boxes[0], gdir)
+            if failed is not None:
+                return RepoReference(None, str(failed.info["reason"]))
+            hidden, missing = await _read_tests(task, boxes[0])
+            why = await ast_work(unrewritable, hidden, missing)
+            if why:
+                return RepoReference(None, why)
+
+            async def run_base(files: Mapping[str, str]) -> Record | None:
+                report = await _run_tests(task, boxes[0], gdir, min(timeout, 60.0), files)
+                try:
+                    return probes.parse_record(base64.b64decode(report.get("probes", "")))
+                except ValueError:  # the unfixed code's record is only evidence
+                    return None
+
+            async def run_gold(files: Mapping[str, str]) -> Record:
+                if len(boxes) == 1:
+                    boxes.append(await make_sandbox())
+                    failed = await _checkout(task, task.patch.encode() if task.patch else b"", boxes[1], gdir)
+                    if failed is not None:
+                        raise GoldReferenceError(f"task {task.id}: the gold {failed.info['reason']}")
+                report = await _run_tests(task, boxes[1], gdir, timeout, files)
+                verdict = judge(task, report)
+                if verdict.reward != 1.0:
+                    raise GoldReferenceError(
+                        f"task {task.id}: the gold patch fails: {verdict.info['reason']}"
+                    )
+                return probes.parse_record(base64.b64decode(report.get("probes", "")))
+
+            try:
+                ref = await build_reference(task.id, hidden, listed, run_base, run_gold)
+            except (GoldReferenceError, ValueError) as e:  # BadRecord is a ValueError
+                return RepoReference(None, f"no gold record: {str(e)[:500]}")
+            except SandboxDied as e:  # the container's fault, maybe not the gold's: not kept
+                return RepoReference(None, f"no gold record: {str(e)[:500]}", cached=False)
+            only = junit_only(ref, listed)
+            if len(only) == len(listed):  # e.g. ids that are not pytest's node ids: nothing to compare
+                return RepoReference(None, "no listed test recorded a check on the gold solution")
+            return RepoReference(ref, junit_only=only)
+        finally:
+            for box in boxes:
+                await box.close()
+
+
+async def _read_tests(task: RepoTask, sandbox: Sandbox) -> tuple[dict[str, str], list[str]]:
+    """The listed test files as the test patch left them (path -> text), and the missing ones."""
+    hidden: dict[str, str] = {}
+    missing: list[str] = []
+    for path in _test_files(task):
+        try:
+            data = await sandbox.read_file(f"{WORKSPACE}/{path}", max_bytes=MAX_TEST_BYTES)
+            hidden[path] = data.decode("utf-8")
+        except (FileNotFoundError, IsADirectoryError, ValueError):  # ValueError: too large, not UTF-8
+            missing.append(path)
+    return hidden, missing
+
+
+_REFERENCES: dict[str, RepoReference] = {}
+MAX_REFERENCES, MAX_TEST_BYTES = 1024, 4 << 20
+_REFERENCE_LOCKS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, asyncio.Lock]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def judge(task: RepoTask, report: dict[str, Any]) -> GradeResult:

@@ -167,6 +167,15 @@ async def test_the_worked_example_earns_1_and_the_empty_episode_0(manager, image
     assert set(empty.info["failed_tests"]) == set(F2P) and empty.info["missing_tests"] == []
 
 
+async def test_the_verdict_is_a_config_of_the_environment(manager, image):
+    task = make_task(image)
+    by_values = await episode(manager, task, RepoEnv.worked_example(task) or [])
+    by_junit = await episode(manager, task, RepoEnv.worked_example(task) or [], verdict="junit")
+    assert (by_values.reward, by_values.info["verdict"]) == (1.0, "values")
+    assert (by_junit.reward, by_junit.info["verdict"]) == (1.0, "junit")
+    assert by_junit.info["verdict_fallback"] == "repo-v1 is configured with verdict: junit"
+
+
 async def test_the_sample_task_conforms(manager):
     await check_environment("repo-v1", manager=manager)
 
@@ -206,6 +215,20 @@ async def test_a_listed_id_the_test_patch_does_not_create_is_missing(grade, imag
     assert result.reward == 0.0
     assert result.info["missing_tests"] == ["tests/test_mul.py::test_nowhere", "tests/test_gone.py::test_x"]
     assert result.info["failed_tests"] == {}
+
+
+async def test_the_verdict_is_by_values_and_says_where_it_falls_back_to_junit(grade, image):
+    assert (await grade(make_task(image), GOLD.encode())).info["verdict"] == "values"
+    no_gold = await grade(make_task(image, patch=None), GOLD.encode())
+    assert no_gold.reward == 1.0 and no_gold.info["verdict"] == "junit"
+    assert no_gold.info["verdict_fallback"] == "the task has no gold patch"
+    bare = HIDDEN.replace("+    assert ", "+    ").replace("+        assert ", "+        ")  # no assert left
+    mixed = await grade(make_task(image, test_patch=bare), GOLD.encode())
+    assert mixed.reward == 1.0 and mixed.info["verdict"] == "values"
+    assert sorted(mixed.info["junit_only_tests"]) == sorted(F2P)  # test_basic's assert still judged by value
+    alone = await grade(make_task(image, test_patch=bare, pass_to_pass=[]), b"")
+    assert alone.reward == 1.0 and alone.info["verdict"] == "junit"  # nothing the probes could check
+    assert "no listed test file has an assert" in alone.info["verdict_fallback"]
 
 
 async def test_a_patch_that_does_not_apply_scores_0_with_the_reason(grade, image):

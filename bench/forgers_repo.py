@@ -1,0 +1,109 @@
+"""The generic forgers on repo-v1 tasks from a real project (more-itertools 10.5.0's sdist, bugs put
+in, each task's test class held back in its test patch: tests/tasks/repo_forgery.py), graded by the
+verdict given: which forgers score without fixing the bug. Gold must score 1 and empty 0.
+
+    python bench/forgers.py --repo --verdict junit | tee bench/results/forgers_repo_before.log
+    python bench/forgers.py --repo | tee bench/results/forgers_repo_after.log
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.learning import short_commit  # noqa: E402
+from sandboxes.docker_api import DockerAPI  # noqa: E402
+from tests.tasks.repo_forgery import REPO_FORGERS, Bug, battery, build  # noqa: E402
+
+PROJECT = "more-itertools==10.5.0"
+MORE = "more_itertools/more.py"
+TESTS = "tests/test_more.py"
+BUGS = [
+    Bug("ilen", MORE, "return sum(compress(repeat(1), zip(iterable)))",
+        "return sum(compress(repeat(1), zip(iterable))) + 1", TESTS, "IlenTests"),
+    Bug("first", MORE, "    if default is _marker:\n        raise ValueError(\n            'first()",
+        "    if default is not _marker:\n        raise ValueError(\n            'first()",
+        TESTS, "FirstTests"),
+    Bug("intersperse", MORE, "return flatten(islice(interleave(filler, chunks), 1, None))",
+        "return flatten(islice(interleave(filler, chunks), 0, None))", TESTS, "IntersperseTest"),
+]  # fmt: skip
+
+
+def _project(into: Path) -> Path:
+    """The sdist, downloaded once into pqrl's cache, unpacked into ``into``."""
+    cache = Path.home() / ".cache" / "pqrl" / "sdists"
+    cache.mkdir(parents=True, exist_ok=True)
+    found = sorted(cache.glob("more_itertools-10.5.0.tar.gz")) + sorted(
+        cache.glob("more-itertools-10.5.0.tar.gz")
+    )
+    if not found:
+        pip = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "-q", "-d"]
+        subprocess.run([*pip, str(cache), PROJECT], check=True)
+        found = sorted(cache.glob("more*itertools-10.5.0.tar.gz"))
+    with tarfile.open(found[0]) as tar:
+        tar.extractall(into, filter="data")
+    return next(into.iterdir())
+
+
+async def main(verdict: str, forgers: list[str]) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.monotonic()
+        built = build(_project(Path(tmp) / "sdist"), BUGS, "pqrl-forge-more-itertools", Path(tmp) / "work")
+        build_s = time.monotonic() - t0
+    for task in built.tasks:
+        print(
+            f"# {task.id}: {len(task.fail_to_pass)} FAIL_TO_PASS, {len(task.pass_to_pass)} PASS_TO_PASS",
+            flush=True,
+        )
+    api = DockerAPI()
+    try:
+        t0 = time.monotonic()
+        results = await battery(api, built, "bench-forgers-repo", verdict, forgers)
+        wall_s = time.monotonic() - t0
+    finally:
+        await api.close()
+    counts: dict[str, int] = {}
+    for who in ["gold", "empty", *forgers]:
+        rows = {t: r for (w, t), r in results.items() if w == who}
+        scored = sorted(t for t, r in rows.items() if not isinstance(r, BaseException) and r.reward > 0)
+        raised = sorted(t for t, r in rows.items() if isinstance(r, BaseException))
+        verdicts = sorted(
+            {str(r.info.get("verdict")) for r in rows.values() if not isinstance(r, BaseException)}
+        )
+        counts[who] = len(scored) + (len(raised) if who != "gold" else 0)
+        print(f"{who}: of {len(rows)} tasks, {len(scored)} scored > 0 {scored}; "
+              f"{len(raised)} raised {raised}; verdict {verdicts}", flush=True)  # fmt: skip
+        for t in raised:
+            print(f"  {t}: {rows[t]!r}", flush=True)
+        for t in scored if who not in ("gold",) else []:
+            print(f"  {t}: {rows[t].info.get('reason')}", flush=True)
+    forged = sum(v for k, v in counts.items() if k not in ("gold", "empty"))
+    summary = {"verdict": verdict, "tasks": len(built.tasks), "build_s": round(build_s, 1),
+               "wall_s": round(wall_s, 1), "gold_scored": counts["gold"], "empty_scored": counts["empty"],
+               "forged_nonzero_or_raised": forged, "counts": counts}  # fmt: skip
+    print(json.dumps(summary))
+
+
+def run(argv: list[str]) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--verdict", choices=("values", "junit"), default="values")
+    ap.add_argument("forgers", nargs="*", default=REPO_FORGERS)
+    args = ap.parse_args(argv)
+    print(f"# python bench/forgers.py --repo {' '.join(argv)}".rstrip(), flush=True)
+    print(f"# commit {short_commit(ROOT)}, load {os.getloadavg()[0]:.2f}, {os.cpu_count()} cores", flush=True)
+    asyncio.run(main(args.verdict, args.forgers))
+
+
+if __name__ == "__main__":
+    run(sys.argv[1:])

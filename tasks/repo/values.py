@@ -1,0 +1,98 @@
+"""repo-v1 judged by values: the pure half (what falls back to JUnit, the cache key, the verdict).
+
+The listed tests run inside the process that imports the submission, so the submission can rewrite
+that process's verdict (an object equal to everything, a pytest hook rewriting reports, a crash).
+As in coding-v1 (tasks/coding/grader.py), the test files the listed ids name are rewritten on the
+host (tasks/coding/probes.py): their asserts become probes recording the values the code computed,
+literals and held operands (tasks/coding/held.py) stay on the host, and the record is compared with
+the gold solution's (tasks/coding/verdict.py). tasks/repo/grading.py runs the reference (the
+unfixed base, then the gold patch, in fresh containers, once per task content) and the submission.
+
+Judged by JUnit alone (``verdict: "junit"`` in the reward's info, with ``verdict_fallback``): a task
+without a gold patch, one whose listed test files do not parse or hold no assert the probes rewrite,
+one whose gold patch does not pass its own rewritten tests, one where no listed test recorded a
+check on the gold solution (ids that are not pytest's node ids), and repo-v1 configured with
+``verdict: junit``. With ``verdict: "values"``, a listed test that recorded no check on the gold
+solution (``junit_only_tests``: e.g. one checked by a project's own assert helper or by
+``assertAlmostEqual``) is still judged by JUnit alone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from tasks.coding import probes
+from tasks.coding.verdict import GradeResult, Reference, held_out_failures
+from tasks.repo.task import RepoTask
+
+__all__ = ["RepoReference", "junit_only", "reference_key", "unrewritable", "values_verdict"]
+
+
+@dataclass(frozen=True)
+class RepoReference:
+    """What the host keeps for a task: the probe reference, or why there is none (JUnit decides)."""
+
+    reference: Reference | None
+    why_junit: str = ""
+    junit_only: list[str] = field(default_factory=list)
+    cached: bool = True  # False: computed again for the next grading
+
+
+def reference_key(task: RepoTask) -> str:
+    """The cache key of a task's reference: the rewriting scheme and every field that changes
+    what runs (not the id, the issue text or the source dataset's name)."""
+    fields = task.model_dump(exclude={"id", "instance_id", "problem_statement"})
+    blob = json.dumps([probes.SCHEME, fields], sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def unrewritable(hidden: dict[str, str], missing: list[str]) -> str | None:
+    """Why the listed tests' files cannot be judged by values (None: they can)."""
+    if missing:
+        return f"a listed test file is missing after the test patch, or not UTF-8: {missing[0]}"
+    for path, source in sorted(hidden.items()):
+        try:
+            compile(source, path, "exec", dont_inherit=True, flags=0x400)  # ast.PyCF_ONLY_AST
+        except (SyntaxError, ValueError) as e:
+            return f"a listed test file does not parse: {path}: {e}"
+    if not probes.instrument(hidden).sites:
+        return "no listed test file has an assert or pytest.raises the probes rewrite"
+    return None
+
+
+def junit_only(reference: Reference, listed: list[str]) -> list[str]:
+    """Listed tests the gold solution recorded no check for (or whose checks vary by run in
+    order): their JUnit outcome alone decides."""
+    return [t for t in listed if not reference.gold.get(t) or t in reference.unstable_tests]
+
+
+def values_verdict(
+    junit: GradeResult, ref: RepoReference, report: dict[str, Any], listed: list[str]
+) -> GradeResult:
+    """The JUnit verdict, then (with a reference) every listed test's probe record compared with
+    the gold's: reward 1 only if both agree."""
+    if ref.reference is None:
+        return GradeResult(
+            junit.reward, {**junit.info, "verdict": "junit", "verdict_fallback": ref.why_junit}
+        )
+    failures = held_out_failures(ref.reference, report, listed)
+    info: dict[str, Any] = {
+        **junit.info,
+        "verdict": "values",
+        "junit_only_tests": ref.junit_only[:50],
+        "held_out_failures": dict(list(failures.items())[:50]),
+    }
+    if "failed_tests" not in junit.info:  # no outcomes to judge (a timeout, an untrusted report)
+        return GradeResult(junit.reward, info)
+    missing = list(junit.info.get("missing_tests", []))
+    failed = {**junit.info["failed_tests"]}
+    failed.update({t: "failed" for t in failures if t not in failed and t not in missing})
+    info.update(failed_tests=failed, passed=len(listed) - len(missing) - len(failed))
+    if missing or failed:
+        names = [*failed, *missing][:5]
+        reason = f"{len(missing) + len(failed)} listed test(s) did not pass: {names}"
+        return GradeResult(0.0, {**info, "reason": reason})
+    return GradeResult(1.0, {**info, "reason": "every listed test passed, with the correct code's values"})
