@@ -121,6 +121,11 @@ class SuiteRef(_Section):
         description="generate calc/data/search: credit for a wrong answer that used the tools on the task",
     )
     weight: float = Field(1.0, gt=0, description="mixing weight among the run's suites")
+    defaults: dict[str, Any] = Field(
+        {},
+        description="the environment's settings over the suite's own defaults (a file's or a generated "
+        "one's: shots, test_timeout, retriever_url, ...), checked against its config model",
+    )
     reward: RewardSpec | None = Field(
         None,
         description="the scoring instead of the suite's reward: 'env' or reward functions with weights "
@@ -144,8 +149,8 @@ class SuiteRef(_Section):
                         level=self.level, format_reward=self.format_reward)  # fmt: skip
 
     def build(self) -> Any:
-        """The suite this entry names: a built-in generated one or a file, scored by ``reward``
-        where given (a new suite id: the scoring is part of the content)."""
+        """The suite this entry names: a built-in generated one or a file, scored by ``reward`` and
+        with ``defaults`` over its own where given (a new suite id: both are part of the content)."""
         from tasks.suite import Suite, load_suite, parse_suite
 
         if self.generate is None:
@@ -154,13 +159,16 @@ class SuiteRef(_Section):
             from tasks.generators import generate_suite
 
             suite = generate_suite(self._generate())
-        if self.reward is None:
+        if self.reward is None and not self.defaults:
             return suite
-        manifest = type(suite.manifest).model_validate(suite.manifest.model_dump() | {"reward": self.reward})
-        rescored = Suite(manifest, suite.tasks)
-        return parse_suite(
-            rescored.to_jsonl(), source=f"{self.path or self.generate} with reward {self.reward}"
-        )
+        update: dict[str, Any] = {} if self.reward is None else {"reward": self.reward}
+        if self.defaults:
+            update["defaults"] = {**suite.manifest.defaults, **self.defaults}
+        manifest = type(suite.manifest).model_validate(suite.manifest.model_dump() | update)
+        changed = Suite(manifest, suite.tasks)  # a new suite id: its settings are part of the content
+        shown = ", ".join(f"{k} {v}" for k, v in update.items() if k != "defaults")
+        shown += ("; " if shown else "") + (f"defaults {sorted(self.defaults)}" if self.defaults else "")
+        return parse_suite(changed.to_jsonl(), source=f"{self.path or self.generate} with {shown}")
 
 
 class TasksSection(_Section):
