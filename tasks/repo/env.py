@@ -60,7 +60,7 @@ class RepoEnv(CodingEnv):
     (default 240)."""
 
     task_model = RepoTask  # type: ignore[assignment]
-    config_model = RepoConfig
+    config_model = RepoConfig  # type: ignore[assignment]
     settings: RepoConfig
     reward_names = ("unit_tests",)
     # Real repositories are larger than the generated ones (the workspace tmpfs counts as memory).

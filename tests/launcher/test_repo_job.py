@@ -20,34 +20,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pqrl.redis_server import RedisServer
-from pqrl.store import TrajectoryStore
 from tests.sandboxes.test_recipes import _git
+from tests.servers import processes_naming, stored_groups
+from tests.tasks.test_repo_env import F2P, GOLD, HIDDEN, P2P
 
 pytestmark = pytest.mark.timeout(600)
 
 ROOT = Path(__file__).resolve().parents[2]
-GOLD = """\
-diff --git a/mathx/__init__.py b/mathx/__init__.py
---- a/mathx/__init__.py
-+++ b/mathx/__init__.py
-@@ -4,3 +4,3 @@ def add(a, b):
- \n def mul(a, b):
--    return a + b
-+    return a * b
-"""
-HIDDEN = """\
-diff --git a/tests/test_mul.py b/tests/test_mul.py
-new file mode 100644
---- /dev/null
-+++ b/tests/test_mul.py
-@@ -0,0 +1,5 @@
-+from mathx import mul
-+
-+
-+def test_mul():
-+    assert mul(3, 4) == 12
-"""
 
 
 def _pqrl(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -79,7 +58,7 @@ def suite(tmp_path: Path) -> Iterator[Path]:
     instances = [
         {"instance_id": f"acme__mathx-{i}", "repo": "acme/mathx", "base_commit": base,
          "problem_statement": issue, "patch": GOLD, "test_patch": HIDDEN,
-         "FAIL_TO_PASS": ["tests/test_mul.py::test_mul"], "PASS_TO_PASS": ["tests/test_basic.py::test_add"]}
+         "FAIL_TO_PASS": F2P, "PASS_TO_PASS": P2P}
         for i, issue in enumerate(issues)
     ]  # fmt: skip
     src = tmp_path / "instances.jsonl"
@@ -97,21 +76,7 @@ def _left(run: str, where: Path) -> tuple[list[str], list[str]]:
     ps = subprocess.run(
         ["docker", "ps", "-aq", "--filter", f"label=pqrl.run={run}"], capture_output=True, text=True
     )
-    procs = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if str(where) in cmdline and int(pid) != os.getpid():
-            procs.append(f"{pid}: {cmdline[:200]}")
-    return ps.stdout.split(), procs
-
-
-async def _groups(redis_dir: Path, run: str) -> list:
-    with RedisServer(data_dir=redis_dir) as server:
-        async with TrajectoryStore(server.url, run) as store:
-            return [g for _, g in await store.groups.peek(20)]
+    return ps.stdout.split(), processes_naming(where)
 
 
 def test_a_repo_suite_trains_through_pqrl_train_and_leaves_nothing(suite, tmp_path):
@@ -140,7 +105,7 @@ def test_a_repo_suite_trains_through_pqrl_train_and_leaves_nothing(suite, tmp_pa
     assert (out / "checkpoints" / "latest").read_text() == "step-000001"
     assert _left(run, tmp_path) == ([], []), "the job left containers or processes"
 
-    groups = asyncio.run(_groups(out / "redis", run))
+    groups = asyncio.run(stored_groups(out / "redis", run))
     episodes = [t for g in groups for t in g]
     assert len(groups) >= 1 and all(len(g) == 2 for g in groups) and {t.env for t in episodes} == {"repo-v1"}
     for t in episodes:
