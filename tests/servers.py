@@ -143,20 +143,6 @@ def env_server_process(token: str, **env: Any) -> Iterator[LiveServer]:
         sock.close()
 
 
-def processes_naming(where: Path) -> list[str]:
-    """``PID: command line`` of every process but this one whose command line names ``where`` (a
-    job's folder: its engine, env server and Redis name it): what a finished job must not leave."""
-    out = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:  # gone meanwhile
-            continue
-        if str(where) in cmdline and int(pid) != os.getpid():
-            out.append(f"{pid}: {cmdline[:200]}")
-    return out
-
-
 async def stored_groups(redis_dir: Path, run: str) -> list[Any]:
     """The groups an embedded job left in its private Redis's data (``RUN_DIR/redis``), read with
     a Redis started on that folder and stopped again."""

@@ -20,8 +20,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.launcher.test_fail_fast import _processes_mentioning
 from tests.sandboxes.test_recipes import _git
-from tests.servers import processes_naming, stored_groups
+from tests.servers import stored_groups
 from tests.tasks.test_repo_env import F2P, GOLD, HIDDEN, P2P
 
 pytestmark = pytest.mark.timeout(600)
@@ -72,11 +73,11 @@ def suite(tmp_path: Path) -> Iterator[Path]:
 
 
 def _left(run: str, where: Path) -> tuple[list[str], list[str]]:
-    """(containers labelled with the run, processes whose command line names ``where``)."""
+    """(containers labelled with the run, processes whose command line or folder names ``where``)."""
     ps = subprocess.run(
         ["docker", "ps", "-aq", "--filter", f"label=pqrl.run={run}"], capture_output=True, text=True
     )
-    return ps.stdout.split(), processes_naming(where)
+    return ps.stdout.split(), _processes_mentioning(where)
 
 
 def test_a_repo_suite_trains_through_pqrl_train_and_leaves_nothing(suite, tmp_path):

@@ -23,7 +23,8 @@ import yaml
 
 from pqrl.redis_server import free_port, stop_process
 from tasks.corpus import query_words
-from tests.servers import processes_naming, stored_groups
+from tests.launcher.test_fail_fast import _processes_mentioning
+from tests.servers import stored_groups
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -85,7 +86,7 @@ def test_a_search_job_reads_its_articles_from_the_retrieval_server(server, tmp_p
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
     summary = json.loads(r.stdout.strip().splitlines()[-1])
     assert summary["steps"] == 1 and summary["exit_code"] == 0 and summary["ended"].startswith("done")
-    assert processes_naming(tmp_path / "runs") == [], "the job left processes"
+    assert _processes_mentioning(tmp_path / "runs") == [], "the job left processes"
 
     episodes = [t for g in asyncio.run(stored_groups(tmp_path / "runs" / run / "redis", run)) for t in g]
     assert episodes and {t.env for t in episodes} == {"search-v1"}
@@ -97,4 +98,4 @@ def test_a_search_job_reads_its_articles_from_the_retrieval_server(server, tmp_p
     assert asked, f"no episode searched: {calls}"
     # every search of the stored episodes asked the server (and those of groups already trimmed)
     assert len(asked) <= served["queries"] == served["requests"], served
-    assert processes_naming(tmp_path / "runs") == [], "reading the episodes back left its Redis running"
+    assert _processes_mentioning(tmp_path / "runs") == [], "reading the episodes back left its Redis running"
