@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import urllib.parse
 from typing import Any, Protocol
 
 import httpx
@@ -149,11 +150,15 @@ def _hit(doc: Any, score: float, where: str) -> Hit:
 
 
 def _http_url(url: str) -> bool:
-    try:
-        parsed = httpx.URL(url)
-    except (httpx.InvalidURL, TypeError, ValueError):
+    """Whether ``url`` can be asked at all: http(s), a host, a port from 1 to 65535, no blank or
+    control character (what a request could only fail on, search after search)."""
+    if any(c.isspace() or not c.isprintable() for c in url):
         return False
-    return parsed.scheme in ("http", "https") and bool(parsed.host)
+    try:
+        parsed, port = httpx.URL(url), urllib.parse.urlsplit(url).port
+    except (httpx.InvalidURL, TypeError, ValueError):  # ValueError: a port out of range
+        return False
+    return parsed.scheme in ("http", "https") and bool(parsed.host) and port != 0
 
 
 _DOCUMENTS: Any = None  # TypeAdapter(list[Document]), made on first use

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from env_server.registry import spec
+from launcher.cli import main
 from tasks.corpus import CorpusError, open_corpus
 from tasks.retrieval import RemoteRetriever, retriever_for
 from tasks.search import SearchConfig, SearchEnv
@@ -26,6 +27,9 @@ BAD = [
     ({"retriever_url": "nope"}, "retriever_url", "not an http(s) URL"),
     ({"retriever_url": "ftp://host/x"}, "retriever_url", "not an http(s) URL"),
     ({"retriever_url": "http://"}, "retriever_url", "not an http(s) URL"),
+    ({"retriever_url": "http://127.0.0.1:99999"}, "retriever_url", "not an http(s) URL"),
+    ({"retriever_url": "http://a host:8000"}, "retriever_url", "not an http(s) URL"),
+    ({"retriever_url": "http://127.0.0.1:8000\n"}, "retriever_url", "not an http(s) URL"),
     ({"corpus": "sha256:zz"}, "corpus", "64 lower-case hex digits"),
     ({"corpus": "sha256:" + "A" * 64}, "corpus", "64 lower-case hex digits"),
     ({"corpus": "   "}, "corpus", "must not be blank"),
@@ -59,17 +63,22 @@ def _suite(path: Path, defaults: dict) -> Path:
     return path
 
 
-def test_validate_refuses_each_bad_setting_with_its_line_and_field(tmp_path):
-    paths = [_suite(tmp_path / f"bad{i}.jsonl", defaults) for i, (defaults, _, _) in enumerate(BAD)]
-    good = _suite(tmp_path / "good.jsonl", {"corpus": [{"id": 1, "title": None, "contents": '"V"\nVelmora'}]})
-    cmd = [sys.executable, "-m", "launcher.cli", "tasks", "validate"]
-    # one process per file: validate stops at the first bad one
-    for path, (defaults, field, why) in zip(paths, BAD, strict=True):
-        r = subprocess.run([*cmd, str(path)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+def test_validate_refuses_each_bad_setting_with_its_line_and_field(tmp_path, capsys):
+    for i, (defaults, field, why) in enumerate(BAD):
+        assert main(["tasks", "validate", str(_suite(tmp_path / f"bad{i}.jsonl", defaults))]) == 2, defaults
+        out, err = capsys.readouterr()
         where = "suite.defaults" + (f".{field}" if field else "")
-        lines = [x for x in r.stdout.splitlines() if x.startswith(f"line 1: {where}: ")]
-        assert r.returncode == 2 and "Traceback" not in r.stderr, (defaults, r.stdout, r.stderr)
-        assert any(why in x for x in lines), (defaults, r.stdout)
+        lines = [x for x in out.splitlines() if x.startswith(f"line 1: {where}: ")]
+        assert any(why in x for x in lines) and "Traceback" not in err, (defaults, out, err)
+    # the command itself, as a user runs it: one bad value, one good suite
+    cmd = [sys.executable, "-m", "launcher.cli", "tasks", "validate"]
+    r = subprocess.run(
+        [*cmd, str(tmp_path / "bad0.jsonl")], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 2 and r.stdout.startswith("line 1: suite.defaults.retriever_url: "), (
+        r.stdout + r.stderr
+    )
+    good = _suite(tmp_path / "good.jsonl", {"corpus": [{"id": 1, "title": None, "contents": '"V"\nVelmora'}]})
     r = subprocess.run([*cmd, str(good)], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "1 valid qa tasks" in r.stdout, r.stdout + r.stderr
 
