@@ -17,7 +17,15 @@ import urllib.parse
 from typing import Any, Protocol
 
 import httpx
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from pqrl.text import clipped
@@ -161,17 +169,12 @@ def _http_url(url: str) -> bool:
     return parsed.scheme in ("http", "https") and bool(parsed.host) and port != 0
 
 
-_DOCUMENTS: Any = None  # TypeAdapter(list[Document]), made on first use
+_DOCUMENTS = TypeAdapter(list[Document])
 
 
 def _documents(value: Any) -> list[Document]:
     """Inline documents by Document's rule, then unique ids and a word to search for (what
     indexing them would refuse), each error at its path (``N.id``)."""
-    global _DOCUMENTS
-    if _DOCUMENTS is None:
-        from pydantic import TypeAdapter
-
-        _DOCUMENTS = TypeAdapter(list[Document])
     docs: list[Document] = _DOCUMENTS.validate_python(value)
     first: dict[str, int] = {}
     errors: list[Any] = []
