@@ -58,6 +58,12 @@ class ManagerConfig(Settings):
         "stops with a permanent fault",
         gt=0,
     )
+    dead_tasks_to_stop: int = setting(
+        3,
+        "tasks dead-lettered (a permanent fault of their own) before any group was written that stop "
+        "the job: every task failing at once is the suite's fault, not a task's",
+        ge=1,
+    )
     redis_grace_s: float = setting(
         300.0, "how long Redis may stay unreachable before the rollout side stops (exit status 4)", gt=0
     )

@@ -315,7 +315,7 @@ class RolloutManager:
         self.stats.failures["dead_lettered"] += 1
         if len(self.stats.dead_tasks) < 20:
             self.stats.dead_tasks[task_id] = reason
-        if self.stats.groups_written == 0 and self.stats.tasks_dead_lettered >= DEAD_TASKS_TO_STOP:
+        if self.stats.groups_written == 0 and self.stats.tasks_dead_lettered >= self.cfg.dead_tasks_to_stop:
             n = self.stats.tasks_dead_lettered
             self._stop_for(PermanentFault(f"the first {n} tasks all failed permanently, the last: {reason}",
                                           fix=fix_for(cause) or "fix the suite's tasks"))  # fmt: skip
@@ -428,9 +428,6 @@ class RolloutManager:
             self.stats.groups_dropped, self.stats.groups_culled, len(self._in_flight), policy.version, gate,
             sampler, failures,
         )  # fmt: skip
-
-
-DEAD_TASKS_TO_STOP = 3  # tasks dead-lettered before any group was written: the suite, not a task
 
 
 class _Recorded(Exception):

@@ -62,15 +62,15 @@ def run(engine: EngineConfig, options: ServeConfig) -> int:
         except SGLangNotInstalled as e:
             print(f"pqrl engine serve: {e}", file=sys.stderr)
             return 2
-    import uvicorn
-
     from engine.http_app import create_app
     from pqrl.model_cache import prepare_model
+    from pqrl.serving import listening_socket, serve
 
+    sock = listening_socket(options.host, options.port)  # a taken port fails now, not after loading
     app = create_app(
         build_engine(engine), api_key=options.api_key, model_path=str(prepare_model(engine.model))
     )
-    uvicorn.run(app, host=options.host, port=options.port, log_level=options.log_level, timeout_keep_alive=30)
+    serve(app, sock, log_level=options.log_level, timeout_keep_alive=30)
     return 0
 
 

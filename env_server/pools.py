@@ -7,6 +7,7 @@ bound is spent, the others keep none, and a pool that keeps none and lends no sa
 A spare still being made for a pool just shrunk counts until it is destroyed, and no pool starts a
 spare while the total is at the bound, so the bound holds at every moment; a sandbox for a waiting
 acquire is never held back by it.
+One reaper serves every pool (a pass removes leftovers of any image), run by the set, not per pool.
 A pool for an image not seen before starts cold; how long its first sandbox took is a metric per
 image (``pqrl_env_sandbox_cold_start_seconds``).
 """
@@ -14,6 +15,8 @@ image (``pqrl_env_sandbox_cold_start_seconds``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import time
 from collections import OrderedDict
 
@@ -23,8 +26,12 @@ from sandboxes.docker import DockerSandbox
 from sandboxes.docker_api import DockerAPI
 from sandboxes.hardening import SandboxSettings
 from sandboxes.pool import SandboxPool
+from sandboxes.reaper import reap, reap_every
 
-__all__ = ["PoolSet"]
+__all__ = ["REAP_EVERY_S", "PoolSet"]
+
+log = logging.getLogger(__name__)
+REAP_EVERY_S = 60.0
 
 
 class PoolSet:
@@ -49,6 +56,8 @@ class PoolSet:
         self._pools: OrderedDict[SandboxSettings, SandboxPool] = OrderedDict()  # oldest use first
         self._lent: dict[SandboxSettings, int] = {}  # sandboxes out (or being acquired) per pool
         self._lock = asyncio.Lock()
+        self._reaper: asyncio.Task[None] | None = None
+        self.reaped = 0  # containers of dead owners or past their lifetime removed so far
         # Read at scrape time: the spares, and how many sandboxes the pools have made so far.
         gauge = [
             ("pqrl_env_sandbox_pool_idle", "Sandboxes ready in the warm pools", lambda: self.sum("idle")),
@@ -110,6 +119,11 @@ class PoolSet:
             self._lent.pop(pool.settings, None)
 
     async def close(self) -> None:
+        if self._reaper is not None:
+            self._reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reaper
+            self._reaper = None
         pools = list(self._pools.values())
         self._pools.clear()
         for pool in pools:
@@ -122,7 +136,9 @@ class PoolSet:
             if pool is None:
                 if self.docker_api is None:
                     self.docker_api = DockerAPI()
-                pool = SandboxPool(self.docker_api, settings, size=0, run=self.run)
+                if self._reaper is None:
+                    self._reaper = asyncio.create_task(self._reap(self.docker_api), name="sandbox-reaper")
+                pool = SandboxPool(self.docker_api, settings, size=0, run=self.run, reap_interval_s=None)
                 pool.spare_allowed = lambda: self.warm < self.max_warm
                 pool.on_change = self._wake_all
                 await pool.start()
@@ -135,6 +151,14 @@ class PoolSet:
         if retired:
             self._wake_all()
         return pool, new
+
+    async def _reap(self, api: DockerAPI) -> None:
+        try:
+            self.reaped += len(await reap(api))  # leftovers of crashed processes, before any spare
+        except Exception as e:
+            log.warning("reaper pass failed: %s", e)
+        async for removed in reap_every(api, REAP_EVERY_S):
+            self.reaped += removed
 
     def _wake_all(self) -> None:
         for pool in self._pools.values():

@@ -9,6 +9,8 @@ field would make of ``"nan"`` or ``"1e999"`` too), so no tool's own bounds can b
 
 from __future__ import annotations
 
+import copy
+import functools
 import inspect
 import json
 from collections.abc import Awaitable, Callable
@@ -32,6 +34,17 @@ def tool_call_text(name: str, **arguments: Any) -> str:
     return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
 
 
+@functools.cache
+def _parameters(args_model: type[BaseModel]) -> dict[str, Any]:
+    """The JSON schema of a tool's arguments, made once per model: pydantic builds it in about a
+    millisecond, which every session's reset would otherwise pay for every tool."""
+    params = args_model.model_json_schema()
+    params.pop("title", None)
+    for prop in params.get("properties", {}).values():
+        prop.pop("title", None)
+    return params
+
+
 @dataclass(frozen=True)
 class ToolSpec:
     """A tool: its name, description, argument model and whether calling it ends the episode."""
@@ -43,15 +56,12 @@ class ToolSpec:
     final: bool = False
 
     def schema(self) -> dict[str, Any]:
-        """OpenAI-style function schema."""
-        params = self.args_model.model_json_schema()
-        params.pop("title", None)
-        for prop in params.get("properties", {}).values():
-            prop.pop("title", None)
+        """OpenAI-style function schema (a fresh copy: the caller may change it)."""
         return {
             "type": "function",
-            "function": {"name": self.name, "description": self.description, "parameters": params},
-        }
+            "function": {"name": self.name, "description": self.description,
+                         "parameters": copy.deepcopy(_parameters(self.args_model))},
+        }  # fmt: skip
 
     def validate(self, arguments: dict[str, Any]) -> dict[str, Any]:
         """Validated keyword arguments. Raises ValueError with a message meant for the model."""

@@ -82,10 +82,9 @@ def _cmd_reap(args: argparse.Namespace) -> int:
 
 
 def _cmd_env_server(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from env_server.app import ServerSettings, create_app
     from env_server.http_guard import uvicorn_options
+    from pqrl.serving import listening_socket, serve
 
     settings = ServerSettings(**({"insecure_local": True} if args.insecure_local else {}))
     try:
@@ -96,7 +95,7 @@ def _cmd_env_server(args: argparse.Namespace) -> int:
     if settings.token is None and args.host not in ("127.0.0.1", "localhost", "::1"):
         print("pqrl env-server: --insecure-local only binds to loopback", file=sys.stderr)
         return 2
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, **uvicorn_options(settings))
+    serve(app, listening_socket(args.host, args.port), log_level=args.log_level, **uvicorn_options(settings))
     return 0
 
 
@@ -130,6 +129,7 @@ def _cmd_tasks(args: argparse.Namespace) -> int:
     import asyncio
     import json
 
+    from launcher.suite_file import write_suite
     from tasks.suite import SuiteInvalid, load_suite
 
     if args.tasks_command == "generate":
@@ -139,8 +139,7 @@ def _cmd_tasks(args: argparse.Namespace) -> int:
             raise UsageError(
                 "--corpus-out: only a search suite has a corpus", fix="pqrl tasks generate search"
             )
-        with open(args.output, "w") as f:
-            f.write(suite.to_jsonl())
+        write_suite(suite, args.output)
         print(f"wrote {suite.id} ({len(suite.tasks)} tasks) to {args.output}")
         if args.corpus_out:  # for pqrl search index / serve
             with open(args.corpus_out, "w") as f:

@@ -17,6 +17,8 @@ from typing import Any, NoReturn
 
 from pqrl.envvars import setting
 from pqrl.errors import PermanentFault, PqrlError, RetriesExhausted, UsageError
+from pqrl.faults import Fault, fix_for, fix_for_code
+from pqrl.faults import classify as fault_class
 
 __all__ = ["Parser", "classify", "command_name", "debugging", "one_line", "positive_int", "run_command"]
 
@@ -59,7 +61,6 @@ _KNOWN: list[tuple[str, str, type[PqrlError], str]] = [
     ("builtins", "ConnectionError", RetriesExhausted, "start the server, or check its URL"),
     # fmt: on
 ]
-_TRANSIENT_STATUS = {408, 425, 429, 500, 502, 503, 504}
 
 
 def _known_type(module: str, name: str) -> type | None:
@@ -112,8 +113,10 @@ def classify(e: BaseException) -> PqrlError | None:
         for link in chain:
             if isinstance(link, t):
                 status = _status(link)
-                if status is not None and status in _TRANSIENT_STATUS:
-                    cls = RetriesExhausted
+                if status is not None:  # an HTTP answer: its class is the rollout paths' (pqrl.faults)
+                    code = str(getattr(link, "code", "") or "")
+                    cls = RetriesExhausted if fault_class(status, code) is Fault.TRANSIENT else PermanentFault
+                    fix = fix_for_code(code) or fix or fix_for(link)
                 return cls(one_line(str(link) or type(link).__name__), fix=fix)
     return None
 

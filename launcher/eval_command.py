@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from launcher.errors_cli import positive_int
 from pqrl.errors import JobEnded, UsageError
 
 __all__ = ["add_eval_arguments", "eval_command", "resolve_checkpoint"]
@@ -41,8 +42,9 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None,
                    help=f"evaluate this model instead: a Hugging Face model directory or {DEFAULT_MODEL!r} "
                         "(the cached base model)")  # fmt: skip
-    p.add_argument("--k", type=int, default=4, help="pass@k: tries per task (default 4; 1: greedy only)")
-    p.add_argument("--samples", type=int, default=None,
+    p.add_argument("--k", type=positive_int, default=4,
+                   help="pass@k: tries per task (default 4; 1: greedy only)")  # fmt: skip
+    p.add_argument("--samples", type=positive_int, default=None,
                    help="sampled episodes per task, at least k (default k); more narrows pass@k")  # fmt: skip
     p.add_argument("--threshold", type=float, default=1.0, help="a reward at least this passes (default 1)")
     p.add_argument("--max-failed-infra", type=float, default=MAX_FAILED_INFRA,
@@ -50,7 +52,7 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> None:
                         f"(default {MAX_FAILED_INFRA:g})")  # fmt: skip
     p.add_argument("-o", "--output", default=None,
                    help="per-task outcomes, a JSON line each (default: eval-SUITENAME.jsonl)")  # fmt: skip
-    p.add_argument("--engine-threads", type=int, default=os.cpu_count() or 1,
+    p.add_argument("--engine-threads", type=positive_int, default=os.cpu_count() or 1,
                    help="CPU threads of the engine (default: every core)")  # fmt: skip
     p.add_argument("--json", action="store_true", help="the result as one JSON object on stdout")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
@@ -130,12 +132,10 @@ def _checked(args: argparse.Namespace) -> Any:
     """The suite, after the numbers are checked."""
     from tasks.suite import SuiteInvalid, load_suite
 
-    if args.k < 1 or (args.samples is not None and args.samples < args.k):
-        raise UsageError(f"need k >= 1 and samples >= k, got k={args.k}, samples={args.samples}")
+    if args.samples is not None and args.samples < args.k:
+        raise UsageError(f"need samples >= k, got k={args.k}, samples={args.samples}")
     if not 0 <= args.max_failed_infra <= 1:
         raise UsageError(f"--max-failed-infra must be between 0 and 1, got {args.max_failed_infra}")
-    if args.engine_threads < 1:
-        raise UsageError(f"--engine-threads must be at least 1, got {args.engine_threads}")
     try:
         return load_suite(args.suite)
     except SuiteInvalid as e:

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-from pathlib import Path
 from typing import Any
 
 __all__ = ["add_import_harbor"]
@@ -21,18 +19,17 @@ def add_import_harbor(sources: Any) -> None:
 
 
 def _cmd_import_harbor(args: argparse.Namespace) -> int:
+    from launcher.suite_file import check_output, write_suite
     from pqrl.errors import UsageError
     from tasks.harbor.importer import HarborInvalid, import_harbor
 
+    check_output(args.output)  # before any image is built
     try:
         suite = import_harbor(args.dir, name=args.name, progress=lambda m: print(m, file=sys.stderr))
-    except HarborInvalid as e:  # every problem on its own line; the handler's one line sums up
+    except HarborInvalid as e:  # every problem on its own line (the result); the handler's line sums up
         for problem in e.problems:
-            print(problem, file=sys.stderr)
+            print(problem)
         raise UsageError(f"{args.dir}: {len(e.problems)} problem(s), nothing written", fix=e.fix) from None
-    out = Path(args.output)
-    partial = out.with_name(out.name + ".partial")
-    partial.write_text(suite.to_jsonl())
-    os.replace(partial, out)
+    out = write_suite(suite, args.output)
     print(f"wrote {suite.id} ({len(suite.tasks)} tasks) to {out}")
     return 0

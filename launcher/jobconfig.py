@@ -151,7 +151,7 @@ class SuiteRef(_Section):
     def build(self) -> Any:
         """The suite this entry names: a built-in generated one or a file, scored by ``reward`` and
         with ``defaults`` over its own where given (a new suite id: both are part of the content)."""
-        from tasks.suite import Suite, load_suite, parse_suite
+        from tasks.suite import load_suite
 
         if self.generate is None:
             suite = load_suite(self.path)  # type: ignore[arg-type]
@@ -161,14 +161,12 @@ class SuiteRef(_Section):
             suite = generate_suite(self._generate())
         if self.reward is None and not self.defaults:
             return suite
-        update: dict[str, Any] = {} if self.reward is None else {"reward": self.reward}
+        changes: dict[str, Any] = {} if self.reward is None else {"reward": self.reward}
         if self.defaults:
-            update["defaults"] = {**suite.manifest.defaults, **self.defaults}
-        manifest = type(suite.manifest).model_validate(suite.manifest.model_dump() | update)
-        changed = Suite(manifest, suite.tasks)  # a new suite id: its settings are part of the content
-        shown = ", ".join(f"{k} {v}" for k, v in update.items() if k != "defaults")
-        shown += ("; " if shown else "") + (f"defaults {sorted(self.defaults)}" if self.defaults else "")
-        return parse_suite(changed.to_jsonl(), source=f"{self.path or self.generate} with {shown}")
+            changes["defaults"] = {**suite.manifest.defaults, **self.defaults}
+        shown = [f"reward {self.reward}"] if self.reward is not None else []
+        shown += [f"defaults {sorted(self.defaults)}"] if self.defaults else []
+        return suite.with_manifest(changes, source=f"{self.path or self.generate} with {', '.join(shown)}")
 
 
 class TasksSection(_Section):

@@ -10,9 +10,9 @@ import time
 from typing import Any
 
 from env_server.client import EnvUnavailable, HttpEnvClient
-from env_server.sessions import BackendDown, EnvServerError, UnknownEnv
+from env_server.sessions import EnvServerError
 from pqrl.errors import PermanentFault
-from pqrl.faults import Fault, fault_of, fix_for
+from pqrl.faults import Fault, fault_of, fix_for, fix_for_code
 
 __all__ = ["check_env_servers"]
 
@@ -41,14 +41,14 @@ async def check_env_servers(env: Any, env_ids: set[str], *, grace_s: float, chil
     if missing:
         raise PermanentFault(
             f"{where} has no environment {', '.join(missing)} (it has: {', '.join(sorted(known)) or 'none'})",
-            fix=fix_for(UnknownEnv("")),
+            fix=fix_for_code("unknown_environment"),
         )
     if not isinstance(env, HttpEnvClient) or not any(known[e].get("needs_sandbox") for e in env_ids):
         return
     while down := await env.not_ready():
         url, cause = next(iter(down.items()))
         why = f"the env server {url} is not ready after {grace_s:g} s (rollout.backend_grace_s): {cause}"
-        fault = PermanentFault(why, fix=fix_for(BackendDown("")))
+        fault = PermanentFault(why, fix=fix_for_code("sandbox_backend_down"))
         await _wait(deadline, children, fault)
 
 

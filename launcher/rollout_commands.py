@@ -172,6 +172,7 @@ def filter_tasks(args: argparse.Namespace) -> int:
     from agent_loop.difficulty import rewards_that_ran, run_samples
     from engine.client import EngineClient
     from env_server.client import LocalEnvClient
+    from launcher.suite_file import write_suite
     from loss_masking import ChatRenderer
     from pqrl.model_cache import load_tokenizer
     from pqrl.settings import from_arguments
@@ -229,7 +230,6 @@ def filter_tasks(args: argparse.Namespace) -> int:
         raise JobEnded(
             f"no task has a pass rate in ({args.low:g}, {args.high:g}) ({mean}); nothing written", fix=fix
         )
-    with open(args.output, "w") as f:
-        f.write(kept.to_jsonl())
+    write_suite(kept, args.output)
     print(f"{mean}; wrote {kept.id} ({len(kept.tasks)} of {len(suite.tasks)} tasks) to {args.output}")
     return 0

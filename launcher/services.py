@@ -72,9 +72,8 @@ def job_services(cfg: TrainConfig, *, quiet: bool = False) -> Iterator[dict[str,
 def sandboxed_envs(cfg: TrainConfig) -> list[str]:
     """The environments of the job's suites (training and evaluation) that need a sandbox."""
     from env_server.registry import UnknownEnvironment
-    from env_server.sessions import UnknownEnv
     from pqrl.errors import PermanentFault
-    from pqrl.faults import fix_for
+    from pqrl.faults import fix_for_code
     from tasks.generators import GENERATED
 
     refs = [*cfg.tasks.suites, *([cfg.eval.suite] if cfg.eval.suite else [])]
@@ -83,7 +82,7 @@ def sandboxed_envs(cfg: TrainConfig) -> list[str]:
         env_ids = [GENERATED[r.generate] if r.generate else r.build().manifest.env_id for r in refs]
         return needing_sandbox(env_ids)
     except UnknownEnvironment as e:  # every task of it would fail the same way
-        raise PermanentFault(str(e), fix=fix_for(UnknownEnv(""))) from None
+        raise PermanentFault(str(e), fix=fix_for_code("unknown_environment")) from None
 
 
 def needing_sandbox(env_ids: Iterable[str]) -> list[str]:

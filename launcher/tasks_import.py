@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from launcher.errors_cli import positive_int
+from launcher.suite_file import check_output, write_suite
 from pqrl.errors import UsageError
 
 if TYPE_CHECKING:
@@ -45,9 +45,7 @@ def add_check_arguments(p: argparse.ArgumentParser) -> None:
 def import_command(args: argparse.Namespace) -> int:
     from tasks.repo.swebench import ImportFailed, import_swebench, suite_name
 
-    out = Path(args.output)
-    if not out.parent.is_dir():  # before any image is built
-        raise UsageError(f"-o {args.output}: the folder {out.parent} does not exist")
+    check_output(args.output)  # before any image is built
     say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     try:
         name = args.name or suite_name(args.output)
@@ -58,13 +56,7 @@ def import_command(args: argparse.Namespace) -> int:
         raise
     for p in result.skipped:
         print(f"skipped {p}")
-    partial = out.with_name(f".{out.name}.partial")
-    try:  # whole or not at all
-        partial.write_text(result.suite.to_jsonl())
-        partial.replace(out)
-    except OSError as e:
-        partial.unlink(missing_ok=True)
-        raise UsageError(f"-o {args.output} cannot be written: {e}") from None
+    write_suite(result.suite, args.output)
     suite = result.suite
     print(f"wrote {suite.id} ({len(suite.tasks)} tasks, {len(result.images_built)} images) to {args.output}")
     return 0

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import enum
 
-__all__ = ["BadTask", "Fault", "classify", "fault_of", "fix_for"]
+__all__ = ["BadTask", "Fault", "classify", "fault_of", "fix_for", "fix_for_code"]
 
 
 class Fault(enum.Enum):
@@ -61,11 +61,17 @@ def fault_of(e: BaseException) -> Fault:
     return classify(status if isinstance(status, int) else None, str(getattr(e, "code", "") or ""))
 
 
+def fix_for_code(code: str) -> str:
+    """What to do about an error with ``code`` (empty when the table has nothing to say)."""
+    entry = _CODES.get(code)
+    return entry[1] if entry else ""
+
+
 def fix_for(e: BaseException) -> str:
     """What to do about ``e`` (empty when the table has nothing to say)."""
     code = str(getattr(e, "code", "") or "")
     if code in _CODES:
-        return _CODES[code][1]
+        return fix_for_code(code)
     if getattr(e, "status", None) in (401, 403):
         return "give the job the right token or API key"
     return ""

@@ -29,6 +29,7 @@ __all__ = [
     "build_image_from_dockerfile",
     "context_digest",
     "image_exists",
+    "require_engine",
 ]
 
 SANDBOX_USER = "agent"
@@ -67,6 +68,14 @@ class ImageRecipe:
 BASE_RECIPE = ImageRecipe()
 
 
+def require_engine() -> None:
+    """Raises unless the Docker CLI is installed and an engine answers it (else every image
+    would look missing, and every build fail, for a reason the user cannot see)."""
+    _require("docker", "the Docker CLI (Debian package docker.io)")
+    if subprocess.run(["docker", "info"], capture_output=True).returncode != 0:
+        raise ImageBuildError("no Docker engine answers: start dockerd (scripts/setup.sh does)")
+
+
 def image_exists(tag: str) -> bool:
     r = subprocess.run(["docker", "image", "inspect", tag], capture_output=True)
     return r.returncode == 0
@@ -80,9 +89,7 @@ def build_image(
     progress: Callable[[str], None] = print,
 ) -> str:
     """Builds (or finds) the image of ``recipe`` and returns its tag; also tags it ``:latest``."""
-    _require("docker", "the Docker CLI (Debian package docker.io)")
-    if subprocess.run(["docker", "info"], capture_output=True).returncode != 0:
-        raise ImageBuildError("no Docker engine answers: start dockerd (scripts/setup.sh does)")
+    require_engine()
     if image_exists(recipe.tag) and not force:
         progress(f"sandbox image {recipe.tag} is present")
         return recipe.tag

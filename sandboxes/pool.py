@@ -23,7 +23,7 @@ from sandboxes.docker import DockerSandbox
 from sandboxes.docker_api import DockerAPI
 from sandboxes.hardening import SandboxSettings
 from sandboxes.protocol import ImageMissing, SandboxError
-from sandboxes.reaper import reap
+from sandboxes.reaper import reap, reap_every
 
 __all__ = ["PoolStats", "SandboxPool"]
 
@@ -71,7 +71,7 @@ class SandboxPool:
         max_creates_per_s: float = 20.0,
         max_concurrent_creates: int = 4,
         max_idle_s: float | None = None,
-        reap_interval_s: float = 60.0,
+        reap_interval_s: float | None = 60.0,
     ) -> None:
         if size < 0 or max_creates_per_s <= 0 or max_concurrent_creates < 1:
             raise ValueError("size >= 0, max_creates_per_s > 0 and max_concurrent_creates >= 1 required")
@@ -115,9 +115,11 @@ class SandboxPool:
         await self.api.ping()
         if not await self.api.image_exists(self.settings.image):  # else every creation fails, retried
             raise ImageMissing(f"sandbox image {self.settings.image!r} is not in the engine")
-        self.stats.reaped += len(await reap(self.api))
+        if self.reap_interval_s is not None:  # None: whoever owns this pool reaps (env_server.pools)
+            self.stats.reaped += len(await reap(self.api))
+            reaping = self._reap_loop(self.reap_interval_s)
+            self._reaper = asyncio.create_task(reaping, name="sandbox-pool-reaper")
         self._filler = asyncio.create_task(self._fill_loop(), name="sandbox-pool-filler")
-        self._reaper = asyncio.create_task(self._reap_loop(), name="sandbox-pool-reaper")
 
     @property
     def idle(self) -> int:
@@ -253,10 +255,6 @@ class SandboxPool:
             self._wake.set()
             self.on_change()
 
-    async def _reap_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.reap_interval_s)
-            try:
-                self.stats.reaped += len(await reap(self.api))
-            except Exception as e:
-                log.warning("reaper pass failed: %s", e)
+    async def _reap_loop(self, every_s: float) -> None:
+        async for removed in reap_every(self.api, every_s):
+            self.stats.reaped += removed

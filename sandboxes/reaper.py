@@ -9,15 +9,17 @@ cannot be checked from here, so their containers go only when they expire.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import socket
 import time
+from collections.abc import AsyncIterator
 
 from pqrl.finite import finite
 from sandboxes.docker_api import DockerAPI
 
-__all__ = ["owner_alive", "reap"]
+__all__ = ["owner_alive", "reap", "reap_every"]
 
 log = logging.getLogger(__name__)
 
@@ -55,3 +57,14 @@ async def reap(api: DockerAPI, *, now: float | None = None) -> list[str]:
             await api.remove(c["Id"])
             removed.append(c["Id"])
     return removed
+
+
+async def reap_every(api: DockerAPI, every_s: float) -> AsyncIterator[int]:
+    """A pass every ``every_s`` seconds, forever; yields how many each removed. A failed pass is
+    logged and the next one runs on time: one Docker hiccup must not end reaping for good."""
+    while True:
+        await asyncio.sleep(every_s)
+        try:
+            yield len(await reap(api))
+        except Exception as e:
+            log.warning("reaper pass failed: %s", e)

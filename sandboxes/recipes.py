@@ -30,7 +30,7 @@ from typing import Any
 
 from pqrl.cache import cache_dir
 from pqrl.errors import PermanentFault, UsageError
-from sandboxes.image import image_exists
+from sandboxes.image import image_exists, require_engine
 from sandboxes.repo_source import last_line, source_digest, stage_repository
 
 __all__ = ["REPO_PATH", "WORKSPACE", "RepoRecipe", "build_recipe", "recipe_tag"]
@@ -159,17 +159,14 @@ def _tag_and_key(recipe: RepoRecipe, base: dict[str, Any]) -> tuple[str, dict[st
 
 
 def _docker(*args: str) -> subprocess.CompletedProcess[str]:
-    if shutil.which("docker") is None:
-        raise PermanentFault("docker not found", fix="install the Docker CLI (scripts/setup.sh does)")
     return subprocess.run(["docker", *args], capture_output=True, text=True)
 
 
 def _base_image(ref: str) -> dict[str, Any]:
     """The base image's id, user, work dir and Python (version, platform, site-packages)."""
+    require_engine()
     r = _docker("image", "inspect", ref, "--format", "{{json .}}")
     if r.returncode != 0:
-        if _docker("info").returncode != 0:
-            raise PermanentFault("no Docker engine answers", fix="start dockerd (scripts/setup.sh does)")
         raise UsageError(f"base image {ref} is not present", fix="pqrl sandbox build-image builds it")
     info = json.loads(r.stdout)
     image_id, config = info["Id"], info.get("Config") or {}

@@ -22,6 +22,8 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
+from pqrl.shaping import overlong_penalty
+
 __all__ = [
     "REWARD_FUNCTIONS",
     "Episode",
@@ -98,12 +100,9 @@ def length_penalty(ep: Episode, *, limit: int, buffer: int = 0) -> float:
     beyond (DAPO's overlong shaping; ``buffer`` 0: -1 past the limit)."""
     if limit <= 0 or not 0 <= buffer <= limit:
         raise ValueError(f"length_penalty needs 0 <= buffer <= limit and limit > 0, got {limit}, {buffer}")
-    start = limit - buffer
-    if ep.generated_tokens <= start:
-        return 0.0
-    if buffer == 0:
-        return -1.0
-    return -min(1.0, (ep.generated_tokens - start) / buffer)
+    if buffer == 0:  # a cliff: overlong_penalty's buffer 0 means no shaping at all
+        return -1.0 if ep.generated_tokens > limit else 0.0
+    return overlong_penalty(ep.generated_tokens, limit, buffer)
 
 
 REWARD_FUNCTIONS: dict[str, Callable[..., float]] = {

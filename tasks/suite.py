@@ -178,6 +178,15 @@ class Suite:
         lines += [json.dumps(t.model_dump(), sort_keys=True, separators=(",", ":")) for t in self.tasks]
         return "\n".join(lines) + "\n"
 
+    def with_manifest(self, changes: dict[str, Any], *, source: str) -> Suite:
+        """The same tasks under the manifest with ``changes`` (a job's own ``reward``), the new
+        manifest checked as a suite file's first line is; the tasks were checked already."""
+        manifest, _, problems = _manifest({"suite": self.manifest.model_dump() | changes}, 1)
+        if problems:
+            raise SuiteInvalid(source, problems)
+        assert manifest is not None
+        return Suite(manifest, self.tasks)
+
     def task(self, task_id: str) -> AnyTask:
         for t in self.tasks:
             if t.id == task_id:

@@ -15,10 +15,10 @@ import dataclasses
 from collections import Counter
 from collections.abc import Sequence
 
+from pqrl.shaping import overlong_penalty
 from pqrl.staleness import MIN_GROUP_EPISODES, within_staleness
 from pqrl.trajectory import Status, Trajectory
 from trainer.config import StepConfig
-from trainer.rewards import overlong_penalty
 
 __all__ = ["Screened", "ended_at_a_limit", "screen_group", "select_trajectories", "trained_reward"]
 

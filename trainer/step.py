@@ -46,6 +46,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from pqrl.shaping import kl_penalized
 from pqrl.trajectory import Trajectory
 from trainer.advantages import agent_token_gae, estimate_advantages
 from trainer.batch import (
@@ -67,7 +68,6 @@ from trainer.layers import trim_before_optimizer_step, trims_before_layer_backwa
 from trainer.losses import kl_estimate
 from trainer.objective import micro_batch_loss
 from trainer.packing import enable_packed_attention
-from trainer.rewards import kl_penalized
 from trainer.screening import select_trajectories
 from trainer.tied_embedding import rows_into_grad
 

@@ -10,12 +10,14 @@ needs, and is labelled, so a fitted image is never fitted twice.
 
 from __future__ import annotations
 
+import json
 import shlex
 import subprocess
 import tempfile
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 from sandboxes.image import ImageBuildError, build_image_from_dockerfile
 
@@ -31,15 +33,20 @@ _SYSTEM_DIRS = {"/", "/bin", "/boot", "/dev", "/etc", "/lib", "/lib64", "/opt", 
                 "/tmp", "/usr", "/var", "/home"}  # fmt: skip
 
 
-def _inspect(tag: str, template: str) -> str:
-    r = subprocess.run(["docker", "image", "inspect", "-f", template, tag], capture_output=True, text=True)
-    return r.stdout.strip() if r.returncode == 0 else ""
+def _inspect(tag: str) -> dict[str, Any] | None:
+    """The image's id and config, from one ``docker image inspect``; None when it is not there."""
+    cmd = ["docker", "image", "inspect", "-f", "{{json .}}", tag]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        return None
+    info = json.loads(r.stdout)
+    return {"id": info.get("Id", ""), **(info.get("Config") or {})}
 
 
-def _layer(base: str) -> str:
-    """The Dockerfile fitting ``base`` to the sandbox (see the module's docstring)."""
-    workdir = _inspect(base, "{{.Config.WorkingDir}}").rstrip("/") or "/"
-    user = _inspect(base, "{{.Config.User}}")
+def _layer(base: str, info: dict[str, Any]) -> str:
+    """The Dockerfile fitting ``base`` (whose id and config are ``info``) to the sandbox."""
+    workdir = (info.get("WorkingDir") or "").rstrip("/") or "/"
+    user = info.get("User") or ""
     q = shlex.quote
     steps = [
         f"rm -rf /tests /logs && ln -s {HARBOR_ROOT}/tests /tests && ln -s {HARBOR_ROOT}/logs /logs",
@@ -53,10 +60,9 @@ def _layer(base: str) -> str:
         )
         steps.append(f'mkdir -p "$(dirname {q(workdir)})" && ln -s /workspace {q(workdir)}')
     steps.append(f"chmod -R a+rX {SEED_DIR}")
-    base_id = _inspect(base, "{{.Id}}")  # a moved tag (say :latest) gets a new layer
     lines = [
         f"FROM {base}",
-        f"LABEL {_LABEL}=1 pqrl.harbor.base={base_id or 'missing'}",
+        f"LABEL {_LABEL}=1 pqrl.harbor.base={info['id']}",  # a moved tag (say :latest) gets a new layer
         "USER root",
         f"RUN {_PYTHON_CHECK}",  # a step of its own, so its failure is recognised
         "RUN " + " && ".join(steps),
@@ -67,13 +73,14 @@ def _layer(base: str) -> str:
 
 def fit_image(base: str, *, name: str = "pqrl-harbor", progress: Callable[[str], None] = print) -> str:
     """The tag of ``base`` with the layer (``base`` itself when it has it); built once per base image id."""
-    if not _inspect(base, "{{.Id}}"):  # never pulled: a task names only what the operator loaded
+    info = _inspect(base)
+    if info is None:  # never pulled: a task names only what the operator loaded
         raise ImageBuildError(f"{base} is not in the local Docker engine: build or load it first")
-    if _inspect(base, f'{{{{index .Config.Labels "{_LABEL}"}}}}') == "1":
+    if (info.get("Labels") or {}).get(_LABEL) == "1":
         return base
     with tempfile.TemporaryDirectory(prefix="pqrl-harbor-") as tmp:
         dockerfile = Path(tmp, "Dockerfile")
-        dockerfile.write_text(_layer(base))
+        dockerfile.write_text(_layer(base, info))
         try:
             return build_image_from_dockerfile(dockerfile, name=name, progress=progress)
         except ImageBuildError as e:

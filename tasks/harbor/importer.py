@@ -13,7 +13,6 @@ which the sandbox's exec agent needs.
 from __future__ import annotations
 
 import re
-import subprocess
 import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from pqrl.errors import UsageError
-from sandboxes.image import ImageBuildError, build_image_from_dockerfile, image_exists
+from sandboxes.image import ImageBuildError, build_image_from_dockerfile, image_exists, require_engine
 from tasks.harbor.image import fit_image
 from tasks.harbor.task import HarborTask
 from tasks.repo.task import task_id
@@ -218,10 +217,7 @@ def import_harbor(
     """The suite of the task directories under ``root``; raises HarborInvalid listing every problem."""
     root = Path(root)
     dirs = task_dirs(root)
-    if (
-        subprocess.run(["docker", "info"], capture_output=True).returncode != 0
-    ):  # else every FROM is "missing"
-        raise ImageBuildError("no Docker engine answers: start dockerd (scripts/setup.sh does)")
+    require_engine()  # else every FROM is "missing"
     read = [(d, *read_task_dir(d)) for d in dirs]
     problems = [p for _, _, found in read for p in found]
     owner: dict[str, Path] = {}

@@ -102,6 +102,8 @@ async def test_total_warm_bound_holds_across_three_images(docker_api, three_imag
         assert manager.sandbox_pools.cold_starts[IMAGES[0]] != first_a, "a's pool was reopened cold"
         by_image = {p.settings.image: p for p in manager.sandbox_pools.pools()}
         assert set(by_image) == set(IMAGES) and by_image[IMAGES[0]].size == 0
+        reapers = [t for t in asyncio.all_tasks() if "reaper" in t.get_name() and not t.done()]
+        assert len(reapers) == 1, f"one reaper for every image's pool, not {len(reapers)}"
         await _settle(manager, pools=3)
         for info in held:
             await manager.close(info.session_id)

@@ -93,6 +93,9 @@ SEARCH_SCHEMA = {
 
 def test_schema_comes_from_hints_defaults_and_docstring():
     assert Library.tools["search"].schema() == SEARCH_SCHEMA
+    # made once per tool, handed out as a copy: what one caller changes the next does not see
+    Library.tools["search"].schema()["function"]["parameters"]["properties"].clear()
+    assert Library.tools["search"].schema() == SEARCH_SCHEMA
 
 
 def test_list_and_float_parameters_are_required_without_defaults():

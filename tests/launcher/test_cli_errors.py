@@ -50,7 +50,7 @@ def _bad_inputs(tmp: Path) -> list[tuple[list[str], int | set[int], str]]:
         (["tasks", "list", "--redis-url", "localhost:6379"], 2, "not a Redis URL"),
         (["tasks", "show", "x", "--redis-url", CLOSED], 4, "Redis"),
         (["tasks", "generate", "calc", "--n", "0", "-o", str(tmp / "x.jsonl")], 2, "positive"),
-        (["tasks", "generate", "calc", "--n", "2", "-o", str(tmp / "no" / "x.jsonl")], 2, "No such file"),
+        (["tasks", "generate", "calc", "--n", "2", "-o", str(tmp / "no" / "x.jsonl")], 2, "does not exist"),
         (["tasks", "filter", none, "-o", out], 2, "No such file"),
         (["tasks", "filter", bad, "-o", out, "--samples", "x"], 2, "--samples"),
         # an unknown environment: refused when an episode opens it (3), or by the suite check (2)
@@ -145,6 +145,27 @@ def test_an_http_error_is_permanent_unless_the_server_says_try_again():
     assert isinstance(classify(EngineHTTPError("http://e", 503, "loading")), RetriesExhausted)
 
 
+def test_the_command_line_classes_every_env_server_error_as_the_rollout_paths_do():
+    """One table (pqrl.faults) decides: what a job retries ends a command as exit 4, what a job
+    stops on ends it as exit 3, each with the same fix text."""
+    from env_server import sessions
+    from env_server.client import AuthError, EnvUnavailable
+    from pqrl.faults import Fault, fault_of, fix_for
+
+    errors = [
+        cls("x")
+        for cls in (*vars(sessions).values(), AuthError, EnvUnavailable)
+        if isinstance(cls, type) and issubclass(cls, sessions.EnvServerError)
+    ]
+    assert len(errors) >= 10
+    for e in errors:
+        found = classify(e)
+        want = RetriesExhausted if fault_of(e) is Fault.TRANSIENT else PermanentFault
+        assert type(found) is want, (type(e).__name__, found)
+        if fix_for(e):
+            assert found.fix == fix_for(e), type(e).__name__
+
+
 def test_the_old_variable_name_works_with_a_warning_and_the_new_one_wins(caplog, monkeypatch):
     monkeypatch.setattr(envvars, "_warned", set())
     with caplog.at_level("WARNING", logger="pqrl.env"):
@@ -211,3 +232,20 @@ def test_every_variable_read_is_one_pqrl_setting_in_the_docs_table():
         assert old not in read, (
             f"{old} is read directly in {read.get(old)}: read its new name through setting()"
         )
+
+
+def test_a_server_on_a_taken_port_says_so_in_one_line_before_loading_anything():
+    """The port is bound first: the engine refuses before its model loads (no log line of uvicorn's)."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        for argv in (["engine", "serve", "--model", "smollm2-135m-instruct", "--port", port],
+                     ["env-server", "--insecure-local", "--port", port]):  # fmt: skip
+            out = _pqrl(*argv, timeout=60)
+            lines = out.stderr.splitlines()
+            assert out.returncode == 2 and len(lines) == 1, (argv, out.stderr[-600:])
+            assert lines[0].startswith(f"pqrl {argv[0]}"), lines[0]
+            assert f"port {port} on 127.0.0.1 is in use" in lines[0]

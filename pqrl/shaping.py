@@ -1,4 +1,4 @@
-"""Reward shaping the trainer applies before advantages: pure functions of plain numbers.
+"""Reward shaping: pure functions of plain numbers, used by the trainer and by task reward terms.
 
 - ``overlong_penalty``: DAPO's soft overlong punishment, so an episode that runs into the token
   budget is told so by a graded penalty instead of a cliff;
