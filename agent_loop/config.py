@@ -64,6 +64,9 @@ class ManagerConfig(Settings):
         "the job: every task failing at once is the suite's fault, not a task's",
         ge=1,
     )
+    redis_grace_s: float = setting(
+        300.0, "how long Redis may stay unreachable before the rollout side stops (exit status 4)", gt=0
+    )
     min_valid: int = setting(
         MIN_GROUP_EPISODES, "a group with fewer usable episodes is dropped", ge=MIN_GROUP_EPISODES
     )

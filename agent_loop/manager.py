@@ -16,7 +16,8 @@ environment or model, the sandbox backend down past ``backend_grace_s``) stops t
 and ``run`` raises it as ``pqrl.errors.PermanentFault``, the task left unacknowledged (it runs again
 when the job does); a permanent one of the task (its reset rejects it, its grader fails its own
 gold) moves the task to the run's dead tasks with the cause, and the manager goes on; transient
-ones are retried as above. A group that raised anything else is dead-lettered too: no lease is left
+ones are retried as above. Redis unreachable for longer than ``redis_grace_s`` stops it too, as
+``pqrl.errors.RetriesExhausted``. A group that raised anything else is dead-lettered too: no lease is left
 pending for ever.
 
 When the run has a task sampler (tasks.storage.RunSampler: epochs, seeded shuffling, per-suite
@@ -46,7 +47,7 @@ from engine.protocol import CatchesUpFromDisk, Engine, EngineError
 from env_server.client import EnvClient
 from env_server.sessions import EnvServerError
 from loss_masking import ChatRenderer
-from pqrl.errors import PermanentFault
+from pqrl.errors import PermanentFault, PqrlError, RetriesExhausted
 from pqrl.faults import Fault, fault_of, fix_for
 from pqrl.store import StoreUnavailable, TaskEntry, TrajectoryStore
 from pqrl.store.gate import HOLDER_TTL_MS
@@ -99,7 +100,7 @@ class RolloutManager:
         self._sampler: RunSampler | None = None  # loaded when the run has one (it may be set later)
         self._told: set[str] = set()
         self._weights_checked = float("-inf")
-        self.fault: PermanentFault | None = None  # why this manager stopped for good
+        self.fault: PqrlError | None = None  # why this manager stopped for good
         self._down_since: float | None = None  # the sandbox backend's outage, while it lasts
 
     def stop(self) -> None:
@@ -117,6 +118,7 @@ class RolloutManager:
     async def run(self, *, until_empty: bool = True) -> _Stats:
         """Produces groups until the queue is drained (``until_empty``) or ``stop()``."""
         last_progress = time.monotonic()
+        redis_down: float | None = None  # since when admission has found Redis unreachable
         beating = asyncio.create_task(self._beat())
         culling = asyncio.create_task(self._cull()) if self.cfg.cull_stale else None
         try:
@@ -126,7 +128,14 @@ class RolloutManager:
                         await self._progress()
                         last_progress = time.monotonic()
                     outcome = await self._start_one()
+                    redis_down = None
                 except StoreUnavailable as e:  # a restarting Redis: groups in flight go on, admission waits
+                    redis_down = time.monotonic() if redis_down is None else redis_down
+                    if time.monotonic() - redis_down > self.cfg.redis_grace_s:
+                        self._stop_for(RetriesExhausted(
+                            f"Redis unreachable for {self.cfg.redis_grace_s:g}s: {e}",
+                            fix="start Redis or check --redis-url / $PQRL_REDIS_URL"))  # fmt: skip
+                        break
                     self._tell("Redis unreachable", str(e))
                     await asyncio.sleep(1.0)
                     continue
@@ -311,8 +320,8 @@ class RolloutManager:
             self._stop_for(PermanentFault(f"the first {n} tasks all failed permanently, the last: {reason}",
                                           fix=fix_for(cause) or "fix the suite's tasks"))  # fmt: skip
 
-    def _stop_for(self, fault: PermanentFault) -> None:
-        """Stops this manager for a permanent fault; ``run`` raises it."""
+    def _stop_for(self, fault: PqrlError) -> None:
+        """Stops this manager for a permanent fault (or retries spent); ``run`` raises it."""
         if self.fault is None:
             self.fault = fault
             log.error("%s", fault.line())

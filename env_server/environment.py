@@ -61,7 +61,9 @@ class ToolEnvironment:
             by the conformance checker).
         task_model: the pydantic model of its tasks (a suite of its ``kind`` validates against it).
         config_model: the pydantic model of its keyword arguments (a suite's ``defaults``); when
-            set, a construction with arguments it rejects raises ValueError.
+            set, a construction with arguments it rejects raises ValueError, and the validated
+            model is ``self.settings`` (what the environment reads: the same rules ``pqrl tasks
+            validate`` applied, so a suite it accepts cannot fail at reset on its settings).
         reward_names: names of what ``evaluate`` scores (e.g. ``exact_match``), which a suite's
             ``reward`` may give instead of ``env``.
     """
@@ -79,9 +81,9 @@ class ToolEnvironment:
         cls.tools = collect_tools(cls)
 
     def __init__(self, **config: Any) -> None:
-        if self.config_model is not None:
-            self.config_model.model_validate(config)  # a ValidationError is a ValueError
-        self.config = config
+        # a ValidationError is a ValueError; None without a config_model
+        self.settings: Any = None if self.config_model is None else self.config_model.model_validate(config)
+        self.config = config  # as given, for environments without a config_model
         self.sandbox: Sandbox | None = None
         self.done = False
 

@@ -134,8 +134,17 @@ def _cmd_tasks(args: argparse.Namespace) -> int:
 
     if args.tasks_command == "generate":
         suite = _generated_suite(args)
+        corpus = suite.manifest.defaults.get("corpus")
+        if args.corpus_out and not isinstance(corpus, list):
+            raise UsageError(
+                "--corpus-out: only a search suite has a corpus", fix="pqrl tasks generate search"
+            )
         write_suite(suite, args.output)
         print(f"wrote {suite.id} ({len(suite.tasks)} tasks) to {args.output}")
+        if args.corpus_out:  # for pqrl search index / serve
+            with open(args.corpus_out, "w") as f:
+                f.writelines(json.dumps(d) + "\n" for d in corpus)
+            print(f"wrote its corpus ({len(corpus)} documents) to {args.corpus_out}")
         return 0
     if args.tasks_command in ("validate", "submit"):
         try:
@@ -348,6 +357,9 @@ def _add_tasks(sub: _SubParsers, group: Callable[[str, str], _SubParsers]) -> No
     p.add_argument("--format-reward", type=float, default=0.0, help="calc/data/search: grounded-miss credit")
     p.add_argument("--name", default=None, help="suite name (default: the kind)")
     p.add_argument("-o", "--output", required=True)
+    p.add_argument(
+        "--corpus-out", default=None, help="search: also write its corpus as JSONL (pqrl search serve)"
+    )
     p = tasks.add_parser("filter", help="keep the tasks the policy sometimes solves (0 < pass rate < 1)")
     p.add_argument("suite", help="suite file")
     p.add_argument("-o", "--output", required=True, help="where the filtered suite goes")

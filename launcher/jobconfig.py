@@ -121,6 +121,11 @@ class SuiteRef(_Section):
         description="generate calc/data/search: credit for a wrong answer that used the tools on the task",
     )
     weight: float = Field(1.0, gt=0, description="mixing weight among the run's suites")
+    defaults: dict[str, Any] = Field(
+        {},
+        description="the environment's settings over the suite's own defaults (a file's or a generated "
+        "one's: shots, test_timeout, retriever_url, ...), checked against its config model",
+    )
     reward: RewardSpec | None = Field(
         None,
         description="the scoring instead of the suite's reward: 'env' or reward functions with weights "
@@ -144,8 +149,8 @@ class SuiteRef(_Section):
                         level=self.level, format_reward=self.format_reward)  # fmt: skip
 
     def build(self) -> Any:
-        """The suite this entry names: a built-in generated one or a file, scored by ``reward``
-        where given (a new suite id: the scoring is part of the content)."""
+        """The suite this entry names: a built-in generated one or a file, scored by ``reward`` and
+        with ``defaults`` over its own where given (a new suite id: both are part of the content)."""
         from tasks.suite import load_suite
 
         if self.generate is None:
@@ -154,11 +159,14 @@ class SuiteRef(_Section):
             from tasks.generators import generate_suite
 
             suite = generate_suite(self._generate())
-        if self.reward is None:
+        if self.reward is None and not self.defaults:
             return suite
-        return suite.with_manifest(
-            {"reward": self.reward}, source=f"{self.path or self.generate} with reward {self.reward}"
-        )
+        changes: dict[str, Any] = {} if self.reward is None else {"reward": self.reward}
+        if self.defaults:
+            changes["defaults"] = {**suite.manifest.defaults, **self.defaults}
+        shown = [f"reward {self.reward}"] if self.reward is not None else []
+        shown += [f"defaults {sorted(self.defaults)}"] if self.defaults else []
+        return suite.with_manifest(changes, source=f"{self.path or self.generate} with {', '.join(shown)}")
 
 
 class TasksSection(_Section):

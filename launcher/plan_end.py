@@ -58,6 +58,8 @@ async def plan_end_counts(store: Any, trainer: Any, dropped: collections.Counter
     by the trainer's screening in this process, and by the rollout manager beside it (role ``all``)
     with its failures (episodes and groups)."""
     produced = await store.groups.produced()
+    # with the step that waits: the groups without signal it read are dropped too
+    dropped = dropped + collections.Counter(no_signal_groups=trainer.flat_read)
     by_trainer = ", ".join(f"{k} {dropped[k]}" for k in _GROUP_DROPS if dropped[k]) or "none"
     out = (
         f"groups produced {produced}, read by the trainer {len(trainer.state.trained_groups)}, "

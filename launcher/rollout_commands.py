@@ -55,7 +55,9 @@ def rollout(args: argparse.Namespace) -> int:
     from pqrl.settings import from_arguments
     from pqrl.store import TrajectoryStore
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    # --quiet: the result, or the one line of the failure that ended the command (printed by the CLI)
+    level = logging.CRITICAL if args.quiet else logging.INFO
+    logging.basicConfig(level=level, format="%(asctime)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request drowns the progress
     url = redis_url(args.redis_url)
     cfg = from_arguments(ManagerConfig, args, episode=from_arguments(EpisodeConfig, args))

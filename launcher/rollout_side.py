@@ -171,8 +171,10 @@ class Job:
     async def queue_tasks(self) -> None:
         """Gives the run its task sampler (suites mixed by weight, shuffled per epoch; idempotent).
 
-        Without ``tasks.epochs`` the schedule covers the step budget twice over (dropped groups), and
-        ``1 + tasks.skip_flat`` times that when tasks without signal give up their draws.
+        Without ``tasks.epochs`` the schedule covers the step budget: each step may read
+        ``groups_per_step`` groups ``1 + train.max_extra_reads`` times (groups without signal), one
+        more for groups the rollout side drops, and ``1 + tasks.skip_flat`` times that when tasks
+        without signal give up their draws.
         """
         from pqrl.store import StoreError
         from tasks.storage import SuiteStore, WeightedSuite
@@ -180,7 +182,8 @@ class Job:
         refs, suites = self.cfg.tasks.suites, self.suites
         weighted = [WeightedSuite(s, ref.weight) for s, ref in zip(suites, refs, strict=True)]
         t = self.cfg.tasks
-        groups = self.cfg.train.steps * self.cfg.train.groups_per_step * 2 * (1 + t.skip_flat)
+        tr = self.cfg.train
+        groups = tr.steps * tr.groups_per_step * (2 + tr.max_extra_reads) * (1 + t.skip_flat)
         epochs = t.epochs or max(1, -(-groups // max(sum(len(s.tasks) for s in suites), 1)))
         suite_store = SuiteStore(self.services["redis_url"])
         try:

@@ -7,7 +7,6 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from env_server import RewardResult, ToolCall, ToolEnvironment, tool
-from pqrl.finite import finite
 from tasks.graders import exact_number_match, shaped_reward
 
 __all__ = ["NumberAnswerConfig", "NumberAnswerEnv"]
@@ -28,6 +27,7 @@ class NumberAnswerEnv(ToolEnvironment):
     ``format_reward`` (default 0, see ``tasks.graders.shaped_reward``)."""
 
     config_model = NumberAnswerConfig
+    settings: NumberAnswerConfig
     reward_names = ("exact_match",)
     # the task's gold-solution field, the tool that runs it, and that tool's argument
     solution: ClassVar[tuple[str, str, str]]
@@ -57,8 +57,7 @@ class NumberAnswerEnv(ToolEnvironment):
     def grade(self, *, used: bool, results: list[str], **info: Any) -> RewardResult:
         score = exact_number_match(self.submitted, self.expected)
         grounded = any(exact_number_match(self.submitted, r) for r in results)
-        fmt = finite(self.config.get("format_reward", 0.0), "format_reward")
         return RewardResult(
-            reward=shaped_reward(score, fmt, used=used, grounded=grounded),
+            reward=shaped_reward(score, self.settings.format_reward, used=used, grounded=grounded),
             info={"submitted": self.submitted, "expected": self.expected, "grounded": grounded, **info},
         )

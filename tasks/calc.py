@@ -180,9 +180,8 @@ class CalcEnv(NumberAnswerEnv):
         self.expected, self.submitted, self.calculated = t.answer, None, False
         self.known = _numbers_in(t.question)  # quantities an expression may combine
         self.computed: list[str] = []  # results of calculator calls that combined known quantities
-        shots = int(self.config.get("shots", 1))
         messages = [Message(role="system", content=SYSTEM)]
-        messages += demonstration(shots, int(self.config.get("level", 2)))
+        messages += demonstration(self.settings.shots, self.settings.level)
         messages.append(Message(role="user", content=t.question))
         return self.observation(messages)
 

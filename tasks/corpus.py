@@ -27,6 +27,7 @@ from typing import Any
 
 import bm25s
 import numpy as np
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
 from pqrl.cache import cache_dir
 from pqrl.errors import UsageError
@@ -34,10 +35,12 @@ from pqrl.text import clipped
 
 __all__ = [
     "CorpusError",
+    "Document",
     "Hit",
     "LocalIndex",
     "build_index",
     "corpus_digest",
+    "corpus_name_problem",
     "open_corpus",
     "query_words",
     "split_contents",
@@ -77,32 +80,79 @@ def split_contents(contents: str) -> tuple[str, str]:
     return (head.strip().strip('"'), rest) if rest.strip() else ("", contents)
 
 
+class Document(BaseModel):
+    """One article, the one rule for a corpus file's lines and a suite's inline documents: an ``id``
+    (a non-blank string, or an integer), a ``title`` (optional) and a non-blank ``text``;
+    Search-R1's ``contents`` (``'"Title"\\ntext'``) stands for title and text. Other fields are
+    kept and ignored. Ids are unique within a corpus (checked by its reader)."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+    id: str
+    title: str = ""
+    text: str
+
+    @model_validator(mode="before")
+    @classmethod
+    def _forms(cls, raw: Any) -> Any:
+        if not isinstance(raw, dict):
+            return raw
+        raw = dict(raw)
+        if isinstance(raw.get("id"), int) and not isinstance(raw["id"], bool):
+            raw["id"] = str(raw["id"])
+        for key in ("title", "text"):
+            if key in raw and raw[key] is None:
+                del raw[key]
+        if "text" not in raw and isinstance(raw.get("contents"), str):
+            head, raw["text"] = split_contents(raw["contents"])
+            if head:
+                raw["title"] = head
+        return raw
+
+    @field_validator("id", "text")
+    @classmethod
+    def _not_blank(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("not a non-empty string")
+        return value
+
+
+def _why(err: Any) -> str:
+    """``field F: why`` of one of Document's errors, in a corpus file's words."""
+    if not err["loc"]:
+        return "not a JSON object"
+    field = err["loc"][0]
+    if err["type"] == "missing":
+        why = "missing (every document needs its text)" if field == "text" else "missing"
+    elif err["type"] == "string_type":
+        why = "not a string" if field == "title" else "not a non-empty string"
+    else:
+        why = str(err["msg"]).removeprefix("Value error, ")
+    return f"field {field}: {why}"
+
+
 def _document(raw: Any, where: str) -> tuple[dict[str, str] | None, list[str]]:
     """(the normalised document, or None; the problems, each ``where: field F: why``)."""
     if isinstance(raw, _Unreadable):
         return None, [f"{where}: {raw.why}"]
-    if not isinstance(raw, dict):
-        return None, [f"{where}: not a JSON object"]
-    problems = []
-    doc_id = raw.get("id")
-    if isinstance(doc_id, int) and not isinstance(doc_id, bool):
-        doc_id = str(doc_id)
-    if not isinstance(doc_id, str) or not doc_id.strip():
-        problems.append(f"{where}: field id: {'missing' if doc_id is None else 'not a non-empty string'}")
-    title, text = raw.get("title"), raw.get("text")
-    title = "" if title is None else title
-    if text is None and isinstance(raw.get("contents"), str):
-        head, text = split_contents(raw["contents"])
-        title = head or title
-    if text is None:
-        problems.append(f"{where}: field text: missing (every document needs its text)")
-    elif not isinstance(text, str) or not text.strip():
-        problems.append(f"{where}: field text: not a non-empty string")
-    if not isinstance(title, str):
-        problems.append(f"{where}: field title: not a string")
-    if problems:
-        return None, problems
-    return {"id": str(doc_id), "title": str(title), "text": str(text)}, []  # all strings, checked above
+    try:
+        doc = Document.model_validate(raw)
+    except ValidationError as e:
+        return None, [f"{where}: {_why(err)}" for err in e.errors()]
+    return {"id": doc.id, "title": doc.title, "text": doc.text}, []
+
+
+def corpus_name_problem(spec: str) -> str | None:
+    """Why ``spec`` cannot name a corpus file (a path, or ``sha256:`` and 64 hex digits); None
+    when it can. Whether the file exists is the reader's question: on the env server's machine."""
+    if not spec.strip():
+        return "a corpus name must not be blank"
+    if "\0" in spec:
+        return "a corpus path holds no NUL character"
+    if spec.startswith(_DIGEST):
+        digest = spec.removeprefix(_DIGEST)
+        if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+            return f"{clipped(repr(spec), 80)} is not {_DIGEST} and 64 lower-case hex digits"
+    return None
 
 
 def _check(documents: Iterable[tuple[str, Any]], keep: Callable[[dict[str, str]], None], name: str) -> int:
@@ -359,13 +409,13 @@ def open_corpus(spec: Any) -> LocalIndex:
     ``sha256:<digest>`` of a corpus already indexed on this machine."""
     if isinstance(spec, list):
         return LocalIndex.from_documents(spec)
-    if not isinstance(spec, str) or not spec.strip():
+    if not isinstance(spec, str):
         raise CorpusError(
             f"corpus must be a list of documents, a JSONL path or {_DIGEST}<hex>, not {type(spec).__name__}"
         )
+    problem = corpus_name_problem(spec)
+    if problem is not None:
+        raise CorpusError(f"corpus: {problem}")
     if spec.startswith(_DIGEST):
-        digest = spec.removeprefix(_DIGEST)
-        if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
-            raise CorpusError(f"corpus {spec!r} is not {_DIGEST} and 64 hex digits")
-        return LocalIndex.open(digest)
+        return LocalIndex.open(spec.removeprefix(_DIGEST))
     return LocalIndex.open(build_index(spec))

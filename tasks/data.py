@@ -12,12 +12,14 @@ model copies a shown command far more readily than it writes one from a descript
 from __future__ import annotations
 
 import random
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import Field
 
 from env_server import Message, RewardResult, tool
 from env_server.tools import tool_call_text
 from env_server.types import Observation
-from tasks.answering import NumberAnswerEnv
+from tasks.answering import NumberAnswerConfig, NumberAnswerEnv
 from tasks.suite import DataTask, Suite, SuiteManifest
 
 __all__ = ["DataEnv", "data_suite", "make_data_task"]
@@ -139,6 +141,13 @@ def demonstration(shots: int, level: int) -> list[Message]:
     return out
 
 
+class DataConfig(NumberAnswerConfig):
+    """data-v1's arguments: calc's, with two worked examples by default, the one-step first."""
+
+    shots: int = Field(2, ge=0, le=2, description="worked examples rendered into the prompt")
+    level: Literal[1, 2] = Field(1, description="which worked examples come first")
+
+
 class DataEnv(NumberAnswerEnv):
     """Task: a DataTask dict; its files are written into ``/workspace`` of the episode's sandbox.
 
@@ -149,6 +158,8 @@ class DataEnv(NumberAnswerEnv):
 
     needs_sandbox = True
     task_model = DataTask
+    config_model = DataConfig
+    settings: DataConfig
     solution = ("solution", "run", "command")
 
     async def reset(self, *, task: dict[str, Any], seed: int | None = None) -> Observation:
@@ -160,7 +171,7 @@ class DataEnv(NumberAnswerEnv):
         for path, content in t.files.items():
             await self.sandbox.write_file(f"/workspace/{path}", content.encode())
         messages = [Message(role="system", content=SYSTEM)]
-        messages += demonstration(int(self.config.get("shots", 2)), int(self.config.get("level", 1)))
+        messages += demonstration(self.settings.shots, self.settings.level)
         messages.append(Message(role="user", content=t.question))
         return self.observation(messages)
 

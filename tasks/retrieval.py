@@ -13,14 +13,40 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import urllib.parse
 from typing import Any, Protocol
 
 import httpx
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 
 from pqrl.text import clipped
-from tasks.corpus import Hit, LocalIndex, open_corpus, split_contents
+from tasks.corpus import (
+    Document,
+    Hit,
+    LocalIndex,
+    corpus_name_problem,
+    open_corpus,
+    query_words,
+    split_contents,
+)
 
-__all__ = ["LocalRetriever", "RemoteRetriever", "Retriever", "RetrieverError", "retriever_for"]
+__all__ = [
+    "LocalRetriever",
+    "RemoteRetriever",
+    "Retriever",
+    "RetrieverConfig",
+    "RetrieverError",
+    "retriever_for",
+]
 
 MAX_TOPK = 10  # the search tool's own bound on k
 _MAX_REPLY_BYTES = 8 << 20
@@ -132,28 +158,94 @@ def _hit(doc: Any, score: float, where: str) -> Hit:
 
 
 def _http_url(url: str) -> bool:
-    try:
-        parsed = httpx.URL(url)
-    except (httpx.InvalidURL, TypeError, ValueError):
+    """Whether ``url`` can be asked at all: http(s), a host, a port from 1 to 65535, no blank or
+    control character (what a request could only fail on, search after search)."""
+    if any(c.isspace() or not c.isprintable() for c in url):
         return False
-    return parsed.scheme in ("http", "https") and bool(parsed.host)
+    try:
+        parsed, port = httpx.URL(url), urllib.parse.urlsplit(url).port
+    except (httpx.InvalidURL, TypeError, ValueError):  # ValueError: a port out of range
+        return False
+    return parsed.scheme in ("http", "https") and bool(parsed.host) and port != 0
 
 
-def retriever_for(config: dict[str, Any]) -> tuple[Retriever, int]:
-    """(the retriever the environment's config names, the most articles one search returns).
+_DOCUMENTS = TypeAdapter(list[Document])
 
-    ``retriever_url`` (with ``retriever_timeout`` seconds, default 10) names a remote server and
-    wins over ``corpus``; otherwise ``corpus`` is read locally (``tasks.corpus.open_corpus``).
-    ``retriever_topk`` (1 to 10, default 10) caps the ``k`` a search asks for."""
-    topk = config.get("retriever_topk", MAX_TOPK)
-    if not isinstance(topk, int) or isinstance(topk, bool) or not 1 <= topk <= MAX_TOPK:
-        raise ValueError(f"retriever_topk must be an integer from 1 to {MAX_TOPK}, got {topk!r}")
-    url = config.get("retriever_url")
-    if url is None:
-        return LocalRetriever(open_corpus(config.get("corpus"))), topk
-    if not isinstance(url, str) or not _http_url(url):
-        raise ValueError(f"retriever_url must be an http(s) URL with a host, got {clipped(repr(url), 200)}")
-    timeout = config.get("retriever_timeout", 10.0)
-    if not isinstance(timeout, int | float) or isinstance(timeout, bool) or not 0 < timeout <= 300:
-        raise ValueError(f"retriever_timeout must be seconds in (0, 300], got {timeout!r}")
-    return RemoteRetriever(url, float(timeout)), topk
+
+def _documents(value: Any) -> list[Document]:
+    """Inline documents by Document's rule, then unique ids and a word to search for (what
+    indexing them would refuse), each error at its path (``N.id``)."""
+    docs: list[Document] = _DOCUMENTS.validate_python(value)
+    first: dict[str, int] = {}
+    errors: list[Any] = []
+    for n, doc in enumerate(docs):
+        if doc.id in first:
+            why = PydanticCustomError("duplicate_id", "duplicate id {id} (first at corpus.{first})",
+                                      {"id": clipped(repr(doc.id), 80), "first": first[doc.id]})  # fmt: skip
+            errors.append({"type": why, "loc": (n, "id"), "input": doc.id})
+        first.setdefault(doc.id, n)
+    if errors:
+        raise ValidationError.from_exception_data("corpus", errors)
+    if docs and not any(query_words(f"{d.title} {d.text}") for d in docs):
+        raise ValueError("no document has a word to search for (all are stopwords or punctuation)")
+    return docs
+
+
+class RetrieverConfig(BaseModel):
+    """Where the search tool reads: the settings ``retriever_for`` takes, each checked here so that
+    a suite ``pqrl tasks validate`` accepts cannot fail at reset on them."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    corpus: list[Document] | str | None = Field(
+        None, description="inline documents, a JSONL file or sha256:<digest> of an indexed one"
+    )
+    retriever_url: str | None = Field(None, description="a Search-R1 retrieval server; wins over corpus")
+    retriever_timeout: float = Field(
+        10.0, gt=0, le=300, strict=True, description="seconds a remote search may take"
+    )
+    retriever_topk: int = Field(
+        MAX_TOPK, ge=1, le=MAX_TOPK, strict=True, description="most articles a search returns"
+    )
+
+    @field_validator("corpus", mode="wrap")
+    @classmethod
+    def _corpus(cls, value: Any, handler: Any) -> Any:
+        # documents or a name, told apart here: a union would put its member's name in an error's
+        # path (corpus.list[Document].3.text instead of corpus.3.text)
+        if value is None:
+            return None
+        if isinstance(value, str):
+            problem = corpus_name_problem(value)
+            if problem is not None:
+                raise ValueError(problem)
+            return value
+        if not isinstance(value, list):
+            kind = type(value).__name__
+            raise ValueError(f"a list of documents, a JSONL path or sha256:<digest>, not {kind}")
+        return _documents(value)
+
+    @field_validator("retriever_url")
+    @classmethod
+    def _url(cls, url: str | None) -> str | None:
+        if url is not None and not _http_url(url):
+            raise ValueError(f"not an http(s) URL with a host: {clipped(repr(url), 200)}")
+        return url
+
+    @model_validator(mode="after")
+    def _a_source(self) -> RetrieverConfig:
+        if self.retriever_url is None and not self.corpus:
+            raise ValueError("give a corpus (documents, a JSONL file or sha256:<digest>) or a retriever_url")
+        return self
+
+
+def retriever_for(config: RetrieverConfig) -> tuple[Retriever, int]:
+    """(the retriever ``config`` names, the most articles one search returns).
+
+    ``retriever_url`` (with ``retriever_timeout`` seconds) names a remote server and wins over
+    ``corpus``; otherwise ``corpus`` is read locally (``tasks.corpus.open_corpus``: a file is
+    indexed on first use, which may still fail here: it is looked for on this machine)."""
+    if config.retriever_url is not None:
+        return RemoteRetriever(config.retriever_url, config.retriever_timeout), config.retriever_topk
+    corpus = config.corpus
+    spec = [d.model_dump() for d in corpus] if isinstance(corpus, list) else corpus
+    return LocalRetriever(open_corpus(spec)), config.retriever_topk

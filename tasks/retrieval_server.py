@@ -1,11 +1,12 @@
 """``pqrl search serve``: a corpus's bm25s index over Search-R1's retrieval API, so anything that
 speaks it (a search environment's ``retriever_url``, Search-R1's own trainer) can search it.
 
-    GET  /healthz     {"status": "ok", "corpus": "sha256:...", "documents": N}
+    GET  /healthz     {"status": "ok", "corpus": "sha256:...", "documents": N, "requests": R, "queries": Q}
     POST /retrieve    {"queries": [str], "topk": int, "return_scores": bool}
                    -> {"result": [[{"document": {"id", "title", "text", "contents"}, "score": s}, ...]]}
                       (without return_scores, each entry is the document itself)
 
+``requests`` and ``queries`` count what ``/retrieve`` answered since the server started.
 ``contents`` is Search-R1's ``'"Title"\\ntext'``. Only documents scoring above 0 are returned, so a
 query may get fewer than ``topk``. No token: it binds to loopback unless told otherwise.
 """
@@ -13,7 +14,9 @@ query may get fewer than ``topk``. No token: it binds to loopback unless told ot
 from __future__ import annotations
 
 import argparse
+import collections
 import sys
+import threading
 from typing import Annotated, Any
 
 from fastapi import FastAPI
@@ -49,14 +52,20 @@ def create_app(index: LocalIndex, *, topk: int = 3) -> FastAPI:
     """The retrieval API over ``index``; ``topk``: what a request without one gets."""
     app = FastAPI(title="pqrl retrieval", docs_url=None, redoc_url=None)
     app.add_middleware(_BodyLimit, limit=_MAX_BODY)
+    served = collections.Counter[str]()
+    lock = threading.Lock()  # requests are answered in a thread pool
 
     @app.get("/healthz")
     def healthz() -> dict[str, Any]:
-        return {"status": "ok", "corpus": index.name, "documents": index.count}
+        with lock:
+            counts = {"requests": served["requests"], "queries": served["queries"]}
+        return {"status": "ok", "corpus": index.name, "documents": index.count, **counts}
 
     @app.post("/retrieve")
     def retrieve(request: RetrieveRequest) -> dict[str, Any]:  # sync: FastAPI runs it in a thread
         found = index.search(request.queries, request.topk or topk)
+        with lock:
+            served.update(requests=1, queries=len(request.queries))
         if request.return_scores:
             return {
                 "result": [[{"document": _document(h), "score": h.score} for h in hits] for hits in found]

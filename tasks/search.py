@@ -15,16 +15,15 @@ import random
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field
 
 from env_server import Message, RewardResult, ToolEnvironment, tool
 from env_server.tools import tool_call_text
 from env_server.types import Observation, ToolCall
-from pqrl.finite import finite
 from pqrl.text import clipped
 from tasks.corpus import query_words
 from tasks.graders import normalize_answer, qa_score, shaped_reward
-from tasks.retrieval import MAX_TOPK, Retriever, retriever_for
+from tasks.retrieval import Retriever, RetrieverConfig, retriever_for
 from tasks.suite import QATask, Suite, SuiteManifest
 
 __all__ = ["SearchEnv", "make_corpus", "search_suite"]
@@ -190,45 +189,12 @@ def _mentions(text: str, phrase: str) -> bool:
 _ARTICLE_CHARS = 2000  # of one article in a search's answer: a corpus may hold long documents
 
 
-class Document(BaseModel):
-    """One article of an inline search corpus (other fields are kept and ignored)."""
+class SearchConfig(RetrieverConfig):
+    """The keyword arguments of search-v1 (a suite's ``defaults``): where it reads
+    (``RetrieverConfig``), worked examples and shaping."""
 
-    model_config = ConfigDict(extra="allow")
-    id: str
-    title: str = ""
-    text: str = Field(min_length=1)
-
-
-class SearchConfig(BaseModel):
-    """The keyword arguments of search-v1 (a suite's ``defaults``)."""
-
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-    corpus: list[Document] | None = Field(None, description="inline documents (or a path / digest, below)")
-    corpus_file: str | None = Field(None, description="corpus when it names a file or a digest")
-    retriever_url: str | None = Field(None, description="a Search-R1 retrieval server; wins over corpus")
-    retriever_timeout: float = Field(10.0, gt=0, le=300, description="seconds a remote search may take")
-    retriever_topk: int = Field(MAX_TOPK, ge=1, le=MAX_TOPK, description="most articles a search returns")
     shots: int = Field(0, ge=0, le=len(_DEMOS))
     format_reward: float = Field(0.0, ge=0, lt=1)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _named_file(cls, data: Any) -> Any:
-        # ``corpus`` is documents or a name: split here so a document's error keeps the path
-        # corpus.N.field (a union would add the member's name to it)
-        if isinstance(data, dict):
-            if "corpus_file" in data:
-                raise ValueError("corpus_file is not a setting: give corpus (a path or sha256:<digest>)")
-            if isinstance(data.get("corpus"), str):
-                data = {**data, "corpus_file": data["corpus"]}
-                del data["corpus"]
-        return data
-
-    @model_validator(mode="after")
-    def _a_source(self) -> SearchConfig:
-        if self.retriever_url is None and not self.corpus and self.corpus_file is None:
-            raise ValueError("give a corpus (documents, a JSONL file or sha256:<digest>) or a retriever_url")
-        return self
 
 
 class SearchEnv(ToolEnvironment):
@@ -239,6 +205,7 @@ class SearchEnv(ToolEnvironment):
     ``format_reward`` (default 0, see ``evaluate``)."""
 
     retriever: Retriever | None = None
+    settings: SearchConfig
 
     task_model = QATask
     config_model = SearchConfig
@@ -253,14 +220,13 @@ class SearchEnv(ToolEnvironment):
     async def reset(self, *, task: dict[str, Any], seed: int | None = None) -> Observation:
         t = QATask.model_validate(task)
         # a corpus file is hashed and indexed on first use: not on the event loop
-        self.retriever, self.topk = await asyncio.to_thread(retriever_for, self.config)
+        self.retriever, self.topk = await asyncio.to_thread(retriever_for, self.settings)
         self.references, self.submitted = t.answers, None
         self.found: list[str] = []  # what every search returned, for the evidence credit
-        shots = int(self.config.get("shots", 0))
         return self.observation(
             [
                 Message(role="system", content=SYSTEM),
-                *demonstration(shots),
+                *demonstration(self.settings.shots),
                 Message(role="user", content=t.question),
             ]
         )
@@ -305,8 +271,7 @@ class SearchEnv(ToolEnvironment):
         answered = self.submitted is not None
         found = answered and any(_mentions(text, ref) for text in self.found for ref in self.references)
         grounded = answered and any(_mentions(text, self.submitted) for text in self.found)
-        fmt = finite(self.config.get("format_reward", 0.0), "format_reward")
-        reward = shaped_reward(reward, fmt, used=found, grounded=grounded)
+        reward = shaped_reward(reward, self.settings.format_reward, used=found, grounded=grounded)
         return RewardResult(
             reward=reward, info={**info, "submitted": self.submitted, "found": found, "grounded": grounded}
         )

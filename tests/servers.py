@@ -141,3 +141,14 @@ def env_server_process(token: str, **env: Any) -> Iterator[LiveServer]:
     finally:
         stop_process(proc)
         sock.close()
+
+
+async def stored_groups(redis_dir: Path, run: str) -> list[Any]:
+    """The groups an embedded job left in its private Redis's data (``RUN_DIR/redis``), read with
+    a Redis started on that folder and stopped again."""
+    from pqrl.redis_server import RedisServer
+    from pqrl.store import TrajectoryStore
+
+    with RedisServer(data_dir=redis_dir) as server:
+        async with TrajectoryStore(server.url, run) as store:
+            return [group for _, group in await store.groups.peek(50)]

@@ -117,6 +117,7 @@ class TrainerLoop:
         self._taken: list[str] = []  # group ids the step in progress has read
         self._abort = threading.Event()  # asks a one-process step's thread to stop (see abort)
         self._waiting = False  # the step has not trained yet: cancelling it changes nothing
+        self.flat_read = 0  # groups without signal the step in progress has read (and given back)
         # Training and checkpointing run on this one thread, not on whichever of the event loop's
         # pool threads is free: each thread allocates from its own glibc arena, which keeps pages
         # malloc_trim does not hand back (its top), so the step's allocations stay in one arena.
@@ -147,6 +148,7 @@ class TrainerLoop:
         """One step; returns its metrics (with ``policy/version`` after publication)."""
         self._waiting = True
         self._abort.clear()
+        self.flat_read = 0
         await self.store.groups.create_consumer_group(STREAM_CONSUMER_GROUP)
         version = (await self.store.policy.get()).version  # only this loop publishes
         self._taken = []
@@ -206,7 +208,7 @@ class TrainerLoop:
                 break
             if flat > rejected:  # they will be dropped: free their places now, or the gate stays full
                 await self.store.gate.reject(flat - rejected)  # and no group with signal can come
-                rejected = flat
+                rejected = self.flat_read = flat
             entries += await self._read(missing, timeout_s)
         return entries, rejected
 
@@ -231,6 +233,7 @@ class TrainerLoop:
                 if flat:
                     await self.store.gate.reject(flat)
                     rejected += flat
+                    self.flat_read = rejected
                 with trimming():
                     await self._on_compute(acc.add, [e.trajectories for e in new])
                 if self._abort.is_set():  # asked while that ran: nothing is updated yet

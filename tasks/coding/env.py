@@ -148,6 +148,7 @@ class CodingEnv(ShellEnv):
     needs_sandbox = True
     task_model = CodingTask
     config_model = CodingConfig
+    settings: CodingConfig
     reward_names = ("unit_tests",)
 
     async def reset(self, *, task: dict[str, Any], seed: int | None = None) -> Observation:
@@ -161,7 +162,7 @@ class CodingEnv(ShellEnv):
         user = _issue_message(
             self.task.issue, list(self.task.repo), source_files(self.task.repo, self.task.hidden_tests)
         )
-        shots = demonstration(int(self.config.get("shots", 0)))
+        shots = demonstration(self.settings.shots)
         return self.observation(
             [Message(role="system", content=SYSTEM), *shots, Message(role="user", content=user)]
         )

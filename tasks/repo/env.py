@@ -12,14 +12,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from env_server import Message, RewardResult
 from env_server.types import Observation, ToolCall
 from pqrl.faults import BadTask
 from sandboxes.hardening import SandboxSettings
 from sandboxes.protocol import Sandbox
-from tasks.coding.env import GIT_ENV, CodingEnv
+from tasks.coding.env import GIT_ENV, CodingConfig, CodingEnv, demonstration
 from tasks.coding.grader import fresh_sandboxes
 from tasks.repo.grading import Ungradable, capture_diff, grade_patch
 from tasks.repo.task import RepoTask
@@ -46,10 +46,10 @@ _RESET = (
 )
 
 
-class RepoConfig(BaseModel):
-    """The keyword arguments of repo-v1 (a suite's ``defaults``)."""
+class RepoConfig(CodingConfig):
+    """The keyword arguments of repo-v1 (a suite's ``defaults``): coding-v1's ``shots`` (worked
+    fixes shown before the issue: a small model calls no tool without them) and ``test_timeout``."""
 
-    model_config = ConfigDict(extra="forbid")
     # under the HTTP env client's 300 s per request, with room for the copy and the container
     test_timeout: float = Field(240.0, gt=0, le=3600, description="seconds for the hidden test run")
     verdict: Literal["values", "junit"] = Field(
@@ -61,11 +61,13 @@ class RepoConfig(BaseModel):
 
 class RepoEnv(CodingEnv):
     """Task: a RepoTask dict. Reward: 1 when every FAIL_TO_PASS and PASS_TO_PASS test passes (and,
-    by default, records the gold solution's values: tasks/repo/values.py). Config:
-    ``test_timeout``, seconds for the hidden test run (default 240); ``verdict``, values or junit."""
+    by default, records the gold solution's values: tasks/repo/values.py). Config: ``shots`` (0
+    to 2, default 0), ``test_timeout``, seconds for the hidden test run (default 240);
+    ``verdict``, values or junit."""
 
     task_model = RepoTask  # type: ignore[assignment]
     config_model = RepoConfig  # type: ignore[assignment]
+    settings: RepoConfig
     reward_names = ("unit_tests",)
     # Real repositories are larger than the generated ones (the workspace tmpfs counts as memory).
     sandbox_settings = SandboxSettings(memory_mb=4096, workspace_mb=2048)
@@ -92,6 +94,7 @@ class RepoEnv(CodingEnv):
         return self.observation(
             [
                 Message(role="system", content=SYSTEM),
+                *demonstration(self.settings.shots),
                 Message(role="user", content=self.repo_task.problem_statement),
             ]
         )
@@ -104,10 +107,10 @@ class RepoEnv(CodingEnv):
             patch = await capture_diff(self._box(), self.repo_task, self.base_commit)
         except Ungradable as e:  # the agent broke its own git state: its failure
             return RewardResult(reward=0.0, info={**info, "reason": str(e)})
-        timeout = float(self.config.get("test_timeout", 240.0))
-        verdict = str(self.config.get("verdict", "values"))
         make = await fresh_sandboxes(self._box())
-        graded = await grade_patch(self.repo_task, patch, make, timeout=timeout, verdict=verdict)
+        graded = await grade_patch(
+            self.repo_task, patch, make, timeout=self.settings.test_timeout, verdict=self.settings.verdict
+        )
         result = RewardResult(reward=graded.reward, info={**info, "patch_bytes": len(patch), **graded.info})
         if self.done:  # nothing can change after submit: grade once
             self.result = result

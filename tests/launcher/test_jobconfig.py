@@ -32,7 +32,7 @@ def _write(tmp_path: Path, text: str) -> Path:
 
 
 def test_the_shipped_examples_are_valid():
-    for name in ("quickstart.yaml", "search.yaml", "coding.yaml"):
+    for name in ("quickstart.yaml", "search.yaml", "search_server.yaml", "coding.yaml", "repo.yaml"):
         cfg = load_config(ROOT / "examples" / name)
         assert cfg.embedded and cfg.tasks.suites
 

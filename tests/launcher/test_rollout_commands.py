@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pqrl.errors import JobEnded
+from pqrl.errors import JobEnded, RetriesExhausted
 from pqrl.redis_server import free_port
 from tests.servers import wait_until_healthy
 
@@ -92,3 +92,20 @@ def test_tasks_filter_rates_no_task_that_never_ran(tmp_path):
     last = run.stderr.strip().splitlines()[-1]
     assert last.startswith("pqrl tasks filter: no pass rate: no task ran, all 2 failed on infrastructure")
     assert not out.exists() and "kept" not in run.stdout
+
+
+def test_rollout_with_redis_down_gives_up_after_its_grace_with_one_line():
+    """Nothing listens on the port: admission retries for ``--redis-grace-s``, then the command
+    ends as RetriesExhausted (exit 4) with one line naming the URL and what to do."""
+    url = f"redis://127.0.0.1:{free_port()}"
+    args = ["rollout", "--run", "down", "--redis-url", url, "--engine", f"http://127.0.0.1:{free_port()}",
+            "--groups-per-step", "1", "--redis-grace-s", "2"]  # fmt: skip
+    out = subprocess.run([PQRL, *args, "--quiet"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == RetriesExhausted.exit_code == 4, out.stdout + out.stderr
+    assert out.stdout == "" and out.stderr.count("\n") == 1, out.stderr
+    assert out.stderr.startswith(f"pqrl rollout: Redis unreachable for 2s: cannot reach Redis at {url}")
+    assert "(start Redis or check --redis-url" in out.stderr
+    # without --quiet: the retries are logged, and the command ends the same way
+    loud = subprocess.run([PQRL, *args], capture_output=True, text=True, timeout=120)
+    assert loud.returncode == 4 and loud.stderr.splitlines()[-1] == out.stderr.strip(), loud.stderr
+    assert "Redis unreachable (retried" in loud.stderr

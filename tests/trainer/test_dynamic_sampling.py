@@ -3,6 +3,8 @@ counted, acknowledged and returned to the staleness gate; the step trains on gro
 
 from __future__ import annotations
 
+import collections
+
 import torch
 
 from pqrl.store import TrajectoryStore
@@ -87,6 +89,12 @@ async def test_groups_read_past_free_their_gate_places_while_the_loop_waits(redi
                 break
             await asyncio.sleep(0.05)
         assert (await store.gate.state())["rejected"] == 2 and not step.done(), "freed while still reading"
+        # a job whose plan ends now says so in its summary: the waiting step's drops count
+        from launcher.plan_end import plan_end_counts
+
+        assert loop.flat_read == 2
+        counts = await plan_end_counts(store, loop, collections.Counter(), None)
+        assert "read by the trainer 0, dropped by the trainer: no_signal_groups 2" in counts, counts
         for name in ("good1", "good2"):
             await store.groups.put(_group(name, [0, 1, 1]))
         m = await step

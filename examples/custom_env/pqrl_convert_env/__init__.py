@@ -71,7 +71,7 @@ class ConvertEnv(ToolEnvironment):
 
     async def evaluate(self):
         ok = self.submitted is not None and math.isclose(
-            self.submitted, self.task.answer, rel_tol=self.config.get("tolerance", 1e-3)
+            self.submitted, self.task.answer, rel_tol=self.settings.tolerance
         )
         return RewardResult(reward=float(ok), info={"submitted": self.submitted})
 
