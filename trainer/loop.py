@@ -179,6 +179,7 @@ class TrainerLoop:
             raise
         groups = [e.trajectories for e in entries]
         if self.rollout_log is not None:  # written on the log's own thread while this step publishes
+            await asyncio.to_thread(self.rollout_log.flush)  # the previous step's file, done long since
             self.rollout_log.submit(self.state.step + 1, version, groups, self.cfg.step, self._record)
         _failpoint("trained", self.state.step + 1)
         metrics |= rollout_metrics(groups)

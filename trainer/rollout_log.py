@@ -31,7 +31,15 @@ from pqrl.trajectory import Trajectory
 from trainer.config import StepConfig
 from trainer.screening import drop_reason, screen_group
 
-__all__ = ["STEP_GLOB", "RolloutLog", "note_advantages", "note_logprobs", "schema", "step_file"]
+__all__ = [
+    "STEP_GLOB",
+    "RolloutLog",
+    "logged_steps",
+    "note_advantages",
+    "note_logprobs",
+    "schema",
+    "step_file",
+]
 
 log = logging.getLogger(__name__)
 
@@ -44,19 +52,23 @@ def step_file(directory: str | Path, step: int) -> Path:
     return Path(directory) / f"step-{step:06d}.parquet"
 
 
+def logged_steps(directory: str | Path) -> list[int]:
+    """The steps with a finished file in ``directory``, in order (other names are ignored)."""
+    stems = (p.stem.removeprefix("step-") for p in Path(directory).glob(STEP_GLOB))
+    return sorted(int(s) for s in stems if s.isdigit())
+
+
 def note_logprobs(batch: Any, members: Sequence[int], logp: Any) -> None:
     """Keeps the trainer's per-token logprobs of ``members`` (concatenated over their trained
     positions) in ``batch.record`` when the step records (``record_offpolicy`` calls it once per
     member: the proximal pass, or the training forward on policy)."""
     if batch.record is None or logp.numel() == 0:
         return
-    values = logp.detach().float().cpu().numpy()
-    at = 0
-    for i in members:
-        pos = batch.positions[i]
+    # detached views, copied to the host on the log's thread: no device sync inside the step
+    chunks = logp.detach().split([len(batch.positions[i]) for i in members])
+    for i, chunk in zip(members, chunks, strict=True):
         entry = batch.record.setdefault(batch.trajs[i].id, {})
-        entry["positions"], entry["logprobs"] = pos, values[at : at + len(pos)]
-        at += len(pos)
+        entry["positions"], entry["logprobs"] = batch.positions[i], chunk
 
 
 def note_advantages(batch: Any) -> None:
@@ -66,8 +78,7 @@ def note_advantages(batch: Any) -> None:
     for i, t in enumerate(batch.trajs):
         entry = batch.record.setdefault(t.id, {})
         if batch.token_advantages:
-            adv = batch.token_advantages[i].cpu().numpy()
-            entry["token_advantages"], entry["advantage"] = adv, float(adv.mean()) if adv.size else 0.0
+            entry["token_advantages"] = batch.token_advantages[i].detach()
         else:
             entry["advantage"] = float(batch.advantages[i])
 
@@ -133,9 +144,9 @@ class RolloutLog:
     def _trim(self, step: int) -> None:
         if self.keep_steps is None:
             return
-        for path in self.dir.glob(STEP_GLOB):
-            if int(path.stem.split("-")[1]) <= step - self.keep_steps:
-                path.unlink(missing_ok=True)
+        for old in logged_steps(self.dir):
+            if old <= step - self.keep_steps:
+                step_file(self.dir, old).unlink(missing_ok=True)
 
 
 def _group_rows(
@@ -154,20 +165,17 @@ def _group_rows(
 def _row(step: int, version: int, t: Trajectory, reason: str | None, rec: dict[str, Any]) -> dict[str, Any]:
     gen = t.generated.astype(bool)
     calls = [c for u in t.turns for c in u.tool_calls]
-    trainer_lp = None
+    trainer_lp, token_adv, advantage = None, None, rec.get("advantage")
     if "logprobs" in rec:
-        trainer_lp = np.full(t.num_tokens, np.nan, np.float32)
-        trainer_lp[rec["positions"]] = rec["logprobs"]
-    token_adv = rec.get("token_advantages")
-    if token_adv is not None:
-        full = np.full(t.num_tokens, np.nan, np.float32)
-        full[rec["positions"]] = token_adv
-        token_adv = full
+        trainer_lp = _spread(t.num_tokens, rec["positions"], rec["logprobs"])
+    if "token_advantages" in rec:  # PPO: per token; the row's advantage is their mean
+        token_adv = _spread(t.num_tokens, rec["positions"], rec["token_advantages"])
+        advantage = float(np.nanmean(token_adv)) if np.isfinite(token_adv).any() else None
     return {
         "step": step, "policy_version": version, "id": t.id, "run_id": t.run_id, "group_id": t.group_id,
         "task_id": t.task_id, "env": t.env, "status": t.status.value, "reward": t.reward,
         "reward_info": json.dumps(t.reward_info, default=str), "used": reason is None, "drop_reason": reason,
-        "advantage": rec.get("advantage"),
+        "advantage": advantage,
         "staleness": int(version - t.versions[gen].min()) if gen.any() else None,
         "truncated": t.truncation is not None or t.status.value == "truncated",
         "truncation": None if (cut := t.truncation) is None else json.dumps(
@@ -182,6 +190,15 @@ def _row(step: int, version: int, t: Trajectory, reason: str | None, rec: dict[s
         "behavior_logprobs": t.behavior_logprobs, "versions": t.versions,
         "trainer_logprobs": trainer_lp, "token_advantages": token_adv,
     }  # fmt: skip
+
+
+def _spread(n: int, positions: np.ndarray, values: Any) -> np.ndarray:
+    """Per-position values (a tensor or an array) as a length-``n`` array, NaN elsewhere."""
+    if hasattr(values, "cpu"):
+        values = values.float().cpu().numpy()
+    out = np.full(n, np.nan, np.float32)
+    out[positions] = values
+    return out
 
 
 def _turn(u: Any) -> dict[str, Any]:

@@ -26,13 +26,13 @@ def tok():
     return load_tokenizer()
 
 
-async def _run(redis_url, tmp_path, tok, *, stream: bool, steps: int = 1, keep_steps=None):
+async def _run(redis_url, tmp_path, tok, *, stream: bool, steps: int = 1, keep_steps=None, epochs: int = 1):
     model = tiny_llama(len(tok))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     cfg = LoopConfig(
-        step=StepConfig(temperature=1.0, max_staleness=1), groups_per_step=3, max_extra_reads=0,
-        stream=stream, weights_dir=str(tmp_path / "w"), rollout_log_dir=str(tmp_path / "rollouts"),
-        rollout_log_keep_steps=keep_steps,
+        step=StepConfig(temperature=1.0, max_staleness=1, ppo_epochs=epochs), groups_per_step=3,
+        max_extra_reads=0, stream=stream, weights_dir=str(tmp_path / "w"),
+        rollout_log_dir=str(tmp_path / "rollouts"), rollout_log_keep_steps=keep_steps,
     )  # fmt: skip
     async with TrajectoryStore(redis_url, "r") as store:
         await store.groups.create_consumer_group("trainer")
@@ -53,11 +53,14 @@ def _fields(t):
     return {f: getattr(t, f) for f in t.__dataclass_fields__}
 
 
-@pytest.mark.parametrize("stream", [False, True], ids=["batch", "streaming"])
+# one update: pi_prox is the training forward's; two epochs: the proximal pass before the first
+@pytest.mark.parametrize(
+    "stream,epochs", [(False, 1), (True, 1), (False, 2)], ids=["batch", "streaming", "epochs"]
+)
 async def test_every_trajectory_read_is_logged_with_why_and_the_trainers_numbers(
-    redis_server, tmp_path, tok, stream
+    redis_server, tmp_path, tok, stream, epochs
 ):
-    (metrics,) = await _run(redis_server.url, tmp_path, tok, stream=stream)
+    (metrics,) = await _run(redis_server.url, tmp_path, tok, stream=stream, epochs=epochs)
     table = pq.read_table(step_file(tmp_path / "rollouts", 1))
     rows = {r["id"]: r for r in table.to_pylist()}
     assert len(rows) == 12 and {r["step"] for r in rows.values()} == {1}
