@@ -140,12 +140,13 @@ class RunLog:
         return self._vocab
 
 
-def _clean(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """NaN (a token the trainer did not score) as null: JSON has no NaN."""
-    for row in rows:
-        for key, value in row.items():
-            if isinstance(value, float) and not math.isfinite(value):
-                row[key] = None
-            elif isinstance(value, list) and value and isinstance(value[0], float | type(None)):
-                row[key] = [None if v is None or not math.isfinite(v) else round(v, 5) for v in value]
-    return rows
+def _clean(value: Any) -> Any:
+    """NaN and infinities (a token the trainer did not score, a reward_info's own) as null: JSON
+    has none of them, and the browser would refuse the whole reply."""
+    if isinstance(value, float):
+        return round(value, 5) if math.isfinite(value) else None
+    if isinstance(value, list):
+        return [_clean(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    return value

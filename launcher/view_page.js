@@ -67,7 +67,8 @@ async function viewStep(step) {
   const eps = await api(`/api/step?step=${step}`);
   const f = {status: $('select', {id: 'f-status'}, ...['all', 'trained', 'dropped', 'failed_infra', 'failed_env', 'truncated', 'tool_error'].map(o => $('option', {value: o, text: o}))),
     env: $('input', {id: 'f-env', placeholder: 'env'}), task: $('input', {id: 'f-task', placeholder: 'task'}),
-    rmin: $('input', {id: 'f-rmin', placeholder: 'reward >=', type: 'number', step: 'any'}), rmax: $('input', {id: 'f-rmax', placeholder: 'reward <=', type: 'number', step: 'any'})};
+    rmin: $('input', {id: 'f-rmin', placeholder: 'reward >=', type: 'number', step: 'any'}), rmax: $('input', {id: 'f-rmax', placeholder: 'reward <=', type: 'number', step: 'any'}),
+    amin: $('input', {id: 'f-amin', placeholder: 'advantage >=', type: 'number', step: 'any'}), amax: $('input', {id: 'f-amax', placeholder: 'advantage <=', type: 'number', step: 'any'})};
   const table = $('table', {id: 'episodes'});
   const keep = e => {
     const s = f.status.value;
@@ -75,6 +76,8 @@ async function viewStep(step) {
     if ((s === 'failed_infra' || s === 'failed_env') && e.status !== s) return false;
     if (f.env.value && !e.env.includes(f.env.value) || f.task.value && !e.task_id.includes(f.task.value)) return false;
     if (f.rmin.value !== '' && e.reward < +f.rmin.value || f.rmax.value !== '' && e.reward > +f.rmax.value) return false;
+    // a dropped trajectory has no advantage: an advantage bound leaves it out
+    if (f.amin.value !== '' && !(e.advantage >= +f.amin.value) || f.amax.value !== '' && !(e.advantage <= +f.amax.value)) return false;
     return true;
   };
   const draw = () => {

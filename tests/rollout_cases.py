@@ -80,7 +80,11 @@ def mixed_groups(tok: Any, version: int, stale_version: int) -> list[list[Trajec
         episode(tok, "sig", 2, reward=0.2, version=version, masked_turn=True),
         episode(tok, "sig", 3, reward=1.0, version=version),
     ]
-    flat = [episode(tok, "flat", i, reward=0.0, version=version, answer="It is 7") for i in range(4)]
+    nan = {"exact": False, "similarity": float("nan")}  # a grader's own NaN: JSON has none
+    flat = [
+        episode(tok, "flat", i, reward=0.0, version=version, answer="It is 7", reward_info=nan)
+        for i in range(4)
+    ]
     infra = [
         episode(tok, "infra", 0, reward=1.0, version=version),
         episode(tok, "infra", 1, reward=0.0, version=version, answer="It is 3"),

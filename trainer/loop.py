@@ -129,7 +129,12 @@ class TrainerLoop:
         self.rollout_log = (
             None
             if cfg.rollout_log_dir is None
-            else RolloutLog(cfg.rollout_log_dir, keep_steps=cfg.rollout_log_keep_steps, tokenizer=tokenizer)
+            else RolloutLog(
+                cfg.rollout_log_dir,
+                keep_steps=cfg.rollout_log_keep_steps,
+                tokenizer=tokenizer,
+                resumed_at=self.state.step,
+            )  # fmt: skip
         )
         self._record: dict[str, dict[str, Any]] | None = None  # the step's logprobs and advantages
         why = streamable(cfg.step, ref_model=ref_model, critic=critic, sharded=leader is not None)

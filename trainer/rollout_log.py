@@ -64,8 +64,9 @@ def note_logprobs(batch: Any, members: Sequence[int], logp: Any) -> None:
     member: the proximal pass, or the training forward on policy)."""
     if batch.record is None or logp.numel() == 0:
         return
-    # detached views, copied to the host on the log's thread: no device sync inside the step
-    chunks = logp.detach().split([len(batch.positions[i]) for i in members])
+    # copied to the host on the log's thread (no device sync inside the step); cloned so that a
+    # view never keeps a larger buffer alive
+    chunks = logp.detach().clone().split([len(batch.positions[i]) for i in members])
     for i, chunk in zip(members, chunks, strict=True):
         entry = batch.record.setdefault(batch.trajs[i].id, {})
         entry["positions"], entry["logprobs"] = batch.positions[i], chunk
@@ -86,7 +87,12 @@ def note_advantages(batch: Any) -> None:
 class RolloutLog:
     """Writes each step's trajectories to ``directory`` on a background thread."""
 
-    def __init__(self, directory: str | Path, *, keep_steps: int | None = None, tokenizer: Any = None):
+    def __init__(
+        self, directory: str | Path, *, keep_steps: int | None = None, tokenizer: Any = None,
+        resumed_at: int | None = None,
+    ) -> None:  # fmt: skip
+        """``resumed_at``: the step of the checkpoint the run resumes from; the files of later steps
+        (trained, then lost with the crash) go, and their groups are logged again when retrained."""
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.keep_steps = keep_steps
@@ -97,6 +103,9 @@ class RolloutLog:
         self.rows: list[int] = []
         for tmp in self.dir.glob(".step-*.tmp"):  # a killed writer's unfinished file
             tmp.unlink(missing_ok=True)
+        if resumed_at is not None:
+            for lost in (s for s in logged_steps(self.dir) if s > resumed_at):
+                step_file(self.dir, lost).unlink(missing_ok=True)
         if tokenizer is not None and not (self.dir / "vocab.json").exists():
             self._pending = self._pool.submit(_write_vocab, self.dir / "vocab.json", tokenizer)
 

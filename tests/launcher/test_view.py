@@ -122,6 +122,13 @@ def test_the_page_finds_a_failed_episode_and_shows_what_was_trained(served, brow
 
     b.get(served + "/#/step/1")
     b.wait("#episodes tr.ep")
+    b.js("const a = document.getElementById('f-amin'); a.value = '0.5'; a.dispatchEvent(new Event('input'))")
+    positive = sorted(b.attr(r, "data-id") for r in b.all("#episodes tr.ep"))
+    assert positive == ["infra-0", "sig-0", "sig-3"], "the advantage filter keeps the trained winners"
+    b.js("const a = document.getElementById('f-amin'); a.value = ''; a.dispatchEvent(new Event('input'))")
+
+    b.get(served + "/#/step/1")
+    b.wait("#episodes tr.ep")
     b.js("const s = document.getElementById('f-status'); s.value = 'tool_error';"
          "s.dispatchEvent(new Event('change'))")  # fmt: skip
     b.wait("#episodes tr.ep[data-id='sig-1']")
@@ -156,6 +163,8 @@ def test_the_server_refuses_other_hosts_and_unknown_steps(served):
     assert httpx.get(served + "/api/run", headers={"Host": "evil.example:80"}).status_code == 421
     assert httpx.get(served + "/api/step?step=99").status_code == 404
     assert httpx.get(served + "/api/step?step=x").status_code == 400
+    flat = httpx.get(served + "/api/episode?step=1&id=flat-0")
+    assert "NaN" not in flat.text and flat.json()["reward_info"] == {"exact": False, "similarity": None}
     page = httpx.get(served + "/")
     assert "script-src 'sha256-" in page.headers["content-security-policy"]
     assert "http" not in page.text.split("<script>")[1].replace("http://www.w3.org/2000/svg", ""), (
@@ -196,3 +205,18 @@ def test_a_trainer_killed_mid_run_leaves_a_log_pyarrow_and_the_viewer_open(tiny_
     assert all(s["trained"] == 4 for s in run["steps"])
     episode = log.episode(1, "sig-1-0")
     assert episode["reward_info"]["why"] == "no number in the answer" and episode["texts"]
+
+
+def test_the_command_serves_on_loopback_and_refuses_a_missing_run(run_dir, tmp_path):
+    cmd = [sys.executable, "-m", "launcher.cli", "view"]
+    missing = subprocess.run([*cmd, str(tmp_path / "nope")], capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 2 and "no such run directory" in missing.stderr
+    proc = subprocess.Popen([*cmd, str(run_dir), "--port", "0"], stdout=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("pqrl view: http://127.0.0.1:"), line
+        url = line.split()[2]
+        assert [s["step"] for s in httpx.get(url + "api/run").json()["steps"]] == [1]
+    finally:
+        proc.terminate()
+        proc.wait(10)

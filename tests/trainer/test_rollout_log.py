@@ -98,3 +98,14 @@ async def test_the_log_keeps_its_last_steps_and_no_temporary_file(redis_server, 
     await _run(redis_server.url, tmp_path, tok, stream=False, steps=3, keep_steps=2)
     names = sorted(p.name for p in (tmp_path / "rollouts").iterdir())
     assert names == ["step-000002.parquet", "step-000003.parquet", "vocab.json"]
+
+
+def test_a_resumed_run_drops_the_files_of_steps_its_checkpoint_lost(tmp_path):
+    from trainer.rollout_log import RolloutLog, logged_steps
+
+    for step in range(1, 6):
+        step_file(tmp_path, step).write_bytes(b"")
+    (tmp_path / ".step-000006.parquet.tmp").write_bytes(b"half")
+    RolloutLog(tmp_path, resumed_at=3).close()
+    assert logged_steps(tmp_path) == [1, 2, 3], "steps 4 and 5 are trained again, and logged again"
+    assert not list(tmp_path.glob(".*.tmp")), "a killed writer's unfinished file goes"
