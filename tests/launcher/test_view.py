@@ -186,12 +186,23 @@ def test_a_trainer_killed_mid_run_leaves_a_log_pyarrow_and_the_viewer_open(tiny_
         proc = _trainer(config)
         logdir = tmp_path / "out" / "r" / "rollouts"
         deadline = time.monotonic() + 240
+        live: list[int] = []  # the steps the page listed while the trainer ran
         while len(list(logdir.glob("step-*.parquet"))) < 3 and proc.poll() is None:
             assert time.monotonic() < deadline, "no rollout log after 240 s"
+            if not live and list(logdir.glob("step-*.parquet")):
+                server = make_server(str(tmp_path / "out" / "r"))
+                threading.Thread(target=server.serve_forever, daemon=True).start()
+                try:
+                    run = httpx.get(f"http://127.0.0.1:{server.server_address[1]}/api/run", timeout=30).json()
+                finally:
+                    server.shutdown()
+                    server.server_close()
+                live = [s["step"] for s in run["steps"]]
             time.sleep(0.05)
         proc.send_signal(signal.SIGKILL)
         proc.communicate(timeout=60)
     assert proc.returncode == -signal.SIGKILL, "killed mid-run, not finished"
+    assert live and live[0] == 1, "the page showed the log while the trainer ran"
     files = sorted(logdir.glob("step-*.parquet"))
     assert 3 <= len(files) < steps
     for f in files:
