@@ -19,6 +19,7 @@ from urllib.parse import parse_qs, urlsplit
 from launcher.view_data import RunLog
 from launcher.view_page import CSP, PAGE
 from pqrl.errors import UsageError
+from pqrl.serving import listening_socket
 
 __all__ = ["add_view_parser", "make_server", "view_command"]
 
@@ -36,21 +37,22 @@ def add_view_parser(sub: Any) -> None:
 
 
 def make_server(run_dir: str, host: str = "127.0.0.1", port: int = 0) -> ThreadingHTTPServer:
+    """The page's server for ``run_dir`` on ``host``:``port`` (0: a free one), listening; a port
+    that cannot be had is a ``UsageError``, as for every server of the project."""
     data = RunLog(run_dir)
-    server = ThreadingHTTPServer((host, port), _handler(data, host))
+    sock = listening_socket(host, port)
+    server = ThreadingHTTPServer(sock.getsockname()[:2], _handler(data, host), bind_and_activate=False)
+    server.socket.close()  # its own unbound one: the bound socket serves
+    server.socket, server.server_address = sock, sock.getsockname()
     server.daemon_threads = True
+    server.server_activate()
     return server
 
 
 def view_command(args: argparse.Namespace) -> int:
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port {args.port} is not a port", fix="give 1-65535, or 0 for any free one")
-    try:
-        server = make_server(args.run_dir, args.host, args.port)
-    except OSError as e:
-        raise UsageError(
-            f"cannot serve on {args.host}:{args.port}: {e.strerror}", fix="try another --port"
-        ) from None
+    server = make_server(args.run_dir, args.host, args.port)
     host, port = server.server_address[:2]
     if not _loopback(args.host):
         print(f"pqrl view: serving on {args.host}, reachable from other machines, with no login",

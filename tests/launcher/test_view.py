@@ -228,6 +228,11 @@ def test_the_command_serves_on_loopback_and_refuses_a_missing_run(run_dir, tmp_p
         assert line.startswith("pqrl view: http://127.0.0.1:"), line
         url = line.split()[2]
         assert [s["step"] for s in httpx.get(url + "api/run").json()["steps"]] == [1]
+        taken = url.rstrip("/").rsplit(":", 1)[1]
+        again = subprocess.run(
+            [*cmd, str(run_dir), "--port", taken], capture_output=True, text=True, timeout=60
+        )
+        assert again.returncode == 2 and f"port {taken} on 127.0.0.1 is in use" in again.stderr
     finally:
         proc.terminate()
         proc.wait(10)
