@@ -427,6 +427,9 @@ def _add_train(sub: _SubParsers, group: Callable[[str, str], _SubParsers]) -> No
     st = sub.add_parser("status", help="a running job's step, version, queue, staleness, reward trend")
     add_status_arguments(st)
     st.set_defaults(func=_cmd_status)
+    from launcher.view_command import add_view_parser  # light: no pyarrow until a page is asked for
+
+    add_view_parser(sub)
 
     sft = sub.add_parser("sft", help="cold start: fine-tune on demonstration trajectories (mask-1 tokens)")
     sft.add_argument("config", help="YAML file with the SFTConfig fields (trainer/sft.py)")

@@ -211,6 +211,17 @@ RolloutSection = _composed(
 )
 
 
+class RolloutLogSection(_Section):
+    enabled: bool = Field(
+        True,
+        description="write every trajectory the trainer reads (trained or dropped, with why) to "
+        "RUN_DIR/rollouts/step-N.parquet; pqrl view RUN_DIR shows them",
+    )
+    keep_steps: int | None = Field(
+        1000, ge=1, description="steps of the rollout log kept on disk (the oldest go); empty = all"
+    )
+
+
 class _TrainBase(_Section):
     steps: int = Field(20, ge=1, description="optimizer-step budget of the run (outer steps)")
     lr: float = Field(1e-6, gt=0, description="AdamW peak learning rate")
@@ -222,6 +233,9 @@ class _TrainBase(_Section):
     compact_memory: bool = Field(
         False, description="glibc: large blocks always from mmap (CPU quickstart: peak RSS -27%, step +46%)"
     )
+    rollout_log: RolloutLogSection = Field(
+        default_factory=RolloutLogSection, description="the durable log of every trajectory read"
+    )
 
 
 # the job's own training settings, the trainer loop's and the step's; where weights and
@@ -230,7 +244,16 @@ TrainSection = _composed(
     "TrainSection",
     _TrainBase,
     _component_fields(
-        LoopConfig, exclude=("weights_dir", "ckpt_dir", "keep_checkpoints", "consumer", "manifest")
+        LoopConfig,
+        exclude=(
+            "weights_dir",
+            "ckpt_dir",
+            "keep_checkpoints",
+            "consumer",
+            "manifest",
+            "rollout_log_dir",
+            "rollout_log_keep_steps",
+        ),  # fmt: skip
     ),
     _component_fields(StepConfig, exclude=("dtype", "cpu_autocast", "seed")),
 )
@@ -343,7 +366,14 @@ def shared_settings(cfg: TrainConfig) -> dict[str, Any]:
 def loop_config(cfg: TrainConfig) -> LoopConfig:
     return _pick(LoopConfig, cfg.train, step=step_config(cfg), weights_dir=str(cfg.run_dir / "weights"),
                  ckpt_dir=str(cfg.run_dir / "checkpoints"), keep_checkpoints=cfg.checkpoint.keep,
-                 manifest=str(cfg.run_dir / "manifest.json"))  # fmt: skip
+                 manifest=str(cfg.run_dir / "manifest.json"), **_rollout_log(cfg))  # fmt: skip
+
+
+def _rollout_log(cfg: TrainConfig) -> dict[str, Any]:
+    section = cfg.train.rollout_log
+    if not section.enabled:
+        return {}
+    return {"rollout_log_dir": str(cfg.run_dir / "rollouts"), "rollout_log_keep_steps": section.keep_steps}
 
 
 class ConfigInvalid(ValueError):

@@ -56,6 +56,7 @@ async def train(job: Job) -> dict[str, Any]:
     try:
         return await _Run(job, trainer, leader).run(resumed=parts.latest is not None)
     finally:
+        await asyncio.to_thread(trainer.close)  # the rollout log's last step
         if sync is not None:
             await sync.close()
         if ram is not None:

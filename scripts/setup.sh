@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Idempotent set-up of a machine for pqrl; safe to run again and again (a warm run takes seconds).
 #
-#   1. Debian packages: redis-server, docker.io, debootstrap, docker-compose (root only, when missing)
+#   1. Debian packages: redis-server, docker.io, debootstrap, docker-compose, chromium and
+#      chromium-driver (root only, when missing)
 #   2. a virtual environment with pqrl and its dev extras, linked at ./.venv
 #   3. a Docker engine (dockerd with overlay2, no iptables, no bridge) when none answers
 #   4. the sandbox base image, built offline from a debootstrap rootfs, when absent
@@ -48,6 +49,14 @@ if ! skip apt; then
     else
       log "WARNING: not root, cannot install ${missing[*]}; tests needing them will fail"
     fi
+  fi
+  # The headless browser of the pqrl view page test, which skips without it: a failed install
+  # (no such package on this mirror) warns instead of failing the set-up.
+  if ! { command -v chromium && command -v chromedriver; } >/dev/null && is_root; then
+    log "installing chromium and chromium-driver (the viewer's browser test)"
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+        chromium chromium-driver; } >/dev/null 2>&1 \
+      || log "WARNING: could not install chromium; tests/launcher/test_view.py's browser test will skip"
   fi
 fi
 

@@ -48,6 +48,9 @@ CHECKED = [
     "launcher/errors_cli.py",
     "launcher/quiet.py",
     "launcher/tasks_import.py",
+    "trainer/rollout_log.py",
+    "launcher/view_data.py",
+    "launcher/view_command.py",
 ]
 
 

@@ -41,6 +41,7 @@ from trainer.packing import (
     share_prefixes,
     shared_rows,
 )
+from trainer.rollout_log import note_logprobs
 
 __all__ = [
     "Batch",
@@ -111,6 +112,8 @@ class Batch:
         self.values_old: dict[int, Tensor] = {}
         self.token_advantages: dict[int, Tensor] = {}
         self.returns: dict[int, Tensor] = {}
+        # the rollout log's: trajectory id -> the trainer's logprobs and advantage (None: not kept)
+        self.record: dict[str, dict[str, Any]] | None = None
 
     def micro_batches(self, members: Sequence[int]) -> list[list[int]]:
         trajs = [self.trajs[i] for i in members]
@@ -282,6 +285,7 @@ def record_offpolicy(
     """Adds the importance-weight sums of ``members`` under the proximal logprobs, and their entropy."""
     if logp_prox.numel() == 0:  # every loss mask of the micro-batch is 0
         return
+    note_logprobs(batch, members, logp_prox)
     behav = batch.per_token(members, "behavior_logprobs", torch.float32)
     versions = batch.per_token(members, "versions", torch.long)
     add_sums(

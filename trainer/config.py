@@ -163,3 +163,9 @@ class LoopConfig(Settings):
     keep_checkpoints: int = setting(2, "checkpoints kept on disk", ge=1)
     consumer: str = setting("trainer-0", "fixed per trainer rank: a restart finds its own pending groups")
     manifest: str | None = setting(None, "a file copied into every checkpoint as manifest.json (the run's)")
+    rollout_log_dir: str | None = setting(
+        None, "the rollout log's directory (trainer.rollout_log): every trajectory read, by step; empty: none"
+    )
+    rollout_log_keep_steps: int | None = setting(
+        None, "steps of the rollout log kept on disk (the oldest files go); empty: all", ge=1
+    )

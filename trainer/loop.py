@@ -51,6 +51,7 @@ from trainer.checkpoint import CheckpointState, save_checkpoint
 from trainer.config import LoopConfig
 from trainer.metrics import rollout_metrics
 from trainer.ranks import Leader
+from trainer.rollout_log import RolloutLog
 from trainer.screening import screen_group
 from trainer.step import train_step
 from trainer.streaming import StreamingStep, streamable
@@ -126,6 +127,17 @@ class TrainerLoop:
         self._compute = ThreadPoolExecutor(1, thread_name_prefix="pqrl-train")
         weakref.finalize(self, self._compute.shutdown, wait=False)
         bound_kernel_cache()  # before the first step's matmuls: see pqrl.heap
+        self.rollout_log = (
+            None
+            if cfg.rollout_log_dir is None
+            else RolloutLog(
+                cfg.rollout_log_dir,
+                keep_steps=cfg.rollout_log_keep_steps,
+                tokenizer=tokenizer,
+                resumed_at=self.state.step,
+            )  # fmt: skip
+        )
+        self._record: dict[str, dict[str, Any]] | None = None  # the step's logprobs and advantages
         why = streamable(cfg.step, ref_model=ref_model, critic=critic, sharded=leader is not None)
         self.streams = cfg.stream and why is None  # see _stream
         if cfg.stream and why is not None:
@@ -152,6 +164,8 @@ class TrainerLoop:
         await self.store.groups.create_consumer_group(STREAM_CONSUMER_GROUP)
         version = (await self.store.policy.get()).version  # only this loop publishes
         self._taken = []
+        # the sharded step runs on every rank: its logprobs stay there
+        self._record = {} if self.rollout_log is not None and self.leader is None else None
         try:
             if self.streams:
                 entries, rejected, metrics = await self._stream(version, timeout_s)
@@ -171,6 +185,9 @@ class TrainerLoop:
                 self._give_back_reads()
             raise
         groups = [e.trajectories for e in entries]
+        if self.rollout_log is not None:  # written on the log's own thread while this step publishes
+            await asyncio.to_thread(self.rollout_log.flush)  # the previous step's file, done long since
+            self.rollout_log.submit(self.state.step + 1, version, groups, self.cfg.step, self._record)
         _failpoint("trained", self.state.step + 1)
         metrics |= rollout_metrics(groups)
         dropped = int(
@@ -218,7 +235,7 @@ class TrainerLoop:
         without signal gives its gate place back as soon as it is read. Then the optimizer step."""
         gps, entries, rejected, signal = self.cfg.groups_per_step, [], 0, 0
         acc = StreamingStep(self.model, self.optimizer, version, self.cfg.step, scheduler=self.scheduler,
-                            abort=self._abort)  # fmt: skip
+                            abort=self._abort, record=self._record)  # fmt: skip
         want, extra = gps, 0
         while True:
             got = 0
@@ -271,12 +288,17 @@ class TrainerLoop:
             if self.leader is None:
                 return await self._on_compute(
                     train_step, self.model, self.optimizer, groups, version, self.cfg.step, **kwargs,
-                    abort=self._abort,
+                    abort=self._abort, record=self._record,
                 )  # fmt: skip
             # the other ranks are in the step's collectives: it runs to its end
             return await self._on_compute(
                 self.leader.train, self.model, self.optimizer, groups, version, self.cfg.step, **kwargs
             )
+
+    def close(self) -> None:
+        """Waits for the rollout log's last file."""
+        if self.rollout_log is not None:
+            self.rollout_log.close()
 
     async def checkpoint(self, *, sampler_position: int | None = None) -> Path:
         """Writes a checkpoint of the current step, then acknowledges the groups it covers."""

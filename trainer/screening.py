@@ -20,7 +20,14 @@ from pqrl.staleness import MIN_GROUP_EPISODES, within_staleness
 from pqrl.trajectory import Status, Trajectory
 from trainer.config import StepConfig
 
-__all__ = ["Screened", "ended_at_a_limit", "screen_group", "select_trajectories", "trained_reward"]
+__all__ = [
+    "Screened",
+    "drop_reason",
+    "ended_at_a_limit",
+    "screen_group",
+    "select_trajectories",
+    "trained_reward",
+]
 
 
 def ended_at_a_limit(t: Trajectory) -> bool:
@@ -37,6 +44,22 @@ def trained_reward(t: Trajectory, cfg: StepConfig) -> float:
     return t.reward + overlong_penalty(
         t.num_tokens, alg.context_tokens, alg.overlong_buffer, alg.overlong_penalty
     )
+
+
+def _oldest(t: Trajectory) -> int:
+    return int(t.versions[t.generated.astype(bool)].min())
+
+
+def drop_reason(t: Trajectory, version: int, cfg: StepConfig) -> str | None:
+    """Why the step at ``version`` leaves ``t`` out on its own (``failed_infra``, ``stale``,
+    ``truncated``); None: it is trainable (its group may still be dropped)."""
+    if t.status is Status.FAILED_INFRA or t.num_generated == 0:
+        return "failed_infra"
+    if not within_staleness(_oldest(t), version, cfg.max_staleness):
+        return "stale"
+    if cfg.algorithm.filter_truncated and ended_at_a_limit(t):
+        return "truncated"
+    return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,16 +81,11 @@ def screen_group(group: Sequence[Trajectory], version: int, cfg: StepConfig) -> 
     ages: list[int] = []
     valid = []
     for t in group:
-        if t.status is Status.FAILED_INFRA or t.num_generated == 0:
-            counts["dropped/failed_infra"] += 1
-            continue
-        oldest = int(t.versions[t.generated.astype(bool)].min())
-        ages.append(version - oldest)
-        if not within_staleness(oldest, version, cfg.max_staleness):
-            counts["dropped/stale"] += 1
-            continue
-        if cfg.algorithm.filter_truncated and ended_at_a_limit(t):
-            counts["dropped/truncated"] += 1
+        reason = drop_reason(t, version, cfg)
+        if reason != "failed_infra":
+            ages.append(version - _oldest(t))
+        if reason is not None:
+            counts[f"dropped/{reason}"] += 1
             continue
         valid.append(t)
     rewards = [trained_reward(t, cfg) for t in valid]

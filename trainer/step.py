@@ -68,6 +68,7 @@ from trainer.layers import trim_before_optimizer_step, trims_before_layer_backwa
 from trainer.losses import kl_estimate
 from trainer.objective import micro_batch_loss
 from trainer.packing import enable_packed_attention
+from trainer.rollout_log import note_advantages
 from trainer.screening import select_trajectories
 from trainer.tied_embedding import rows_into_grad
 
@@ -235,7 +236,7 @@ def _gae(batch: Batch, rewards: list[float]) -> dict[str, float]:
 def train_step(
     model: Any, optimizer: torch.optim.Optimizer, groups: Sequence[Sequence[Trajectory]], version: int,
     cfg: StepConfig, *, scheduler: Any = None, ref_model: Any = None, critic: Any = None,
-    ctx: DistContext | None = None, abort: Any = None,
+    ctx: DistContext | None = None, abort: Any = None, record: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, float]:  # fmt: skip
     """Trains on ``groups``; returns metrics (nothing is updated when no group is usable).
 
@@ -255,6 +256,8 @@ def train_step(
         abort: a ``threading.Event``; set before the first optimizer step, the step raises
             ``StepAborted`` at its next micro-batch (or before that update) and changes nothing
             (one process only).
+        record: a dict the step fills with each trained trajectory's per-token logprobs (the
+            proximal ones) and advantage, by trajectory id, for the rollout log.
     """
     start = time.perf_counter()
     alg = cfg.algorithm
@@ -270,7 +273,7 @@ def train_step(
     ctx = ctx or DistContext()
     device = next(model.parameters()).device
     batch = Batch(used, [], cfg, device, fused=cfg.fused_logprobs and not ctx.distributed)
-    batch.critic, batch.abort = critic, abort
+    batch.critic, batch.abort, batch.record = critic, abort, record
     mode = enable_packed_attention(model) if cfg.packing else None
     batch.share = cfg.share_prefix and mode in ("varlen", "mask")
     mine = shard_of(list(range(len(used))), ctx, cost=lambda i: used[i].num_tokens)
@@ -302,6 +305,7 @@ def train_step(
         metrics["advantages/abs_mean"] = sum(abs(a) for a in batch.advantages) / len(used)
     else:
         metrics |= _gae(batch, rewards)
+    note_advantages(batch)
 
     grad_norms, normalizers = [], []
     for epoch in range(cfg.ppo_epochs):

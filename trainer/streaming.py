@@ -39,6 +39,7 @@ from trainer.batch import Batch, check_abort, full_tensor
 from trainer.config import StepConfig
 from trainer.distributed import DistContext
 from trainer.packing import enable_packed_attention
+from trainer.rollout_log import note_advantages
 from trainer.screening import select_trajectories
 from trainer.step import micro_batch_backward, step_metrics
 
@@ -72,16 +73,17 @@ class StreamingStep:
         abort: a ``threading.Event``; once set, the next micro-batch (or ``finish``) raises
             ``StepAborted`` and the weights are left as they were (the accumulated gradients are
             dropped by the next step).
+        record: as ``train_step``'s, filled group by group.
     """
 
     def __init__(
         self, model: Any, optimizer: torch.optim.Optimizer, version: int, cfg: StepConfig, *,
-        scheduler: Any = None, abort: Any = None,
+        scheduler: Any = None, abort: Any = None, record: dict[str, dict[str, Any]] | None = None,
     ) -> None:  # fmt: skip
         if (why := streamable(cfg)) is not None:
             raise ValueError(f"this step cannot stream: {why}")
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
-        self.version, self.cfg, self.abort = version, cfg, abort
+        self.version, self.cfg, self.abort, self.record = version, cfg, abort, record
         self.device = next(model.parameters()).device
         self.mode = enable_packed_attention(model) if cfg.packing else None
         self.sums: dict[str, torch.Tensor] = {}
@@ -109,11 +111,12 @@ class StreamingStep:
     def _backward(self, used: list[Trajectory], rewards: list[float], group_ids: list[int]) -> None:
         cfg, alg = self.cfg, self.cfg.algorithm
         batch = Batch(used, [], cfg, self.device, fused=cfg.fused_logprobs)
-        batch.abort = self.abort
+        batch.abort, batch.record = self.abort, self.record
         batch.share = cfg.share_prefix and self.mode in ("varlen", "mask")
         batch.advantages = estimate_advantages(
             rewards, group_ids, alg.advantage, scale_by_std=alg.scale_by_std
         )
+        note_advantages(batch)
         self.abs_advantages += sum(abs(a) for a in batch.advantages)
         members = list(range(len(used)))
         weight, normalizer = batch.aggregation(members)
