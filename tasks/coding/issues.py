@@ -19,10 +19,20 @@ _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 _MAX_ERROR_LINES = 8
 
 
-def _snippet(test_source: str, test_name: str, failing_line: int | None) -> str:
+def _test_node(tree: ast.Module, test_id: str) -> ast.FunctionDef | ast.AsyncFunctionDef:
+    """The test function a pytest node id names: ``file::test``, ``file::Class::test`` (nested
+    classes too), a parametrized ``test[...]`` by its function."""
+    *classes, name = [p.split("[", 1)[0] for p in test_id.split("::")[1:]]
+    body: list[ast.stmt] = tree.body
+    for cls in classes:
+        body = next(n for n in body if isinstance(n, ast.ClassDef) and n.name == cls).body
+    return next(n for n in body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) and n.name == name)
+
+
+def _snippet(test_source: str, test_id: str, failing_line: int | None) -> str:
     """Imports, helpers used, and the test body up to the statement holding ``failing_line``."""
     tree = ast.parse(test_source)
-    func = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == test_name)
+    func = _test_node(tree, test_id)
     lines = test_source.splitlines()
     body = [s for s in func.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
     end = body[-1].end_lineno or body[-1].lineno
@@ -74,8 +84,8 @@ def _error_lines(outcome: TestOutcome) -> list[str]:
 
 def issue_text(module: str, source_path: str, test_file: str, test_source: str, outcome: TestOutcome) -> str:
     """A bug report for ``outcome`` (a failing test of ``test_file``) against ``source_path``."""
-    test_name = outcome.id.rsplit("::", 1)[-1]
-    snippet = _snippet(test_source, test_name, _failing_line(outcome.text, test_file))
+    test_name = outcome.id.rsplit("::", 1)[-1].split("[", 1)[0]
+    snippet = _snippet(test_source, outcome.id, _failing_line(outcome.text, test_file))
     errors = _error_lines(outcome)
     first = errors[0] if errors else outcome.outcome
     if first.startswith("Failed: DID NOT RAISE"):
