@@ -54,7 +54,7 @@ def generate_command(args: argparse.Namespace) -> int:
     from tasks.repo.generate import Options, generate_tasks
     from tasks.repo.project import fetch_sdist, infer_requirements, load_project
 
-    out = Path(args.output)
+    out = Path(args.output).absolute()
     if not out.parent.is_dir():  # before anything is downloaded or built
         raise UsageError(f"--out {args.output}: the folder {out.parent} does not exist")
     say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
