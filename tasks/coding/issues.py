@@ -19,22 +19,43 @@ _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 _MAX_ERROR_LINES = 8
 
 
-def _test_node(tree: ast.Module, test_id: str) -> ast.FunctionDef | ast.AsyncFunctionDef:
+def _test_node(tree: ast.Module, test_id: str) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
     """The test function a pytest node id names: ``file::test``, ``file::Class::test`` (nested
-    classes too), a parametrized ``test[...]`` by its function."""
+    classes, a method inherited from a class of the same file), a parametrized ``test[...]`` by its
+    function; else the one function of that name in the file, or None."""
     *classes, name = [p.split("[", 1)[0] for p in test_id.split("::")[1:]]
-    body: list[ast.stmt] = tree.body
+    defined = {n.name: n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)}
+    scopes: list[list[ast.stmt]] = [tree.body]
     for cls in classes:
-        body = next(n for n in body if isinstance(n, ast.ClassDef) and n.name == cls).body
-    return next(n for n in body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) and n.name == name)
+        node = next((n for n in scopes[-1] if isinstance(n, ast.ClassDef) and n.name == cls), None)
+        scopes, todo = [], [node] if node is not None else []
+        while todo:  # the class, then its bases defined in this file (a mixin's tests)
+            node = todo.pop(0)
+            if node.body in scopes:  # `class A(A)` after an earlier A: seen already
+                continue
+            scopes.append(node.body)
+            todo += [defined[b.id] for b in node.bases if isinstance(b, ast.Name) and b.id in defined][:8]
+    funcs = (ast.FunctionDef, ast.AsyncFunctionDef)
+    for body in scopes:
+        for n in body:
+            if isinstance(n, funcs) and n.name == name:
+                return n
+    named = [n for n in ast.walk(tree) if isinstance(n, funcs) and n.name == name]
+    return named[0] if len(named) == 1 else None
 
 
 def _snippet(test_source: str, test_id: str, failing_line: int | None) -> str:
     """Imports, helpers used, and the test body up to the statement holding ``failing_line``."""
     tree = ast.parse(test_source)
     func = _test_node(tree, test_id)
-    lines = test_source.splitlines()
-    body = [s for s in func.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+    lines = re.split(r"\r\n|\r|\n", test_source)  # ast's line numbers, not str.splitlines'
+    body = (
+        [s for s in func.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+        if func
+        else []
+    )
+    if not body:  # generated or empty: the test's name is all there is to show
+        return "# " + ".".join(p.split("[", 1)[0] for p in test_id.split("::")[1:])
     end = body[-1].end_lineno or body[-1].lineno
     if failing_line is not None:
         for stmt in body:

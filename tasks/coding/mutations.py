@@ -18,7 +18,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-__all__ = ["Mutation", "mutations"]
+__all__ = ["Mutation", "candidates", "mutations", "parses"]
 
 _LINES = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+$")  # Python's own line ends only
 
@@ -284,18 +284,28 @@ class _Finder(ast.NodeVisitor):
         self.generic_visit(node)
 
 
-def mutations(source: str) -> Iterator[Mutation]:
-    """Every candidate mutation of ``source`` that still parses, in source order, without duplicates."""
+def candidates(source: str) -> list[Mutation]:
+    """Every mutation found in ``source``, in source order, not yet checked: a large module has
+    thousands, and parsing each mutant is the cost (``mutations`` checks them all; a sampler may
+    check only the ones it draws, with ``parses``)."""
     finder = _Finder(source)
     finder.visit(ast.parse(source))
+    return sorted(finder.found, key=lambda m: (m.start, m.end, m.kind, m.replacement))
+
+
+def parses(mutated: str) -> bool:
+    try:
+        ast.parse(mutated)
+    except SyntaxError:
+        return False
+    return True
+
+
+def mutations(source: str) -> Iterator[Mutation]:
+    """Every candidate mutation of ``source`` that still parses, in source order, without duplicates."""
     seen = {source}
-    for m in sorted(finder.found, key=lambda m: (m.start, m.end, m.kind, m.replacement)):
+    for m in candidates(source):
         mutated = m.apply(source)
-        if mutated in seen:
-            continue
-        try:
-            ast.parse(mutated)
-        except SyntaxError:
-            continue
-        seen.add(mutated)
-        yield m
+        if mutated not in seen and parses(mutated):
+            seen.add(mutated)
+            yield m

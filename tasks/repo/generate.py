@@ -43,7 +43,7 @@ from tasks.coding.diffs import unified_diff
 from tasks.coding.grader import _tar
 from tasks.coding.issues import issue_text
 from tasks.coding.junit import ReportError, TestOutcome, parse_junit
-from tasks.coding.mutations import Mutation, mutations
+from tasks.coding.mutations import Mutation, candidates, parses
 from tasks.repo.project import Project
 from tasks.repo.task import RepoTask, task_id
 from tasks.suite import Suite, SuiteManifest
@@ -184,7 +184,7 @@ async def _baseline(runner: _Runner, tests: list[str], say: Callable[[str], None
 
 def _candidates(project: Project, seed: int) -> list[tuple[str, Mutation]]:
     found = [
-        (path, m) for path, text in sorted(project.sources.items()) for m in mutations(text) if m.function
+        (path, m) for path, text in sorted(project.sources.items()) for m in candidates(text) if m.function
     ]
     random.Random(f"pqrl-repo:{seed}:{project.origin}").shuffle(found)
     return found
@@ -207,25 +207,29 @@ async def _mutants(
     runner.timeout = max(30.0, 10 * base_s)  # a mutant that loops forever is dropped, not waited for
     scope = {p: [t for t in project.tests_reaching(p) if any(b.startswith(t + "::") for b in baseline)]
              for p in project.sources}  # fmt: skip
-    candidates = [(p, m) for p, m in _candidates(project, opts.seed) if scope[p]]
+    drawn = [(p, m) for p, m in _candidates(project, opts.seed) if scope[p]]
     kept: list[_Kept] = []
     per_function: dict[str, int] = {}
-    stats = {"baseline_tests": len(baseline), "test_files": len(project.tests), "mutations": len(candidates),
+    stats = {"baseline_tests": len(baseline), "test_files": len(project.tests), "candidates": len(drawn),
              "tried": 0, "cached": 0, "baseline_s": round(base_s, 2)}  # fmt: skip
     files_run: list[int] = []
-    t0, todo = time.monotonic(), iter(candidates)
+    seen = set(project.sources.values())
+    t0, todo = time.monotonic(), iter(drawn)
 
     async def worker() -> None:
         for path, m in todo:
-            fn = f"{path}:{m.function}"
+            fn, mutated = f"{path}:{m.function}", m.apply(project.sources[path])
             if len(kept) >= opts.max_tasks or per_function.get(fn, 0) >= opts.per_function:
                 continue
+            if mutated in seen or not parses(mutated):  # checked only when drawn: thousands in a big module
+                continue
+            seen.add(mutated)
             files = scope[path]
             ids = sorted(b for b in baseline if b.split("::", 1)[0] in files)
-            key = _Cache.key(str(_REVISION), clean, *files, path, m.apply(project.sources[path]))
+            key = _Cache.key(str(_REVISION), clean, *files, path, mutated)
             hit, got = cache.get(key)
             if not hit:
-                got = await runner.run(files, {path: m.apply(project.sources[path])}, runner.timeout)
+                got = await runner.run(files, {path: mutated}, runner.timeout)
                 cache.put(key, got)
             stats["tried"] += 1
             stats["cached"] += hit

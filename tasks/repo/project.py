@@ -49,6 +49,7 @@ class Project:
     tests: list[str]  # test file paths
     modules: dict[str, str] = field(default_factory=dict)  # dotted module name -> path (all .py files)
     imports: dict[str, set[str]] = field(default_factory=dict)  # path -> dotted names it imports
+    required: dict[str, set[str]] = field(default_factory=dict)  # test path -> its top-level imports
 
     def tests_reaching(self, path: str) -> list[str]:
         """The test files whose import closure holds the module at ``path``."""
@@ -120,6 +121,11 @@ def load_project(source: str | Path, name: str, origin: str, dest: Path) -> Proj
         parts = rel.split("/")
         if parts[-1].startswith("test_") or parts[-1].endswith("_test.py"):
             project.tests.append(rel)
+            # unconditional imports only: one under try, in a function or a class may be optional
+            plain = ast.Module(
+                body=[n for n in tree.body if isinstance(n, ast.Import | ast.ImportFrom)], type_ignores=[]
+            )
+            project.required[rel] = _imports(plain, dotted, False)
         elif not (set(parts[:-1]) & _NOT_SOURCE) and parts[-1] not in _NOT_SOURCE_FILES:
             project.sources[rel] = text
     if not project.tests:
@@ -151,12 +157,13 @@ def _imports(tree: ast.Module, module: str, is_package: bool) -> set[str]:
 
 
 def infer_requirements(project: Project) -> list[str]:
-    """The distributions the test files import that are neither the standard library, the
-    project's own modules, nor already in the base image (``hypothesis`` for ``import hypothesis``)."""
+    """The distributions the test files import at their top level (not under ``try``, not in a
+    function) that are neither the standard library, the project's own modules, nor already in the
+    base image (``hypothesis`` for ``import hypothesis``)."""
     own = {m.split(".")[0] for m in project.modules}
     found: set[str] = set()
     for test in project.tests:
-        for name in project.imports.get(test, ()):
+        for name in project.required.get(test, ()):
             top = name.split(".")[0]
             if top and top not in own and top not in sys.stdlib_module_names and top not in _IN_IMAGE:
                 found.add(_DISTRIBUTIONS.get(top, top))
