@@ -8,7 +8,7 @@ image, gold and empty grading time on a few tasks (repo-v1's grader in fresh san
 JSON line per project; the suites are written to a temporary folder (generated on demand, never in
 the repository).
 
-    python bench/real_suites.py [--projects more-itertools==10.5.0:40,toolz==0.12.1:25,boltons==24.0.0:40]
+    python bench/real_suites.py [--projects more-itertools==10.5.0:40,toolz==0.12.1:25,boltons==24.0.0:45]
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from sandboxes.docker_api import DockerAPI  # noqa: E402
 from sandboxes.hardening import SandboxSettings  # noqa: E402
 from tasks.repo.task import RepoTask  # noqa: E402
 
-PROJECTS = "more-itertools==10.5.0:40,toolz==0.12.1:25,boltons==24.0.0:40"  # NAME==VERSION:MAX_TASKS
+PROJECTS = "more-itertools==10.5.0:40,toolz==0.12.1:25,boltons==24.0.0:45"  # NAME==VERSION:MAX_TASKS
 GRADED = 4  # tasks whose gold and empty grading are timed one by one
 
 
@@ -48,6 +48,12 @@ def _remove_images(name: str) -> None:
                           capture_output=True, text=True).stdout.split()  # fmt: skip
     if tags:
         subprocess.run(["docker", "rmi", "-f", *tags], capture_output=True)
+
+
+def _size(tag: str) -> int:
+    out = subprocess.run(["docker", "image", "inspect", tag, "--format", "{{.Size}}"], capture_output=True,
+                         text=True, check=True)  # fmt: skip
+    return int(out.stdout)
 
 
 async def _starts(image: str) -> dict[str, float]:
@@ -106,7 +112,7 @@ def _project(spec: str, max_tasks: int, out: Path) -> dict[str, object]:
         project = load_project(archive, name, spec, Path(tmp, "tree"))
         reqs = tuple(infer_requirements(project))
         t0 = time.perf_counter()
-        _images(project, reqs, lambda m: None)
+        env_image, _ = _images(project, reqs, lambda m: None)
         row["env_clean_images_cold_s"] = round(time.perf_counter() - t0, 1)
         t0 = time.perf_counter()
         _images(project, reqs, lambda m: None)
@@ -124,6 +130,8 @@ def _project(spec: str, max_tasks: int, out: Path) -> dict[str, object]:
         row["rerun_cached"] = f"{again.stats['cached']}/{again.stats['tried']}"
         row["rerun_same_suite"] = again.suite.to_jsonl() == suite.to_jsonl()
     tasks = [t for t in suite.tasks if isinstance(t, RepoTask)]
+    row["env_image_mb"] = round(_size(env_image) / 1e6, 1)
+    row["task_layer_mb"] = round((_size(tasks[0].image) - _size(env_image)) / 1e6, 2)
     row |= asyncio.run(_starts(tasks[0].image))
     row |= asyncio.run(_grades(tasks[:GRADED]))
     t0 = time.perf_counter()
