@@ -29,6 +29,7 @@ sys.path.insert(0, str(ROOT))
 from prometheus_client import CollectorRegistry  # noqa: E402
 
 from bench.learning import short_commit  # noqa: E402
+from bench.repo_images import warm_acquire_s  # noqa: E402
 from env_server.pools import PoolSet  # noqa: E402
 from sandboxes.docker import DockerSandbox  # noqa: E402
 from sandboxes.docker_api import DockerAPI  # noqa: E402
@@ -63,16 +64,8 @@ async def _starts(image: str) -> dict[str, float]:
         pool, box = await pools.acquire(settings)
         cold = pools.cold_starts[image]
         pools.release(pool, box)
-        warm = []
-        for _ in range(5):
-            deadline = time.monotonic() + 60
-            while pool.idle < 1 and time.monotonic() < deadline:
-                await asyncio.sleep(0.05)
-            t0 = time.perf_counter()
-            pool, box = await pools.acquire(settings)
-            warm.append(time.perf_counter() - t0)
-            pools.release(pool, box)
-        return {"cold_start_s": round(cold, 3), "warm_start_s": round(sorted(warm)[2], 4)}
+        warm = await warm_acquire_s(pools, pool, settings)
+        return {"cold_start_s": round(cold, 3), "warm_start_s": round(warm, 4)}
     finally:
         await pools.close()
         if pools.docker_api is not None:

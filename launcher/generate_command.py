@@ -51,6 +51,7 @@ def from_project(args: argparse.Namespace) -> bool:
 
 
 def generate_command(args: argparse.Namespace) -> int:
+    from launcher.tasks_import import write_whole
     from tasks.repo.generate import Options, generate_tasks
     from tasks.repo.project import fetch_sdist, infer_requirements, load_project
 
@@ -79,13 +80,7 @@ def generate_command(args: argparse.Namespace) -> int:
             name=args.name,
         )
         result = generate_tasks(project, opts, say)
-    partial = out.with_name(f".{out.name}.partial")
-    try:  # whole or not at all
-        partial.write_text(result.suite.to_jsonl())
-        partial.replace(out)
-    except OSError as e:
-        partial.unlink(missing_ok=True)
-        raise UsageError(f"--out {args.output} cannot be written: {e}") from None
+    write_whole(out, result.suite.to_jsonl(), f"--out {args.output}")
     s = result.stats
     print(
         f"wrote {result.suite.id} ({len(result.suite.tasks)} tasks; {s['tried']} mutants tried, "

@@ -18,6 +18,7 @@ __all__ = [
     "add_import_parser",
     "check_suite_command",
     "import_command",
+    "write_whole",
 ]
 
 
@@ -58,16 +59,21 @@ def import_command(args: argparse.Namespace) -> int:
         raise
     for p in result.skipped:
         print(f"skipped {p}")
-    partial = out.with_name(f".{out.name}.partial")
-    try:  # whole or not at all
-        partial.write_text(result.suite.to_jsonl())
-        partial.replace(out)
-    except OSError as e:
-        partial.unlink(missing_ok=True)
-        raise UsageError(f"-o {args.output} cannot be written: {e}") from None
+    write_whole(out, result.suite.to_jsonl(), f"-o {args.output}")
     suite = result.suite
     print(f"wrote {suite.id} ({len(suite.tasks)} tasks, {len(result.images_built)} images) to {args.output}")
     return 0
+
+
+def write_whole(out: Path, text: str, flag: str) -> None:
+    """Writes ``out`` whole or not at all (a partial file beside it, renamed over it)."""
+    partial = out.with_name(f".{out.name}.partial")
+    try:
+        partial.write_text(text)
+        partial.replace(out)
+    except OSError as e:
+        partial.unlink(missing_ok=True)
+        raise UsageError(f"{flag} cannot be written: {e}") from None
 
 
 def check_suite_command(suite: Suite, jobs: int) -> None:

@@ -45,6 +45,10 @@ CHECKED = [
     "launcher/errors_cli.py",
     "launcher/quiet.py",
     "launcher/tasks_import.py",
+    "launcher/generate_command.py",
+    "tasks/repo/generate.py",
+    "tasks/repo/project.py",
+    "tasks/coding/mutations.py",
 ]
 
 

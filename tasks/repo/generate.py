@@ -284,6 +284,7 @@ def _task(project: Project, n: int, k: _Kept, env: str, say: Callable[[str], Non
         pass_to_pass=k.passing,
         test_command=TEST_COMMAND,
         image=image,
+        repo_path=REPO_PATH,
     )
 
 
