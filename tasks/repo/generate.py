@@ -216,24 +216,37 @@ async def _mutants(
     seen = set(project.sources.values())
     t0, todo = time.monotonic(), iter(drawn)
 
-    async def worker() -> None:
+    async def outcomes(path: str, mutated: str) -> tuple[bool, dict[str, TestOutcome] | None]:
+        key = _Cache.key(str(_REVISION), clean, *scope[path], path, mutated)
+        hit, got = cache.get(key)
+        if not hit:
+            got = await runner.run(scope[path], {path: mutated}, runner.timeout)
+            cache.put(key, got)
+        return hit, got
+
+    # Batches of `workers` mutants run at once and are judged in draw order, so which are kept
+    # depends only on the seed and the outcomes (a rerun from the cache gives the same suite).
+    while len(kept) < opts.max_tasks:
+        batch: list[tuple[str, Mutation, str]] = []
+        pending = dict(per_function)
         for path, m in todo:
             fn, mutated = f"{path}:{m.function}", m.apply(project.sources[path])
-            if len(kept) >= opts.max_tasks or per_function.get(fn, 0) >= opts.per_function:
-                continue
-            if mutated in seen or not parses(mutated):  # checked only when drawn: thousands in a big module
-                continue
+            if pending.get(fn, 0) >= opts.per_function or mutated in seen or not parses(mutated):
+                continue  # parsed only when drawn: a big module has thousands
             seen.add(mutated)
-            files = scope[path]
-            ids = sorted(b for b in baseline if b.split("::", 1)[0] in files)
-            key = _Cache.key(str(_REVISION), clean, *files, path, mutated)
-            hit, got = cache.get(key)
-            if not hit:
-                got = await runner.run(files, {path: mutated}, runner.timeout)
-                cache.put(key, got)
+            pending[fn] = pending.get(fn, 0) + 1
+            batch.append((path, m, mutated))
+            if len(batch) == opts.workers:
+                break
+        if not batch:
+            break
+        results = await asyncio.gather(*(outcomes(p, mutated) for p, _, mutated in batch))
+        for (path, m, _), (hit, got) in zip(batch, results, strict=True):
+            fn = f"{path}:{m.function}"
             stats["tried"] += 1
             stats["cached"] += hit
-            files_run.append(len(files))
+            files_run.append(len(scope[path]))
+            ids = sorted(b for b in baseline if b.split("::", 1)[0] in scope[path])
             found = _judge(path, m, ids, got)
             if (
                 found is not None
@@ -242,13 +255,11 @@ async def _mutants(
             ):
                 kept.append(found)
                 per_function[fn] = per_function.get(fn, 0) + 1
-            if stats["tried"] % 10 == 0 or found is not None:
-                rate = (time.monotonic() - t0) / stats["tried"]
-                left = (opts.max_tasks - len(kept)) * stats["tried"] / max(1, len(kept)) * rate
-                say(f"mutants tried {stats['tried']} / kept {len(kept)} of {opts.max_tasks}; "
-                    f"{rate:.1f}s each; ETA {left:.0f}s")  # fmt: skip
+        rate = (time.monotonic() - t0) / stats["tried"]
+        left = (opts.max_tasks - len(kept)) * stats["tried"] / max(1, len(kept)) * rate
+        say(f"mutants tried {stats['tried']} / kept {len(kept)} of {opts.max_tasks}; "
+            f"{rate:.1f}s each; ETA {left:.0f}s")  # fmt: skip
 
-    await asyncio.gather(*(worker() for _ in range(opts.workers)))
     stats["kept"] = len(kept)
     stats["mutant_s"] = round((time.monotonic() - t0) / max(1, stats["tried"]), 2)
     stats["files_per_mutant"] = round(sum(files_run) / max(1, len(files_run)), 2)
