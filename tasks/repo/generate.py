@@ -37,6 +37,7 @@ from pqrl.errors import UsageError
 from sandboxes.docker import DockerSandbox
 from sandboxes.docker_api import DockerAPI
 from sandboxes.hardening import SandboxSettings
+from sandboxes.protocol import SandboxError
 from sandboxes.recipes import REPO_PATH, WORKSPACE, RepoRecipe, build_recipe
 from sandboxes.repo_source import stage_repository
 from tasks.coding.diffs import unified_diff
@@ -53,7 +54,10 @@ __all__ = ["TEST_COMMAND", "Generated", "Options", "generate_tasks"]
 TEST_COMMAND = "python3 -m pytest -p no:cacheprovider -o addopts="  # the project's addopts may need plugins
 _REVISION = 1  # bump when what a cached outcome means changes
 _JUNIT = "/tmp/pqrl-gen-junit.xml"
-_FRESH = f"find {WORKSPACE} -mindepth 1 -delete && cp -a {REPO_PATH}/. {WORKSPACE}/"
+_FRESH = (
+    f'find /tmp -mindepth 1 -user "$(id -u)" -delete; find {WORKSPACE} -mindepth 1 -delete'
+    f" && cp -a {REPO_PATH}/. {WORKSPACE}/ && rm -f {_JUNIT}"
+)
 
 
 @dataclass(frozen=True)
@@ -119,24 +123,32 @@ class _Runner:
         """Outcomes by id; None when the run timed out or left no readable report."""
         box = await self.boxes.get()
         try:
-            if not box.alive:
-                await box.close()
-                box = await DockerSandbox.create(self.api, self.settings, run="pqrl-generate")
-            fresh = await box.exec(["sh", "-c", f"{_FRESH} && rm -f {_JUNIT}"], timeout=120)
-            if not fresh.ok:
-                raise RuntimeError(f"copying {REPO_PATH} failed: {fresh.text()[-300:]}")
+            box = await self._fresh(box)
             if replace:
                 await box.upload(_tar(replace), WORKSPACE)
             argv = [*TEST_COMMAND.split(), f"--rootdir={WORKSPACE}", f"--junitxml={_JUNIT}", "-q", *files]
             r = await box.exec(argv, cwd=WORKSPACE, env={"PYTHONDONTWRITEBYTECODE": "1"}, timeout=timeout)
             if r.timed_out:
                 return None
-            try:
-                return {o.id: o for o in parse_junit(await box.read_file(_JUNIT, max_bytes=2 << 20), files)}
-            except (ReportError, OSError, ValueError, RuntimeError):
-                return None
+            return {o.id: o for o in parse_junit(await box.read_file(_JUNIT, max_bytes=2 << 20), files)}
+        except (ReportError, OSError, ValueError, SandboxError):
+            return None  # no report, or the mutant took its sandbox down (memory): dropped
         finally:
             self.boxes.put_nowait(box)
+
+    async def _fresh(self, box: DockerSandbox) -> DockerSandbox:
+        """``box`` with /workspace a fresh copy of /repo and the last run's files gone from /tmp;
+        a new sandbox when the last run left ``box`` dead or with files it cannot remove."""
+        for attempt in (1, 2):
+            if box.alive:
+                r = await box.exec(["sh", "-c", _FRESH], timeout=120)
+                if r.ok:
+                    return box
+                if attempt == 2:
+                    raise RuntimeError(f"copying {REPO_PATH} into a new sandbox failed: {r.text()[-300:]}")
+            await box.close()
+            box = await DockerSandbox.create(self.api, self.settings, run="pqrl-generate")
+        return box
 
 
 class _Cache:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from sandboxes.docker import DockerSandbox
+from sandboxes.docker import DockerSandbox, owner_id
 from sandboxes.docker_api import DockerAPI
 from sandboxes.hardening import SandboxSettings
 from tasks.repo.task import RepoTask
@@ -185,3 +185,34 @@ def test_bad_sources_are_one_line_usage_errors(tmp_path):
     r = _pqrl(env, "generate", "coding", "--from-repo", str(tmp_path / "empty"), "--out", out)
     assert r.returncode == 2 and "ships no test files" in r.stderr, r.stderr
     assert not Path(out).exists()
+
+
+def test_a_sandbox_a_run_left_unusable_is_replaced_not_reused(tmp_path, monkeypatch):
+    from tasks.repo.generate import _images, _Runner
+    from tasks.repo.project import load_project
+
+    monkeypatch.setenv("PQRL_CACHE", str(tmp_path / "cache"))
+    project = load_project(_project(tmp_path / "src"), "tinycalc", "tinycalc", tmp_path / "tree")
+    _, clean = _images(project, (), lambda m: None)
+
+    async def go() -> tuple[bool, dict | None, list]:
+        async with _Runner(clean, 1, 60) as runner:
+            first = runner.boxes.get_nowait()
+            # what a mutant's test may leave: a folder its own user cannot empty
+            await first.exec(["sh", "-c", "mkdir -p /workspace/stuck/in && chmod 000 /workspace/stuck"])
+            runner.boxes.put_nowait(first)
+            got = await runner.run(["tests/test_ops.py"], {}, 60)
+            now = runner.boxes.get_nowait()
+            runner.boxes.put_nowait(now)
+            replaced = now is not first and not first.alive
+        api = DockerAPI()
+        try:
+            left = await api.list({"pqrl.run": "pqrl-generate", "pqrl.owner": owner_id()})
+        finally:
+            await api.close()
+        return replaced, got, left
+
+    replaced, got, left = asyncio.run(go())
+    assert replaced and got is not None and len(got) == 5, got
+    assert {o.outcome for o in got.values()} == {"passed"}
+    assert left == []
