@@ -36,7 +36,8 @@ from sandboxes.docker_api import DockerAPI  # noqa: E402
 from sandboxes.hardening import SandboxSettings  # noqa: E402
 from tasks.repo.task import RepoTask  # noqa: E402
 
-PROJECTS = "boltons==24.0.0:50,inflection==0.5.1:20,more-itertools==10.5.0:35"  # NAME==VERSION:MAX_TASKS
+# NAME==VERSION:MAX_TASKS
+PROJECTS = "boltons==24.0.0:50,inflection==0.5.1:20,more-itertools==10.5.0:35,toolz==0.12.1:10"
 WORKERS = 3  # sandboxes running tests at once (the machine is shared: more gets a larger share)
 GRADED = 4  # tasks whose gold and empty grading are timed one by one
 
