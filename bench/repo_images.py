@@ -20,6 +20,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -58,6 +59,20 @@ def _size_mb(tag: str) -> float:
     return int(out.stdout) / 1e6
 
 
+async def warm_acquire_s(pools: PoolSet, pool: Any, settings: SandboxSettings) -> float:
+    """The median of WARM_RUNS acquires of ``settings`` once ``pool`` has a spare ready."""
+    warm = []
+    for _ in range(WARM_RUNS):
+        deadline = time.monotonic() + 60
+        while pool.idle < 1 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        t0 = time.perf_counter()
+        pool, sandbox = await pools.acquire(settings)
+        warm.append(time.perf_counter() - t0)
+        pools.release(pool, sandbox)
+    return sorted(warm)[len(warm) // 2]
+
+
 async def _sandboxes(tag: str) -> dict[str, object]:
     pools = PoolSet(CollectorRegistry(), pool_size=1, max_warm=2, run="bench-repo-images", docker_api=None)
     settings = SandboxSettings(image=tag)
@@ -76,16 +91,8 @@ async def _sandboxes(tag: str) -> dict[str, object]:
             f"python3 -c 'import importlib.metadata as m; print(m.version(\"{name}\"))'"
         )
         pools.release(pool, sandbox)
-        warm = []
-        for _ in range(WARM_RUNS):
-            deadline = time.monotonic() + 60
-            while pool.idle < 1 and time.monotonic() < deadline:
-                await asyncio.sleep(0.05)
-            t0 = time.perf_counter()
-            pool, sandbox = await pools.acquire(settings)
-            warm.append(time.perf_counter() - t0)
-            pools.release(pool, sandbox)
-        return {"cold_start_s": round(cold, 3), "warm_start_s": round(sorted(warm)[len(warm) // 2], 4),
+        warm = await warm_acquire_s(pools, pool, settings)
+        return {"cold_start_s": round(cold, 3), "warm_start_s": round(warm, 4),
                 "tests": r.stdout.decode().strip(), "tests_s": round(tests_s, 1),
                 "metadata_version": (meta.stdout or meta.stderr).decode().strip()[-80:]}  # fmt: skip
     finally:

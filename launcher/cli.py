@@ -129,9 +129,12 @@ def _cmd_tasks(args: argparse.Namespace) -> int:
     import asyncio
     import json
 
+    from launcher.generate_command import from_project, generate_command
     from launcher.suite_file import write_suite
     from tasks.suite import SuiteInvalid, load_suite
 
+    if args.tasks_command == "generate" and from_project(args):
+        return generate_command(args)
     if args.tasks_command == "generate":
         suite = _generated_suite(args)
         corpus = suite.manifest.defaults.get("corpus")
@@ -332,6 +335,7 @@ def _add_sandbox_and_env(sub: _SubParsers, group: Callable[[str, str], _SubParse
 
 def _add_tasks(sub: _SubParsers, group: Callable[[str, str], _SubParsers]) -> None:
     from agent_loop.config import EpisodeConfig
+    from launcher.generate_command import add_generate_arguments
     from launcher.tasks_import import add_check_arguments, add_import_parser
     from pqrl.model_cache import DEFAULT_MODEL
     from pqrl.settings import add_arguments
@@ -356,10 +360,11 @@ def _add_tasks(sub: _SubParsers, group: Callable[[str, str], _SubParsers]) -> No
     p.add_argument("--level", type=int, choices=[1, 2], default=None, help="calc/data: 1 or 2 (calc 2)")
     p.add_argument("--format-reward", type=float, default=0.0, help="calc/data/search: grounded-miss credit")
     p.add_argument("--name", default=None, help="suite name (default: the kind)")
-    p.add_argument("-o", "--output", required=True)
+    p.add_argument("-o", "--output", "--out", required=True)
     p.add_argument(
         "--corpus-out", default=None, help="search: also write its corpus as JSONL (pqrl search serve)"
     )
+    add_generate_arguments(p)
     p = tasks.add_parser("filter", help="keep the tasks the policy sometimes solves (0 < pass rate < 1)")
     p.add_argument("suite", help="suite file")
     p.add_argument("-o", "--output", required=True, help="where the filtered suite goes")

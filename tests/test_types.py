@@ -51,6 +51,10 @@ CHECKED = [
     "trainer/rollout_log.py",
     "launcher/view_data.py",
     "launcher/view_command.py",
+    "launcher/generate_command.py",
+    "tasks/repo/generate.py",
+    "tasks/repo/project.py",
+    "tasks/coding/mutations.py",
 ]
 
 

@@ -19,12 +19,43 @@ _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 _MAX_ERROR_LINES = 8
 
 
-def _snippet(test_source: str, test_name: str, failing_line: int | None) -> str:
+def _test_node(tree: ast.Module, test_id: str) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
+    """The test function a pytest node id names: ``file::test``, ``file::Class::test`` (nested
+    classes, a method inherited from a class of the same file), a parametrized ``test[...]`` by its
+    function; else the one function of that name in the file, or None."""
+    *classes, name = [p.split("[", 1)[0] for p in test_id.split("::")[1:]]
+    defined = {n.name: n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)}
+    scopes: list[list[ast.stmt]] = [tree.body]
+    for cls in classes:
+        node = next((n for n in scopes[-1] if isinstance(n, ast.ClassDef) and n.name == cls), None)
+        scopes, todo = [], [node] if node is not None else []
+        while todo:  # the class, then its bases defined in this file (a mixin's tests)
+            node = todo.pop(0)
+            if node.body in scopes:  # `class A(A)` after an earlier A: seen already
+                continue
+            scopes.append(node.body)
+            todo += [defined[b.id] for b in node.bases if isinstance(b, ast.Name) and b.id in defined][:8]
+    funcs = (ast.FunctionDef, ast.AsyncFunctionDef)
+    for body in scopes:
+        for n in body:
+            if isinstance(n, funcs) and n.name == name:
+                return n
+    named = [n for n in ast.walk(tree) if isinstance(n, funcs) and n.name == name]
+    return named[0] if len(named) == 1 else None
+
+
+def _snippet(test_source: str, test_id: str, failing_line: int | None) -> str:
     """Imports, helpers used, and the test body up to the statement holding ``failing_line``."""
     tree = ast.parse(test_source)
-    func = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == test_name)
-    lines = test_source.splitlines()
-    body = [s for s in func.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+    func = _test_node(tree, test_id)
+    lines = re.split(r"\r\n|\r|\n", test_source)  # ast's line numbers, not str.splitlines'
+    body = (
+        [s for s in func.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+        if func
+        else []
+    )
+    if not body:  # generated or empty: the test's name is all there is to show
+        return "# " + ".".join(p.split("[", 1)[0] for p in test_id.split("::")[1:])
     end = body[-1].end_lineno or body[-1].lineno
     if failing_line is not None:
         for stmt in body:
@@ -74,8 +105,8 @@ def _error_lines(outcome: TestOutcome) -> list[str]:
 
 def issue_text(module: str, source_path: str, test_file: str, test_source: str, outcome: TestOutcome) -> str:
     """A bug report for ``outcome`` (a failing test of ``test_file``) against ``source_path``."""
-    test_name = outcome.id.rsplit("::", 1)[-1]
-    snippet = _snippet(test_source, test_name, _failing_line(outcome.text, test_file))
+    test_name = outcome.id.rsplit("::", 1)[-1].split("[", 1)[0]
+    snippet = _snippet(test_source, outcome.id, _failing_line(outcome.text, test_file))
     errors = _error_lines(outcome)
     first = errors[0] if errors else outcome.outcome
     if first.startswith("Failed: DID NOT RAISE"):

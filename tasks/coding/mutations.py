@@ -6,16 +6,21 @@ readable diff. Operators: swapped binary/comparison/boolean/augmented operators,
 integer constants, dropped ``+ 1``/``- 1`` terms, negated conditions, swapped call arguments,
 ``min``/``max`` swaps, flipped booleans, swapped ternary branches and removed statements.
 
-Sources must be ASCII (AST column offsets are UTF-8 byte offsets; ASCII makes them characters).
+AST column offsets are UTF-8 byte offsets and its lines end only at ``\n``, ``\r\n`` or ``\r``
+(not at the form feeds or Unicode separators ``str.splitlines`` also breaks at): both are turned
+into character offsets here, so any source Python reads can be mutated.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-__all__ = ["Mutation", "mutations"]
+__all__ = ["Mutation", "candidates", "mutations", "parses"]
+
+_LINES = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+$")  # Python's own line ends only
 
 _BINOP_SWAP: dict[type[ast.operator], tuple[str, str]] = {
     ast.Add: ("+", "-"),
@@ -66,8 +71,9 @@ class Mutation:
 class _Finder(ast.NodeVisitor):
     def __init__(self, source: str) -> None:
         self.source = source
+        self.lines = [line for line in _LINES.findall(source) if line]
         starts = [0]
-        for line in source.splitlines(keepends=True):
+        for line in self.lines:
             starts.append(starts[-1] + len(line))
         self.line_starts = starts
         self.scope: list[str] = []
@@ -77,6 +83,9 @@ class _Finder(ast.NodeVisitor):
     # ---------------------------------------------------------------- helpers
 
     def offset(self, line: int, col: int) -> int:
+        text = self.lines[line - 1] if line <= len(self.lines) else ""
+        if not text.isascii():  # col counts UTF-8 bytes
+            col = len(text.encode()[:col].decode("utf-8", "replace"))
         return self.line_starts[line - 1] + col
 
     def span(self, node: ast.AST) -> tuple[int, int]:
@@ -275,20 +284,28 @@ class _Finder(ast.NodeVisitor):
         self.generic_visit(node)
 
 
-def mutations(source: str) -> Iterator[Mutation]:
-    """Every candidate mutation of ``source`` that still parses, in source order, without duplicates."""
-    if not source.isascii():
-        raise ValueError("mutation sources must be ASCII")
+def candidates(source: str) -> list[Mutation]:
+    """Every mutation found in ``source``, in source order, not yet checked: a large module has
+    thousands, and parsing each mutant is the cost (``mutations`` checks them all; a sampler may
+    check only the ones it draws, with ``parses``)."""
     finder = _Finder(source)
     finder.visit(ast.parse(source))
+    return sorted(finder.found, key=lambda m: (m.start, m.end, m.kind, m.replacement))
+
+
+def parses(mutated: str) -> bool:
+    try:
+        ast.parse(mutated)
+    except SyntaxError:
+        return False
+    return True
+
+
+def mutations(source: str) -> Iterator[Mutation]:
+    """Every candidate mutation of ``source`` that still parses, in source order, without duplicates."""
     seen = {source}
-    for m in sorted(finder.found, key=lambda m: (m.start, m.end, m.kind, m.replacement)):
+    for m in candidates(source):
         mutated = m.apply(source)
-        if mutated in seen:
-            continue
-        try:
-            ast.parse(mutated)
-        except SyntaxError:
-            continue
-        seen.add(mutated)
-        yield m
+        if mutated not in seen and parses(mutated):
+            seen.add(mutated)
+            yield m

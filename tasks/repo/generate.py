@@ -1,0 +1,339 @@
+"""``repo`` tasks from a real project's own tests, by AST-injected bugs (SWE-smith's recipe).
+
+1. **Images** (sandboxes/recipes.py, offline): an environment image (the base, the test
+   requirements, the project's metadata: no code) and, on it, the clean tree's image for the runs
+   below. Each task gets its own image on the same environment image: one small layer with the
+   buggy tree, tagged by content, so a rerun builds nothing.
+2. **Baseline**: the project's test files run twice in sandboxes of the clean image (the grader's
+   pytest command, JUnit); the baseline is the ids that pass both times (flaky ones drop out).
+3. **Mutants**: every mutation (tasks/coding/mutations.py) inside a function of the package's
+   source, in an order drawn from the seed, at most ``per_function`` kept per function. Each runs
+   only the test files whose imports reach the mutated module (tasks/repo/project.py). It is kept
+   when at least one baseline test of those files fails (reported, not missing) and one passes:
+   FAIL_TO_PASS the failing ids, PASS_TO_PASS every other baseline id of those files. Outcomes are
+   cached by content in pqrl's cache, so a rerun runs no test it ran before.
+4. **Tasks**: the image's ``/repo`` holds the buggy tree without the failing tests' files (a fresh
+   one-commit history: the clean code is nowhere in it); ``test_patch`` adds those files back
+   as they ship; ``patch`` is the inverse edit; the issue is written from the first failing test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import random
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pqrl.cache import cache_dir
+from pqrl.errors import UsageError
+from sandboxes.docker import DockerSandbox
+from sandboxes.docker_api import DockerAPI
+from sandboxes.hardening import SandboxSettings
+from sandboxes.protocol import SandboxError
+from sandboxes.recipes import REPO_PATH, WORKSPACE, RepoRecipe, build_recipe
+from sandboxes.repo_source import stage_repository
+from tasks.coding.diffs import unified_diff
+from tasks.coding.grader import _tar
+from tasks.coding.issues import issue_text
+from tasks.coding.junit import ReportError, TestOutcome, parse_junit
+from tasks.coding.mutations import Mutation, candidates, parses
+from tasks.repo.project import Project
+from tasks.repo.task import RepoTask, task_id
+from tasks.suite import Suite, SuiteManifest
+
+__all__ = ["TEST_COMMAND", "Generated", "Options", "generate_tasks"]
+
+TEST_COMMAND = "python3 -m pytest -p no:cacheprovider -o addopts="  # the project's addopts may need plugins
+_REVISION = 1  # bump when what a cached outcome means changes
+_JUNIT = "/tmp/pqrl-gen-junit.xml"
+_FRESH = (
+    f'find /tmp -mindepth 1 -user "$(id -u)" -delete; find {WORKSPACE} -mindepth 1 -delete'
+    f" && cp -a {REPO_PATH}/. {WORKSPACE}/ && rm -f {_JUNIT}"
+)
+
+
+@dataclass(frozen=True)
+class Options:
+    seed: int = 0
+    max_tasks: int = 50
+    per_function: int = 1
+    requirements: tuple[str, ...] = ()
+    workers: int = 2
+    name: str | None = None
+
+
+@dataclass
+class Generated:
+    suite: Suite
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Kept:
+    path: str
+    mutation: Mutation
+    fail: list[str]
+    passing: list[str]
+    first: TestOutcome
+
+
+def _images(project: Project, requirements: tuple[str, ...], say: Callable[[str], None]) -> tuple[str, str]:
+    """The environment image (requirements, metadata, no code) and the clean tree's image on it."""
+    with tempfile.TemporaryDirectory(prefix="pqrl-meta-") as tmp:
+        for name in ("PKG-INFO", "pyproject.toml"):  # what the editable install's metadata is read from
+            if (project.root / name).is_file():
+                shutil.copy2(project.root / name, Path(tmp) / name)
+        env = build_recipe(RepoRecipe(name=f"{project.name}-env", source=tmp, requirements=requirements,
+                                      install="editable"), progress=say)  # fmt: skip
+    clean = build_recipe(RepoRecipe(name=project.name, source=str(project.root), install="editable",
+                                    base_image=env), progress=say)  # fmt: skip
+    return env, clean
+
+
+class _Runner:
+    """Runs test files in sandboxes of the clean image, with some files replaced."""
+
+    def __init__(self, image: str, workers: int, timeout: float) -> None:
+        self.settings = SandboxSettings(image=image, memory_mb=2048, workspace_mb=1024)
+        self.workers, self.timeout = workers, timeout
+        self.boxes: asyncio.Queue[DockerSandbox] = asyncio.Queue()
+        self.api = DockerAPI()
+
+    async def __aenter__(self) -> _Runner:
+        for _ in range(self.workers):
+            self.boxes.put_nowait(await DockerSandbox.create(self.api, self.settings, run="pqrl-generate"))
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        while not self.boxes.empty():
+            await self.boxes.get_nowait().close()
+        await self.api.close()
+
+    async def run(
+        self, files: list[str], replace: dict[str, str], timeout: float
+    ) -> dict[str, TestOutcome] | None:
+        """Outcomes by id; None when the run timed out or left no readable report."""
+        box = await self.boxes.get()
+        try:
+            box = await self._fresh(box)
+            if replace:
+                await box.upload(_tar(replace), WORKSPACE)
+            argv = [*TEST_COMMAND.split(), f"--rootdir={WORKSPACE}", f"--junitxml={_JUNIT}", "-q", *files]
+            r = await box.exec(argv, cwd=WORKSPACE, env={"PYTHONDONTWRITEBYTECODE": "1"}, timeout=timeout)
+            if r.timed_out:
+                return None
+            return {o.id: o for o in parse_junit(await box.read_file(_JUNIT, max_bytes=2 << 20), files)}
+        except (ReportError, OSError, ValueError, SandboxError):
+            return None  # no report, or the mutant took its sandbox down (memory): dropped
+        finally:
+            self.boxes.put_nowait(box)
+
+    async def _fresh(self, box: DockerSandbox) -> DockerSandbox:
+        """``box`` with /workspace a fresh copy of /repo and the last run's files gone from /tmp;
+        a new sandbox when the last run left ``box`` dead or with files it cannot remove."""
+        for attempt in (1, 2):
+            if box.alive:
+                r = await box.exec(["sh", "-c", _FRESH], timeout=120)
+                if r.ok:
+                    return box
+                if attempt == 2:
+                    raise RuntimeError(f"copying {REPO_PATH} into a new sandbox failed: {r.text()[-300:]}")
+            await box.close()
+            box = await DockerSandbox.create(self.api, self.settings, run="pqrl-generate")
+        return box
+
+
+class _Cache:
+    """Mutant outcomes by content (the clean image, the files run, the mutated text), one JSON line each."""
+
+    def __init__(self, key: str) -> None:
+        self.path = cache_dir("generate") / f"{key}.jsonl"
+        self.known: dict[str, dict[str, Any] | None] = {}
+        if self.path.is_file():
+            for line in self.path.read_text().splitlines():
+                with contextlib.suppress(ValueError, KeyError):
+                    record = json.loads(line)
+                    self.known[record["key"]] = record["outcomes"]
+
+    @staticmethod
+    def key(*parts: str) -> str:
+        return hashlib.sha256("\0".join(parts).encode()).hexdigest()
+
+    def put(self, key: str, outcomes: dict[str, TestOutcome] | None) -> None:
+        data = None if outcomes is None else {i: [o.outcome, o.message, o.text] for i, o in outcomes.items()}
+        self.known[key] = data
+        with open(self.path, "a") as f:
+            f.write(json.dumps({"key": key, "outcomes": data}) + "\n")
+
+    def get(self, key: str) -> tuple[bool, dict[str, TestOutcome] | None]:
+        if key not in self.known:
+            return False, None
+        data = self.known[key]
+        if data is None:
+            return True, None
+        return True, {i: TestOutcome(i, v[0], v[1], v[2]) for i, v in data.items()}
+
+
+async def _baseline(runner: _Runner, tests: list[str], say: Callable[[str], None]) -> tuple[set[str], float]:
+    runs = []
+    t0 = time.monotonic()
+    for attempt in (1, 2):
+        outcomes = await runner.run(tests, {}, 1800)
+        if outcomes is None:
+            raise UsageError("the project's tests time out or write no JUnit report in the sandbox")
+        runs.append({i for i, o in outcomes.items() if o.outcome == "passed"})
+        say(f"baseline run {attempt}: {len(runs[-1])} of {len(outcomes)} tests pass")
+    return runs[0] & runs[1], (time.monotonic() - t0) / 2
+
+
+def _candidates(project: Project, seed: int) -> list[tuple[str, Mutation]]:
+    found = [
+        (path, m) for path, text in sorted(project.sources.items()) for m in candidates(text) if m.function
+    ]
+    random.Random(f"pqrl-repo:{seed}:{project.origin}").shuffle(found)
+    return found
+
+
+def _judge(path: str, m: Mutation, baseline: list[str], got: dict[str, TestOutcome] | None) -> _Kept | None:
+    if got is None or any(t not in got for t in baseline):
+        return None  # timed out, or a test vanished (the mutant broke collection)
+    fail = [t for t in baseline if got[t].outcome in ("failed", "error")]
+    passing = [t for t in baseline if got[t].outcome == "passed"]
+    if not fail or not passing or len(fail) + len(passing) != len(baseline):
+        return None
+    return _Kept(path, m, fail, passing, got[fail[0]])
+
+
+async def _mutants(
+    project: Project, runner: _Runner, cache: _Cache, clean: str, opts: Options, say: Callable[[str], None]
+) -> tuple[list[_Kept], dict[str, Any]]:
+    baseline, base_s = await _baseline(runner, project.tests, say)
+    runner.timeout = max(30.0, 10 * base_s)  # a mutant that loops forever is dropped, not waited for
+    scope = {p: [t for t in project.tests_reaching(p) if any(b.startswith(t + "::") for b in baseline)]
+             for p in project.sources}  # fmt: skip
+    drawn = [(p, m) for p, m in _candidates(project, opts.seed) if scope[p]]
+    kept: list[_Kept] = []
+    per_function: dict[str, int] = {}
+    stats = {"baseline_tests": len(baseline), "test_files": len(project.tests), "candidates": len(drawn),
+             "tried": 0, "cached": 0, "baseline_s": round(base_s, 2)}  # fmt: skip
+    files_run: list[int] = []
+    seen = set(project.sources.values())
+    t0, todo = time.monotonic(), iter(drawn)
+
+    async def outcomes(path: str, mutated: str) -> tuple[bool, dict[str, TestOutcome] | None]:
+        key = _Cache.key(str(_REVISION), clean, *scope[path], path, mutated)
+        hit, got = cache.get(key)
+        if not hit:
+            got = await runner.run(scope[path], {path: mutated}, runner.timeout)
+            cache.put(key, got)
+        return hit, got
+
+    # Batches of `workers` mutants run at once and are judged in draw order, so which are kept
+    # depends only on the seed and the outcomes (a rerun from the cache gives the same suite).
+    while len(kept) < opts.max_tasks:
+        batch: list[tuple[str, Mutation, str]] = []
+        pending = dict(per_function)
+        for path, m in todo:
+            fn, mutated = f"{path}:{m.function}", m.apply(project.sources[path])
+            if pending.get(fn, 0) >= opts.per_function or mutated in seen or not parses(mutated):
+                continue  # parsed only when drawn: a big module has thousands
+            seen.add(mutated)
+            pending[fn] = pending.get(fn, 0) + 1
+            batch.append((path, m, mutated))
+            if len(batch) == opts.workers:
+                break
+        if not batch:
+            break
+        results = await asyncio.gather(*(outcomes(p, mutated) for p, _, mutated in batch))
+        for (path, m, _), (hit, got) in zip(batch, results, strict=True):
+            fn = f"{path}:{m.function}"
+            stats["tried"] += 1
+            stats["cached"] += hit
+            files_run.append(len(scope[path]))
+            ids = sorted(b for b in baseline if b.split("::", 1)[0] in scope[path])
+            found = _judge(path, m, ids, got)
+            if (
+                found is not None
+                and len(kept) < opts.max_tasks
+                and per_function.get(fn, 0) < opts.per_function
+            ):
+                kept.append(found)
+                per_function[fn] = per_function.get(fn, 0) + 1
+        rate = (time.monotonic() - t0) / stats["tried"]
+        left = (opts.max_tasks - len(kept)) * stats["tried"] / max(1, len(kept)) * rate
+        say(f"mutants tried {stats['tried']} / kept {len(kept)} of {opts.max_tasks}; "
+            f"{rate:.1f}s each; ETA {left:.0f}s")  # fmt: skip
+
+    stats["kept"] = len(kept)
+    stats["mutant_s"] = round((time.monotonic() - t0) / max(1, stats["tried"]), 2)
+    stats["files_per_mutant"] = round(sum(files_run) / max(1, len(files_run)), 2)
+    return kept, stats
+
+
+def _task(project: Project, n: int, k: _Kept, env: str, say: Callable[[str], None]) -> RepoTask:
+    clean = project.sources[k.path]
+    buggy = k.mutation.apply(clean)
+    hidden = sorted({t.split("::", 1)[0] for t in k.fail})
+    test_files = {f: (project.root / f).read_text() for f in hidden}
+    first_file = k.first.id.split("::", 1)[0]
+    with tempfile.TemporaryDirectory(prefix="pqrl-bug-", dir=cache_dir("generate")) as tmp:
+        tree = Path(tmp, "tree")
+        shutil.copytree(project.root, tree, symlinks=True)
+        (tree / k.path).write_text(buggy)
+        for f in hidden:
+            (tree / f).unlink()
+        image = build_recipe(RepoRecipe(name=f"{project.name}-bug", source=str(tree), install="editable",
+                                        base_image=env), progress=say)  # fmt: skip
+        stage_repository(tree, None, Path(tmp, "staged"), f"{project.name}-bug")  # as the recipe does
+        commit = (Path(tmp, "staged", ".git", "refs", "heads", "main")).read_text().strip()
+    m = k.mutation
+    return RepoTask(
+        id=task_id(f"{project.name}-{n:03d}"),
+        instance_id=f"{project.origin}:{k.path}:{m.function}:{m.line}:{m.kind}",
+        repo=project.name,
+        base_commit=commit,
+        problem_statement=issue_text(project.name, k.path, first_file, test_files[first_file], k.first),
+        patch=unified_diff(k.path, buggy, clean),
+        test_patch="".join(unified_diff(f, None, text) for f, text in test_files.items()),
+        fail_to_pass=k.fail,
+        pass_to_pass=k.passing,
+        test_command=TEST_COMMAND,
+        image=image,
+        repo_path=REPO_PATH,
+    )
+
+
+def generate_tasks(project: Project, opts: Options, say: Callable[[str], None] = print) -> Generated:
+    """The suite of up to ``opts.max_tasks`` bugs of ``project``."""
+    stats: dict[str, Any] = {"project": project.origin, "requirements": list(opts.requirements)}
+    t0 = time.monotonic()
+    env, clean = _images(project, opts.requirements, say)
+    stats["images_s"] = round(time.monotonic() - t0, 2)
+    cache = _Cache(_Cache.key(str(_REVISION), clean))
+
+    async def run() -> tuple[list[_Kept], dict[str, Any]]:
+        async with _Runner(clean, opts.workers, timeout=120) as runner:
+            return await _mutants(project, runner, cache, clean, opts, say)
+
+    kept, found = asyncio.run(run())
+    stats |= found
+    if not kept:
+        raise UsageError(f"{project.origin}: none of {found['tried']} mutants makes a baseline test fail")
+    t0 = time.monotonic()
+    tasks = [_task(project, n, k, env, say) for n, k in enumerate(kept)]
+    stats["task_images_s"] = round((time.monotonic() - t0) / len(tasks), 2)
+    name = opts.name or task_id(project.name)
+    manifest = SuiteManifest(
+        name=name, version="1", env_id="repo-v1", kind="repo", reward="env",
+        description=(f"{len(tasks)} bugs injected by AST mutation into {project.origin} (seed {opts.seed}), "
+                     "graded by its own tests"),
+    )  # fmt: skip
+    return Generated(Suite(manifest, tuple(tasks)), stats)

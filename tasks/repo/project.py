@@ -1,0 +1,178 @@
+"""A real Python project for task generation: its files, its package modules, its test files and
+which test files reach which module.
+
+The source is a PyPI sdist (``NAME==VERSION``, downloaded once into pqrl's cache with ``pip
+download --no-binary``) or a local directory or git repository (its HEAD). The staged tree holds
+the files only: no history, no compiled bytecode (a ``.pyc`` of the clean module would be the fix).
+Test files are pytest's defaults (``test_*.py``, ``*_test.py``); every other ``.py`` file outside
+tests, docs, examples and build scripts is package source, mutated when it parses.
+A test file reaches a module when the module is in the transitive closure of its imports (static:
+``import a.b`` runs ``a/__init__`` too; relative imports resolved), the cheap stand-in for coverage.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pqrl.cache import cache_dir
+from pqrl.errors import PermanentFault, UsageError
+from sandboxes.repo_source import ARCHIVE_SUFFIXES, last_line, stage_repository
+
+__all__ = ["Project", "fetch_sdist", "infer_requirements", "load_project"]
+
+_SPEC = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([A-Za-z0-9][A-Za-z0-9.+!_-]*)$")
+_NOT_SOURCE = {"tests", "test", "testing", "docs", "doc", "examples", "example", "benchmarks", "bench",
+               "scripts", "tools", "build", "dist", ".tox", ".nox", "venv", ".venv"}  # fmt: skip
+_NOT_SOURCE_FILES = {"setup.py", "conftest.py", "noxfile.py", "tasks.py", "fabfile.py", "conf.py"}
+# import names whose distribution is named otherwise; the base image already has pytest
+_DISTRIBUTIONS = {"yaml": "pyyaml", "dateutil": "python-dateutil", "PIL": "pillow", "attr": "attrs",
+                  "bs4": "beautifulsoup4", "sklearn": "scikit-learn"}  # fmt: skip
+_IN_IMAGE = {"pytest", "_pytest", "py", "pluggy", "iniconfig", "packaging"}
+
+
+@dataclass
+class Project:
+    """A staged clean tree and what the generator needs to know about it."""
+
+    name: str  # the distribution name (for an sdist) or the directory's name
+    origin: str  # NAME==VERSION or the path it came from
+    root: Path
+    sources: dict[str, str]  # package module path -> text (it parses)
+    tests: list[str]  # test file paths
+    modules: dict[str, str] = field(default_factory=dict)  # dotted module name -> path (all .py files)
+    imports: dict[str, set[str]] = field(default_factory=dict)  # path -> dotted names it imports
+    required: dict[str, set[str]] = field(default_factory=dict)  # test path -> its top-level imports
+
+    def tests_reaching(self, path: str) -> list[str]:
+        """The test files whose import closure holds the module at ``path``."""
+        target = next((m for m, p in self.modules.items() if p == path), None)
+        return [t for t in self.tests if target is not None and target in self._closure(t)]
+
+    def _closure(self, path: str) -> set[str]:
+        seen: set[str] = set()
+        todo = list(self.imports.get(path, ()))
+        while todo:
+            name = todo.pop()
+            for prefix in _prefixes(name):  # importing a.b.c runs a/__init__ and a/b/__init__ first
+                if prefix in self.modules and prefix not in seen:
+                    seen.add(prefix)
+                    todo += self.imports.get(self.modules[prefix], ())
+        return seen
+
+
+def _prefixes(name: str) -> list[str]:
+    parts = name.split(".")
+    return [".".join(parts[: i + 1]) for i in range(len(parts))]
+
+
+def fetch_sdist(spec: str) -> Path:
+    """The sdist of ``NAME==VERSION`` from pqrl's cache, downloaded there the first time."""
+    m = _SPEC.match(spec.strip())
+    if m is None:
+        raise UsageError(f"--from-sdist {spec!r} is not NAME==VERSION", fix="e.g. --from-sdist toolz==0.12.1")
+    folder = cache_dir("sdists", re.sub(r"[^a-z0-9.]+", "-", spec.lower()))
+    found = [p for p in folder.iterdir() if p.name.endswith(ARCHIVE_SUFFIXES)]
+    if found:
+        return found[0]
+    with tempfile.TemporaryDirectory(dir=folder) as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "-q",
+               "--disable-pip-version-check", "-d", tmp, spec]  # fmt: skip
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        got = [p for p in Path(tmp).iterdir() if p.name.endswith(ARCHIVE_SUFFIXES)]
+        if r.returncode != 0 or len(got) != 1:
+            raise PermanentFault(
+                f"pip download {spec} failed: {last_line(r.stderr or r.stdout) or 'no archive'}"
+            )
+        return got[0].rename(folder / got[0].name)  # the same file system: atomic, whole or absent
+
+
+def load_project(source: str | Path, name: str, origin: str, dest: Path) -> Project:
+    """Stages ``source`` (an archive, a directory, a git repository's HEAD) into ``dest`` (new)."""
+    path = Path(source)
+    if not path.exists():
+        raise UsageError(f"{source} does not exist")
+    commit = "HEAD" if (path / ".git").exists() else None
+    stage_repository(path, commit, dest, name)
+    shutil.rmtree(dest / ".git")
+    for junk in [*dest.rglob("__pycache__"), *dest.rglob("*.py[co]")]:  # compiled clean code
+        shutil.rmtree(junk, ignore_errors=True) if junk.is_dir() else junk.unlink(missing_ok=True)
+    project = Project(name=name, origin=origin, root=dest, sources={}, tests=[])
+    src = "src/" if (dest / "src").is_dir() and not (dest / "src" / "__init__.py").exists() else ""
+    for file in sorted(dest.rglob("*.py")):
+        rel = file.relative_to(dest).as_posix()
+        if file.is_symlink() or not file.is_file():
+            continue
+        try:
+            text = file.read_text()
+            tree = ast.parse(text)
+        except (UnicodeDecodeError, SyntaxError, ValueError):
+            continue
+        dotted = _module_name(rel.removeprefix(src) if rel.startswith(src) else rel)
+        project.modules[dotted] = rel
+        project.imports[rel] = _imports(tree, dotted, rel.endswith("__init__.py"))
+        parts = rel.split("/")
+        if parts[-1].startswith("test_") or parts[-1].endswith("_test.py"):
+            project.tests.append(rel)
+            # unconditional imports only: one under try, in a function or a class may be optional
+            plain = ast.Module(
+                body=[n for n in tree.body if isinstance(n, ast.Import | ast.ImportFrom)], type_ignores=[]
+            )
+            project.required[rel] = _imports(plain, dotted, False)
+        elif not (set(parts[:-1]) & _NOT_SOURCE) and parts[-1] not in _NOT_SOURCE_FILES:
+            project.sources[rel] = text
+    if not project.tests:
+        raise UsageError(f"{origin} ships no test files (test_*.py or *_test.py)")
+    return project
+
+
+def _module_name(rel: str) -> str:
+    name = rel.removesuffix(".py").replace("/", ".")
+    return name.removesuffix(".__init__")
+
+
+def _imports(tree: ast.Module, module: str, is_package: bool) -> set[str]:
+    package = module if is_package else module.rpartition(".")[0]
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".") if package else []
+                parts = parts[: len(parts) - (node.level - 1)] if node.level > 1 else parts
+                base = ".".join([*parts, *([node.module] if node.module else [])])
+            if base:
+                out.add(base)
+                out |= {f"{base}.{a.name}" for a in node.names if a.name != "*"}
+    return out
+
+
+def infer_requirements(project: Project) -> list[str]:
+    """The distributions the test files import at their top level (not under ``try``, not in a
+    function) that are neither the standard library, the project's own modules, nor already in the
+    base image (``hypothesis`` for ``import hypothesis``)."""
+    own = {m.split(".")[0] for m in project.modules}
+    found: set[str] = set()
+    for test in project.tests:
+        for name in project.required.get(test, ()):
+            top = name.split(".")[0]
+            if top and top not in own and top not in sys.stdlib_module_names and top not in _IN_IMAGE:
+                found.add(_DISTRIBUTIONS.get(top, top))
+    return sorted(found)
+
+
+def tree_digest(files: dict[str, str]) -> str:
+    """A short hash of a set of files' paths and texts."""
+    h = hashlib.sha256()
+    for path, text in sorted(files.items()):
+        h.update(f"{path}\0{text}\0".encode())
+    return h.hexdigest()[:16]
