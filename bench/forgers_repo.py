@@ -4,6 +4,10 @@ verdict given: which forgers score without fixing the bug. Gold must score 1 and
 
     python bench/forgers.py --repo --verdict junit | tee bench/results/forgers_repo_before.log
     python bench/forgers.py --repo | tee bench/results/forgers_repo_after.log
+
+``--suite FILE`` (repeatable) runs them on a suite of repo tasks instead, e.g. the ones
+``pqrl tasks generate coding --from-sdist`` makes: each forger appended to the buggy module as the
+task's image holds it (bench/results/forgers_generated.log).
 """
 
 from __future__ import annotations
@@ -24,7 +28,9 @@ sys.path.insert(0, str(ROOT))
 
 from bench.learning import short_commit  # noqa: E402
 from sandboxes.docker_api import DockerAPI  # noqa: E402
-from tests.tasks.repo_forgery import REPO_FORGERS, Bug, battery, build  # noqa: E402
+from tasks.coding.diffs import split_patch  # noqa: E402
+from tasks.suite import load_suite  # noqa: E402
+from tests.tasks.repo_forgery import REPO_FORGERS, Bug, Built, battery, build  # noqa: E402
 
 PROJECT = "more-itertools==10.5.0"
 MORE = "more_itertools/more.py"
@@ -56,12 +62,37 @@ def _project(into: Path) -> Path:
     return next(into.iterdir())
 
 
-async def main(verdict: str, forgers: list[str]) -> None:
-    with tempfile.TemporaryDirectory() as tmp:
-        t0 = time.monotonic()
-        built = build(_project(Path(tmp) / "sdist"), BUGS, "pqrl-forge-more-itertools", Path(tmp) / "work")
-        build_s = time.monotonic() - t0
-    for task in built.tasks:
+def _from_suites(paths: list[str]) -> list[Built]:
+    """One ``Built`` per task of the suites: its gold patch's module read from the task's image, so
+    a forger lands on the buggy code the agent would start from."""
+    out = []
+    for path in paths:
+        for task in load_suite(path).tasks:
+            module = next(
+                p.new_path for p in split_patch(task.patch or "") if (p.new_path or "").endswith(".py")
+            )
+            cat = ["docker", "run", "--rm", "--network", "none", "--entrypoint", "cat", task.image,
+                   f"{task.repo_path}/{module}"]  # fmt: skip
+            out.append(
+                Built(
+                    [task], {module: subprocess.run(cat, capture_output=True, text=True, check=True).stdout}
+                )
+            )
+    return out
+
+
+async def main(verdict: str, forgers: list[str], suites: list[str]) -> None:
+    t0 = time.monotonic()
+    if suites:
+        parts = _from_suites(suites)
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            parts = [
+                build(_project(Path(tmp) / "sdist"), BUGS, "pqrl-forge-more-itertools", Path(tmp) / "work")
+            ]
+    build_s = time.monotonic() - t0
+    tasks = [t for part in parts for t in part.tasks]
+    for task in tasks:
         print(
             f"# {task.id}: {len(task.fail_to_pass)} FAIL_TO_PASS, {len(task.pass_to_pass)} PASS_TO_PASS",
             flush=True,
@@ -69,7 +100,11 @@ async def main(verdict: str, forgers: list[str]) -> None:
     api = DockerAPI()
     try:
         t0 = time.monotonic()
-        results = await battery(api, built, "bench-forgers-repo", verdict, forgers)
+        results: dict = {}
+        for part in await asyncio.gather(
+            *(battery(api, p, "bench-forgers-repo", verdict, forgers) for p in parts)
+        ):
+            results.update(part)
         wall_s = time.monotonic() - t0
     finally:
         await api.close()
@@ -89,7 +124,7 @@ async def main(verdict: str, forgers: list[str]) -> None:
         for t in scored if who not in ("gold",) else []:
             print(f"  {t}: {rows[t].info.get('reason')}", flush=True)
     forged = sum(v for k, v in counts.items() if k not in ("gold", "empty"))
-    summary = {"verdict": verdict, "tasks": len(built.tasks), "build_s": round(build_s, 1),
+    summary = {"verdict": verdict, "tasks": len(tasks), "build_s": round(build_s, 1),
                "wall_s": round(wall_s, 1), "gold_scored": counts["gold"], "empty_scored": counts["empty"],
                "forged_nonzero_or_raised": forged, "counts": counts}  # fmt: skip
     print(json.dumps(summary))
@@ -98,11 +133,12 @@ async def main(verdict: str, forgers: list[str]) -> None:
 def run(argv: list[str]) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--verdict", choices=("values", "junit"), default="values")
+    ap.add_argument("--suite", action="append", default=[], help="a suite of repo tasks (repeatable)")
     ap.add_argument("forgers", nargs="*", default=REPO_FORGERS)
     args = ap.parse_args(argv)
     print(f"# python bench/forgers.py --repo {' '.join(argv)}".rstrip(), flush=True)
     print(f"# commit {short_commit(ROOT)}, load {os.getloadavg()[0]:.2f}, {os.cpu_count()} cores", flush=True)
-    asyncio.run(main(args.verdict, args.forgers))
+    asyncio.run(main(args.verdict, args.forgers, args.suite))
 
 
 if __name__ == "__main__":
