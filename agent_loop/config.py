@@ -37,6 +37,11 @@ class EpisodeConfig(Settings):
     seed: int | None = setting(
         None, "per-turn sampling seeds derive from it: reproducible whatever the batching"
     )
+    tool_parser: str = setting(
+        "hermes",
+        "how the model writes tool calls (a parser named as SGLang/vLLM name theirs: hermes, qwen3_coder, "
+        "llama3_json, mistral, pythonic, gemma; or a plug-in's)",
+    )
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -35,6 +35,7 @@ __all__ = [
     "get_parser",
     "parse_tool_calls",
     "register_parser",
+    "tool_call_text",
 ]
 
 log = logging.getLogger(__name__)
@@ -91,6 +92,11 @@ def parse_tool_calls(
 ) -> list[ToolCall]:
     """Every call of ``text`` in the format of ``parser``, in order (at most ``max_calls``)."""
     return get_parser(parser).parse(text, max_calls=max_calls, tools=tools)
+
+
+def tool_call_text(name: str, /, **arguments: Any) -> str:
+    """One call as a model in the default format writes it (scripted experts, tests)."""
+    return get_parser(DEFAULT_PARSER).render([ToolCall(name, arguments)])
 
 
 def as_openai_calls(calls: list[ToolCall | Mapping[str, Any]]) -> list[dict[str, Any]]:

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import agent_loop.demonstrations as demonstrations
+from agent_loop.agent import prompt_messages
 from agent_loop.demonstrations import (
     calc_demonstrations,
     read_demonstrations,
@@ -16,7 +17,7 @@ from agent_loop.demonstrations import (
     tool_call_text,
     write_demonstrations,
 )
-from agent_loop.tool_parser import parse_tool_calls
+from agent_loop.tool_parser import get_parser, parse_tool_calls
 from env_server.client import LocalEnvClient
 from loss_masking import ChatRenderer
 from pqrl.model_cache import load_tokenizer
@@ -36,11 +37,11 @@ def demos(renderer):
     return calc_demonstrations(N, SEED, renderer)
 
 
-async def _initial_messages(task) -> list[dict]:
+async def _initial_messages(task, renderer) -> list[dict]:
     client = LocalEnvClient()
     try:
         s = await client.create_session("calc-v1", task.model_dump(), env_kwargs={"shots": 1})
-        return [m.model_dump(exclude_none=True) for m in s.observation.messages]
+        return prompt_messages(renderer, s.observation, get_parser("hermes"))[0]
     finally:
         await client.aclose()
 
@@ -57,7 +58,7 @@ def test_demonstrations_decode_to_the_conversation_the_env_saw(renderer, demos):
         assert d.status is Status.COMPLETED and d.reward == 1.0
         assert d.reward_info["submitted"] == task.answer and d.env == "calc-v1"
         conversation = [
-            *asyncio.run(_initial_messages(task)),
+            *asyncio.run(_initial_messages(task, renderer)),
             {"role": "assistant", "content": tool_call_text("calculator", expression=task.expression)},
             {"role": "tool", "name": "calculator", "content": task.answer},
             {"role": "assistant", "content": tool_call_text("answer", value=task.answer)},
