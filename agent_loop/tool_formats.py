@@ -308,19 +308,48 @@ _PY_LIST = re.compile(r"\[\s*[A-Za-z_][\w.]*\s*\(")
 def _find_pythonic(text: str, calls: Calls, tools: Schemas) -> None:
     pos = 0
     while (match := _PY_LIST.search(text, pos)) is not None and not calls.full:
-        start, tree = match.start(), None
-        end = text.find("]", start)
-        while end != -1 and tree is None:  # the shortest bracketed span that parses
-            try:
-                tree = ast.parse(text[start : end + 1].strip(), mode="eval").body
-            except SyntaxError:
-                end = text.find("]", end + 1)
-        if tree is None:
+        start = match.start()
+        end = _closing_bracket(text, start)
+        tree = _python(text[start:end], "eval") if end > 0 else None
+        if not isinstance(tree, ast.Expression):
             calls.malformed(text[start:], "not a Python list of calls: f(a=1)")
             return
-        for node in tree.elts if isinstance(tree, ast.List) else [tree]:
+        for node in tree.body.elts if isinstance(tree.body, ast.List) else [tree.body]:
             _python_call(ast.unparse(node), node, calls)
-        pos = end + 1
+        pos = end
+
+
+def _closing_bracket(text: str, start: int) -> int:
+    """Just past the bracket that closes ``text[start]``, strings skipped; -1 if none (one pass, so a
+    long text of brackets costs one parse, not one per bracket)."""
+    depth, quote, i = 0, "", start
+    while i < len(text):
+        c = text[i]
+        if quote:
+            if c == "\\":
+                i += 1
+            elif c == quote:
+                quote = ""
+        elif c in "\"'":
+            quote = c
+        elif c in "([{":
+            depth += 1
+        elif c in ")]}":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+        i += 1
+    return -1
+
+
+def _python(source: str, mode: str) -> ast.AST | str:
+    """The parsed source, or why it is not Python (deep nesting and NUL bytes included)."""
+    try:
+        return ast.parse(source.strip(), mode=mode)
+    except SyntaxError as e:
+        return f"not Python: {e.msg} on line {e.lineno}"
+    except (ValueError, RecursionError, MemoryError) as e:
+        return f"not Python: {type(e).__name__}"
 
 
 def _python_call(raw: str, node: ast.expr, calls: Calls) -> None:
@@ -352,12 +381,11 @@ def _find_gemma(text: str, calls: Calls, tools: Schemas) -> None:
         if not closing:
             calls.malformed(body, "missing the closing ```")
             return
-        try:
-            statements = ast.parse(body).body
-        except SyntaxError as e:
-            calls.malformed(body, f"not Python: {e.msg} on line {e.lineno}")
+        tree = _python(body, "exec")
+        if not isinstance(tree, ast.Module):
+            calls.malformed(body, str(tree))
             continue
-        for st in statements:
+        for st in tree.body:
             node = st.value if isinstance(st, ast.Expr) else None
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "print":
                 node = node.args[0] if len(node.args) == 1 and not node.keywords else node  # print(f(...))

@@ -147,3 +147,24 @@ def test_a_plugin_registers_a_parser_through_its_entry_point(tmp_path, monkeypat
     assert parser.name == "line_json"
     assert parser.parse('hi\nCALL {"name": "answer", "arguments": {"value": "84"}}') == [ANSWER]
     assert "CALL {" in parser.parse("CALL {oops")[0].error
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[f(a=1" + "]" * 20_000,  # one parse, not one per bracket
+        "[f(a=" + "(" * 5_000 + "1" + ")" * 5_000 + ")]",  # nesting past the parser's limit
+        '[f(a="\x00")]',
+        "```tool_code\n" + "f(a=" + "[" * 5_000 + "]" * 5_000 + ")\n```",
+        "```tool_code\nf(a='\x00')\n```",
+    ],
+)
+def test_hostile_python_calls_are_malformed_quickly(text):
+    import time
+
+    fmt = "gemma" if text.startswith("```") else "pythonic"
+    t0 = time.perf_counter()
+    calls = get_parser(fmt).parse(text)
+    assert time.perf_counter() - t0 < 2.0
+    assert calls and all(c.name == MALFORMED or c.pending for c in calls)
+    assert any(c.name == MALFORMED for c in calls) or calls == [ToolCall("f", {"a": "\x00"})]
