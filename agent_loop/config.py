@@ -43,6 +43,12 @@ class EpisodeConfig(Settings):
         "llama3_json, mistral, pythonic, gemma; or a plug-in's)",
     )
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        from agent_loop.tool_parser import get_parser
+
+        get_parser(self.tool_parser)  # an unknown name fails where it is written, naming the known ones
+
 
 @dataclass(frozen=True, kw_only=True)
 class ManagerConfig(Settings):

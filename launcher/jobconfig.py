@@ -18,7 +18,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    create_model,
+    field_validator,
+    model_validator,
+)
 
 from agent_loop.config import MAX_FAILED_INFRA, EpisodeConfig, ManagerConfig
 from launcher.precision import Dtype, cpu_bfloat16
@@ -71,6 +79,7 @@ class ModelSection(_Section):
         description="a template that rewrites earlier turns (thinking stripped): strict = refused; "
         "as_generated = every turn kept as the model generated it, so training sees exactly what it saw",
     )
+
     dtype: Dtype = Field(
         "auto",
         description="trainer precision (weights and optimizer stay float32): auto = bfloat16 autocast "
@@ -79,6 +88,17 @@ class ModelSection(_Section):
         "them); float32 = never. Where a CPU job autocasts, an embedded job's engine multiplies in "
         "bfloat16 as well (--matmul-dtype bfloat16)",
     )
+
+    @field_validator("tool_parser")
+    @classmethod
+    def _known_parser(cls, name: str) -> str:
+        from agent_loop.tool_parser import UnknownToolParser, get_parser
+
+        try:
+            get_parser(name)
+        except UnknownToolParser as e:
+            raise ValueError(e.line()) from None
+        return name
 
 
 class WeightSyncSection(_Section):
