@@ -11,7 +11,7 @@ import asyncio
 import pytest
 
 from agent_loop.agent import EpisodeConfig, prompt_messages, run_episode
-from agent_loop.tool_parser import get_parser
+from agent_loop.tool_parser import as_openai_calls, get_parser
 from engine.batcher import BatchEngine
 from engine.client import EngineClient
 from engine.http_app import create_app
@@ -148,3 +148,23 @@ def test_template_kwargs_reach_every_render():
     )
     ids = off.prompt([{"role": "system", "content": "S"}, {"role": "user", "content": "U"}])
     assert off.decode(ids).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+
+
+@pytest.mark.parametrize("family_name", ["llama", "qwen2", "mistral", "qwen3"])
+def test_what_a_template_writes_for_tool_calls_its_parser_reads_back(family_name, tmp_path):
+    family = FAMILIES[family_name]
+    template = family.template
+    if template not in BUILTIN_TEMPLATES:
+        (tmp_path / "template.jinja").write_text(template)
+        template = str(tmp_path / "template.jinja")
+    r = renderer_for(tokenizer_for(family), chat_template=template, history="as_generated")
+    assert r.renders_tool_calls
+    calls = [
+        ToolCall("run", {"command": "ls -l", "opts": {"n": [1, 2]}}),
+        ToolCall("answer", {"value": "84"}),
+    ]
+    user = [{"role": "user", "content": "go"}]
+    before = r.render(user, add_generation_prompt=True)
+    written = r.render([*user, {"role": "assistant", "content": "", "tool_calls": as_openai_calls(calls)}])
+    assert written.startswith(before)
+    assert get_parser(family.parser).parse(written[len(before) :]) == calls
