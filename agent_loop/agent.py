@@ -320,7 +320,9 @@ def _written(message: dict[str, Any], renderer: ChatRenderer, parser: ToolFormat
         return message
     if renderer.renders_tool_calls:
         return {**message, "tool_calls": as_openai_calls(calls)}
-    return {**message, "content": message["content"] + parser.render(calls)}
+    content = message["content"]
+    glue = "\n" if content and not content[-1].isspace() else ""
+    return {**message, "content": content + glue + parser.render(calls)}
 
 
 def _with_tools_in_system(messages: list[dict[str, Any]], text: str) -> list[dict[str, Any]]:

@@ -100,16 +100,16 @@ def prepare_model(name: str = DEFAULT_MODEL) -> Path:
 
 
 def _cached_snapshot(repo_id: str) -> Path:
-    """The newest cached snapshot of ``repo_id`` (``HF_HUB_CACHE`` or the default cache), offline."""
-    from huggingface_hub import snapshot_download
+    """The cached snapshot of ``repo_id`` (its ``main``) in the Hugging Face cache, offline."""
+    from huggingface_hub import constants, snapshot_download
 
-    cache = os.environ.get("HF_HUB_CACHE") or None  # read now: the library reads it once, at import
+    cache = constants.HF_HUB_CACHE  # HF_HUB_CACHE or HF_HOME, as the Hub client reads them
     try:
         path = Path(snapshot_download(repo_id, cache_dir=cache, local_files_only=True))
     except Exception as e:  # LocalEntryNotFoundError and kin: the message names what to do
-        where = cache or "the Hugging Face cache"
         raise ModelNotAvailable(
-            f"model {repo_id!r} is not in {where} and nothing is downloaded at run time: fetch it first "
+            f"model {repo_id!r} is not in the Hugging Face cache {cache} and nothing is downloaded at run "
+            "time: fetch it first "
             f"(huggingface-cli download {repo_id}) or give a model directory ({type(e).__name__})"
         ) from None
     if not (path / "config.json").is_file():

@@ -50,18 +50,26 @@ def _hub_cache(root, repo_id: str, files_from) -> str:
 
 
 def test_a_hub_id_loads_from_the_local_cache_offline(tmp_path, monkeypatch, tiny_model_dir):
+    import huggingface_hub.constants
+
     snapshot = _hub_cache(tmp_path, "acme/tiny-llama", tiny_model_dir)
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))  # as HF_HUB_CACHE sets it
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     assert str(prepare_model("acme/tiny-llama")) == snapshot
     model, tok = load_model("acme/tiny-llama"), load_tokenizer("acme/tiny-llama")
     assert model.config.model_type == "llama" and model.config.vocab_size == len(tok)
 
 
 def test_a_hub_id_not_in_the_cache_is_one_clear_line(tmp_path, monkeypatch):
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
     with pytest.raises(ModelNotAvailable) as e:
         prepare_model("acme/not-here")
     text = str(e.value)
-    assert "\n" not in text and "'acme/not-here' is not in" in text and "nothing is downloaded" in text
+    assert (
+        "\n" not in text
+        and f"'acme/not-here' is not in the Hugging Face cache {tmp_path}" in text
+        and "nothing is downloaded" in text
+    )
     assert not list(tmp_path.iterdir()), "nothing was fetched or written"
