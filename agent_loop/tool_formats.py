@@ -206,16 +206,25 @@ def _qwen3_call(raw: str, name: str, body: str, calls: Calls, props: Mapping[str
 
 
 def _typed(value: str, kind: Any) -> Any:
-    """A parameter's text as its schema's type: strings as written, other types as JSON; without a
-    schema, JSON objects and arrays decoded and the rest kept as text (validation coerces it)."""
-    if kind == "string" or (kind is None and not value.strip().startswith(("{", "["))):
+    """A parameter's text as its schema's type: strings as written, other types as JSON; a type
+    that allows a string too, or no type at all, decodes JSON where it can and keeps the text
+    otherwise (validation coerces it), an object or array without a type only when it decodes."""
+    kinds = set(kind) if isinstance(kind, list) else {kind} - {None}
+    if kinds and kinds <= {"string", "null"}:
+        return value
+    loose = not kinds or "string" in kinds
+    if not kinds and not value.strip().startswith(("{", "[")):
         return value
     try:
         return loads_finite(value)
     except json.JSONDecodeError:
-        if kind is None:
+        if loose:
             return value
-        raise ValueError(f"{value[:40]!r} is not a JSON {kind}") from None
+        raise ValueError(f"{value[:40]!r} is not JSON of type {kind}") from None
+    except ValueError:  # a non-finite number: as text where text is allowed, else malformed
+        if loose:
+            return value
+        raise
 
 
 def _properties(tools: Schemas, name: str) -> Mapping[str, Any]:

@@ -47,7 +47,7 @@ MALFORMED_CASES = [
     (
         "qwen3_coder",
         "<function=run>\n<parameter=timeout>\nsoon\n</parameter>\n</function>",
-        "not a JSON integer",
+        "not JSON of type integer",
     ),
     ("qwen3_coder", "<function=>\n</function>", 'missing "name"'),
     ("llama3_json", '<|python_tag|>{"name": "answer", "parameters": {"value": }', "invalid JSON"),
@@ -168,3 +168,26 @@ def test_hostile_python_calls_are_malformed_quickly(text):
     assert time.perf_counter() - t0 < 2.0
     assert calls and all(c.name == MALFORMED or c.pending for c in calls)
     assert any(c.name == MALFORMED for c in calls) or calls == [ToolCall("f", {"a": "\x00"})]
+
+
+def test_qwen3_coder_values_follow_the_tools_schema():
+    schemas = [{"type": "function", "function": {"name": "f", "parameters": {"properties": {
+        "s": {"type": "string"}, "n": {"type": "integer"}, "either": {"type": ["string", "integer"]},
+        "maybe": {"type": ["string", "null"]}, "o": {"type": "object"}}}}}]  # fmt: skip
+    text = "".join(
+        f"<parameter={k}>\n{v}\n</parameter>\n"
+        for k, v in [
+            ("s", "84"),
+            ("n", "84"),
+            ("either", "NaN"),
+            ("maybe", "[1]"),
+            ("o", '{"a": 1}'),
+            ("free", "7"),
+        ]
+    )
+    (call,) = get_parser("qwen3_coder").parse(f"<function=f>\n{text}</function>", tools=schemas)
+    assert call.arguments == {"s": "84", "n": 84, "either": "NaN", "maybe": "[1]", "o": {"a": 1}, "free": "7"}
+    (bad,) = get_parser("qwen3_coder").parse(
+        "<function=f>\n<parameter=n>\nNaN\n</parameter>\n</function>", tools=schemas
+    )
+    assert bad.name == MALFORMED and "NaN is not a finite number" in (bad.error or ""), bad.error
