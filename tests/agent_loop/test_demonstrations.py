@@ -97,8 +97,8 @@ def test_masks_are_one_exactly_on_the_experts_turns(renderer, demos):
 def test_the_environment_grades_the_expert(renderer, monkeypatch):
     real_expert = demonstrations.calc_expert
 
-    def lying_expert(expression: str):
-        honest = real_expert(expression)
+    def lying_expert(expression: str, parser: str):
+        honest = real_expert(expression, parser)
         return lambda turn, text: honest(turn, text) if turn == 0 else tool_call_text("answer", value="-1")
 
     monkeypatch.setattr(demonstrations, "calc_expert", lying_expert)
@@ -119,3 +119,15 @@ def test_write_read_round_trip_and_specs(renderer, demos, tmp_path):
     assert [t.task_id for t in built] == ["calc-5-0", "calc-5-1"]
     with pytest.raises(ValueError, match="calc:N"):
         resolve_demonstrations("calc:two", renderer.tokenizer)
+
+
+@pytest.mark.parametrize("parser", ["pythonic", "mistral"])
+def test_the_expert_writes_the_format_the_policy_will_write(renderer, parser):
+    from agent_loop.config import EpisodeConfig
+
+    (d,) = calc_demonstrations(1, SEED, renderer, cfg=EpisodeConfig(tool_parser=parser))
+    assert d.reward == 1.0
+    first = renderer.decode(d.tokens[d.turns[0].start : d.turns[0].end])
+    assert first.startswith("[calculator(" if parser == "pythonic" else "[TOOL_CALLS][{")
+    prompt = renderer.decode(d.tokens[: d.prompt_len])
+    assert get_parser(parser).example in prompt and "<tool_call>" not in prompt
