@@ -16,7 +16,9 @@ tokenization of one render with the tokenization of another); engine tokens are 
 re-tokenized text, because sampling can produce a valid but non-canonical split. A template that
 renders earlier turns differently once more turns follow (for example one that strips earlier
 ``<think>`` reasoning) raises ``TemplateRewritesHistory`` at construction, and ``check_history``
-runs the same check over a real conversation.
+runs the same check over a real conversation; with ``history="as_generated"`` such a template is
+used with every turn kept as generated (no probe; deltas cut after the base's assistant turn). A
+template that refuses a system role gets the system text merged into the first user turn.
 
 Deliberately left out: rendering assistant turns (the engine's tokens are the assistant turns;
 structured ``tool_calls`` fields are never re-rendered), escaping special-token text that a tool
