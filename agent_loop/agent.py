@@ -301,12 +301,14 @@ def prompt_messages(
     """The first observation as the model's template takes it, and the tools its template renders.
 
     A template without a tools block gets the schemas and the parser's call format in the system
-    message instead; worked examples' calls are written as the template or the parser writes them.
+    message instead, unless the prompt already shows calls in that format (worked examples); worked
+    examples' calls are written as the template or the parser writes them.
     """
     messages = [_written(m.model_dump(exclude_none=True, exclude={"status"}), renderer, parser)
                 for m in observation.messages]  # fmt: skip
+    shown = any(c.pending for m in messages for c in parser.parse(m["content"]))
     tools = observation.tools
-    if not renderer.supports_tools and tools:
+    if not renderer.supports_tools and tools and not shown:
         messages = _with_tools_in_system(messages, describe_tools(tools, parser.instructions()))
     return messages, tools if renderer.supports_tools else None
 

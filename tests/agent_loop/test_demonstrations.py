@@ -121,13 +121,16 @@ def test_write_read_round_trip_and_specs(renderer, demos, tmp_path):
         resolve_demonstrations("calc:two", renderer.tokenizer)
 
 
+@pytest.mark.parametrize("shots", [0, 1])
 @pytest.mark.parametrize("parser", ["pythonic", "mistral"])
-def test_the_expert_writes_the_format_the_policy_will_write(renderer, parser):
+def test_the_expert_writes_the_format_the_policy_will_write(renderer, parser, shots):
     from agent_loop.config import EpisodeConfig
 
-    (d,) = calc_demonstrations(1, SEED, renderer, cfg=EpisodeConfig(tool_parser=parser))
+    (d,) = calc_demonstrations(1, SEED, renderer, shots=shots, cfg=EpisodeConfig(tool_parser=parser))
     assert d.reward == 1.0
-    first = renderer.decode(d.tokens[d.turns[0].start : d.turns[0].end])
-    assert first.startswith("[calculator(" if parser == "pythonic" else "[TOOL_CALLS][{")
+    head = "[calculator(" if parser == "pythonic" else '[TOOL_CALLS][{"name": "calculator"'
+    assert renderer.decode(d.tokens[d.turns[0].start : d.turns[0].end]).startswith(head)
     prompt = renderer.decode(d.tokens[: d.prompt_len])
-    assert get_parser(parser).example in prompt and "<tool_call>" not in prompt
+    assert "<tool_call>" not in prompt
+    # the worked example shows the format; without one, the system message spells it out
+    assert (head in prompt) == bool(shots) and (get_parser(parser).example in prompt) == (not shots)
