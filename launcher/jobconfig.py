@@ -100,6 +100,18 @@ class ModelSection(_Section):
             raise ValueError(e.line()) from None
         return name
 
+    @field_validator("chat_template")
+    @classmethod
+    def _known_template(cls, spec: str | None) -> str | None:
+        from loss_masking.chat_templates import resolve_template
+        from pqrl.errors import UsageError
+
+        try:
+            spec is None or resolve_template(spec)
+        except UsageError as e:
+            raise ValueError(e.line()) from None
+        return spec
+
 
 class WeightSyncSection(_Section):
     method: Literal["disk", "distributed"] = Field(

@@ -45,8 +45,8 @@ def test_an_unknown_parser_or_a_parser_in_the_rollout_section_is_a_config_error(
 def test_the_renderer_follows_the_model_section(tmp_path):
     r = renderer_of(_config(tmp_path, "model:\n  chat_template: gemma\n").model)
     assert r.merges_system and r.closing_text == "<end_of_turn>\n"
-    with pytest.raises(UsageError, match="neither a built-in nor a file"):
-        renderer_of(_config(tmp_path, "model:\n  chat_template: nope.jinja\n").model)
+    with pytest.raises(ConfigInvalid, match="model.chat_template: .*neither a built-in nor a file"):
+        _config(tmp_path, "model:\n  chat_template: nope.jinja\n")
     with pytest.raises(UsageError, match="model.template_history: as_generated"):
         renderer_of(_config(tmp_path, "model:\n  chat_template: qwen3\n").model)
     r = renderer_of(
