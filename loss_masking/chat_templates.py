@@ -95,19 +95,12 @@ def resolve_template(spec: str) -> str:
     )
 
 
-def load_renderer(
-    model: str,
-    *,
-    chat_template: str | None = None,
-    template_kwargs: Mapping[str, Any] | None = None,
-    history: History = "strict",
-) -> ChatRenderer:
-    """The renderer of ``model``'s tokenizer (a built-in name, a directory or a cached Hub id) with
-    the chosen template; the tokenizer's own template when ``chat_template`` is None."""
+def load_renderer(model: str, **options: Any) -> ChatRenderer:
+    """The renderer of ``model``'s tokenizer (a built-in name, a directory or a cached Hub id);
+    ``options`` as ``renderer_for`` takes them."""
     from pqrl.model_cache import load_tokenizer
 
-    return renderer_for(load_tokenizer(model), chat_template=chat_template,
-                        template_kwargs=template_kwargs, history=history)  # fmt: skip
+    return renderer_for(load_tokenizer(model), **options)
 
 
 def renderer_for(
