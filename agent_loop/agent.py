@@ -1,10 +1,10 @@
 """The multi-turn agent loop: one task, one environment session, one Trajectory.
 
 Each turn: generate from the exact token list so far (engine ``output_ids`` and logprobs, never
-re-tokenized), parse ``<tool_call>`` blocks from the generated text, run the calls in the
-environment, and append the tool results as a chat-template delta (loss mask 0). The episode stops
-when the environment says done, the model makes no tool call, the turn or token budget runs out,
-or too many consecutive turns had only invalid calls. Then the environment scores it.
+re-tokenized), parse the tool calls from the generated text (in ``cfg.tool_parser``'s format), run
+the calls in the environment, and append the tool results as a chat-template delta (loss mask 0).
+The episode stops when the environment says done, the model makes no tool call, the turn or token
+budget runs out, or too many consecutive turns had only invalid calls. Then the environment scores it.
 
 Transient failures of the environment's infrastructure (its server, its sandbox, a grader that
 raised) give a ``failed_infra`` Trajectory with the cause, never a silent zero reward; the trainer
@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from agent_loop.config import EpisodeConfig
-from agent_loop.tool_parser import parse_tool_calls
+from agent_loop.tool_parser import ToolFormat, as_openai_calls, get_parser
 from engine.protocol import Engine, SamplingParams
 from env_server.client import EnvClient
 from env_server.sessions import EnvServerError
@@ -38,7 +38,7 @@ from pqrl.faults import Fault, fault_of
 from pqrl.trajectory import Status, ToolCall, ToolStatus, Trajectory
 from tasks.rewards import Episode, combine
 
-__all__ = ["EpisodeConfig", "failed_trajectory", "run_episode"]
+__all__ = ["EpisodeConfig", "failed_trajectory", "prompt_messages", "run_episode"]
 
 
 @dataclass
@@ -82,6 +82,8 @@ class _Episode:
         self.queued, self.engine, self.env, self.renderer = queued, engine, env, renderer
         self.run_id, self.group_id, self.index = ids
         self.cfg = cfg
+        self.parser = get_parser(cfg.tool_parser)
+        self.tools: list[dict[str, Any]] | None = None  # the session's schemas: typed parameters
         self.rollout_id = f"{ids.group_id}-{ids.index}"
         # env time split by phase: opening the session (a sandbox from the pool, the task's setup),
         # the tool calls, and the grading; env_s is their sum
@@ -116,7 +118,8 @@ class _Episode:
             t.reward_info.update(_fault_info(e))
             return t
         self.record("open_s", t0)
-        builder = _new_builder(self.renderer, session.observation, self.cfg)
+        self.tools = session.observation.tools
+        builder = _new_builder(self.renderer, session.observation, self.cfg, self.parser)
         await self._play(session.session_id, builder)
         return self._build(builder)
 
@@ -181,7 +184,7 @@ class _Episode:
         )
         text = self.renderer.decode(info.content_ids)
         self.texts.append(text)
-        calls = parse_tool_calls(text)
+        calls = self.parser.parse(text, tools=self.tools)
         if info.budget_hit or builder.stopped:
             return "context budget"
         if not calls:
@@ -251,13 +254,11 @@ def _fault_info(e: EnvServerError) -> dict[str, Any]:
     return {"fault_class": fault.value, "fault_status": e.status, "fault_code": e.code}
 
 
-def _new_builder(renderer: ChatRenderer, observation: Observation, cfg: EpisodeConfig) -> EpisodeBuilder:
+def _new_builder(
+    renderer: ChatRenderer, observation: Observation, cfg: EpisodeConfig, parser: ToolFormat
+) -> EpisodeBuilder:
     """The token builder over the first observation's messages (and tools, where the template has them)."""
-    messages = [m.model_dump(exclude_none=True, exclude={"status"}) for m in observation.messages]
-    tools = observation.tools
-    if not renderer.supports_tools and tools and not any("<tool_call>" in m["content"] for m in messages):
-        # NOTE: a template without a tools block gets the schemas in the system message instead.
-        messages = _with_tools_in_system(messages, describe_tools(tools))
+    messages, tools = prompt_messages(renderer, observation, parser)
     return EpisodeBuilder(
         renderer,
         messages,
@@ -292,6 +293,38 @@ async def _run_calls(
         messages.append({"role": "tool", "name": call.name, "content": reply.content})
         records.append(call.ended(reply.status or ToolStatus.OK))
     return messages, records, done
+
+
+def prompt_messages(
+    renderer: ChatRenderer, observation: Observation, parser: ToolFormat
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+    """The first observation as the model's template takes it, and the tools its template renders.
+
+    A template without a tools block gets the schemas and the parser's call format in the system
+    message instead, unless the prompt already shows calls in that format (worked examples); worked
+    examples' calls are written as the template or the parser writes them.
+    """
+    messages = [_written(m.model_dump(exclude_none=True, exclude={"status"}), renderer, parser)
+                for m in observation.messages]  # fmt: skip
+    shown = any(c.pending for m in messages for c in parser.parse(m["content"]))
+    tools = observation.tools
+    if not renderer.supports_tools and tools and not shown:
+        messages = _with_tools_in_system(messages, describe_tools(tools, parser.instructions()))
+    return messages, tools if renderer.supports_tools else None
+
+
+def _written(message: dict[str, Any], renderer: ChatRenderer, parser: ToolFormat) -> dict[str, Any]:
+    """An environment's message as the model's template takes it: an assistant message's tool
+    calls (a worked example) as structured ``tool_calls`` where the template writes them, else
+    written after its content in the parser's format."""
+    calls = message.pop("tool_calls", None)
+    if not calls:
+        return message
+    if renderer.renders_tool_calls:
+        return {**message, "tool_calls": as_openai_calls(calls)}
+    content = message["content"]
+    glue = "\n" if content and not content[-1].isspace() else ""
+    return {**message, "content": content + glue + parser.render(calls)}
 
 
 def _with_tools_in_system(messages: list[dict[str, Any]], text: str) -> list[dict[str, Any]]:

@@ -37,6 +37,17 @@ class EpisodeConfig(Settings):
     seed: int | None = setting(
         None, "per-turn sampling seeds derive from it: reproducible whatever the batching"
     )
+    tool_parser: str = setting(
+        "hermes",
+        "how the model writes tool calls (a parser named as SGLang/vLLM name theirs: hermes, qwen3_coder, "
+        "llama3_json, mistral, pythonic, gemma; or a plug-in's)",
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        from agent_loop.tool_parser import get_parser
+
+        get_parser(self.tool_parser)  # an unknown name fails where it is written, naming the known ones
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from agent_loop.agent import EpisodeConfig, run_episode
+from agent_loop.tool_parser import DEFAULT_PARSER, get_parser, tool_call_text
 from engine.protocol import Engine, FinishReason, Generation, SamplingParams
 from env_server.client import EnvClient, LocalEnvClient
-from env_server.tools import tool_call_text
 from loss_masking import ChatRenderer
 from pqrl import codec
 from pqrl.trajectory import Status, Trajectory
@@ -105,17 +105,19 @@ class ExpertEngine(Engine):
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 
 
-def calc_expert(expression: str) -> Script:
-    """The calc expert: calculator on the task's expression, then answer with what the tool printed."""
+def calc_expert(expression: str, parser: str = DEFAULT_PARSER) -> Script:
+    """The calc expert: calculator on the task's expression, then answer with what the tool printed,
+    each call written in ``parser``'s format (the format the policy will be trained to write)."""
+    fmt = get_parser(parser)
 
     def script(turn: int, new_text: str) -> str:
         if turn == 0:
-            return tool_call_text("calculator", expression=expression)
+            return fmt.render([{"name": "calculator", "arguments": {"expression": expression}}])
         # The observation delta ends with the tool's output and the template's glue around it.
         numbers = _NUMBER.findall(new_text)
         if turn != 1 or not numbers:
             raise RuntimeError(f"calc expert: no calculator result in turn {turn}'s input {new_text!r}")
-        return tool_call_text("answer", value=numbers[-1])
+        return fmt.render([{"name": "answer", "arguments": {"value": numbers[-1]}}])
 
     return script
 
@@ -133,12 +135,12 @@ async def acalc_demonstrations(
     suite = calc_suite(n, seed, shots=shots)
     own = env is None
     client = LocalEnvClient() if env is None else env
-    out = []
+    out, parser = [], (cfg or EpisodeConfig()).tool_parser
     try:
         for k, task in enumerate(suite.tasks):
             t = await run_episode(
                 queued_task(suite, k),
-                engine=ExpertEngine(renderer, calc_expert(task.expression)),
+                engine=ExpertEngine(renderer, calc_expert(task.expression, parser)),
                 env=client,
                 renderer=renderer,
                 run_id="demonstrations",

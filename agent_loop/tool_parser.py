@@ -1,77 +1,111 @@
-"""Parses the tool calls out of the text a model generated.
+"""Tool-call parsers by name: the built-in formats (``agent_loop.tool_formats``) and plug-ins.
 
-A parser is a function ``text -> list[ToolCall]`` (``ToolCallParser``), the calls in the order
-written; ``PARSERS`` holds them by name. Each call is still to run (``status`` None), except a
-block the parser could not read: that is ``ToolCall.malformed``, status ``invalid``, whose
+``model.tool_parser`` names one, as SGLang and vLLM name theirs: ``hermes`` (Hermes, Qwen2.5),
+``qwen3_coder``, ``llama3_json``, ``mistral``, ``pythonic``, ``gemma``. A parser is a
+``ToolFormat``: ``parse(text)`` gives the calls in the order written, each still to run (``status``
+None), except a block it could not read: that is ``ToolCall.malformed``, status ``invalid``, whose
 ``error`` is shown to the model as the tool result, so it can correct itself; it is never an
-exception in the agent loop. Numbers must be finite: a ``NaN``, ``Infinity`` or ``1e999``
-anywhere in a call makes it malformed (no bound or comparison downstream could hold one).
+exception in the agent loop. Numbers must be finite: a ``NaN``, ``Infinity`` or ``1e999`` anywhere
+in a call makes it malformed (no bound or comparison downstream could hold one). ``render(calls)``
+writes calls back in the same format.
 
-Hermes/Qwen (``hermes``)::
-
-    <tool_call>{"name": "calculator", "arguments": {"expression": "2 + 2"}}</tool_call>
+Installed packages add parsers through the entry-point group ``pqrl.tool_parsers``: each entry
+point names a ``ToolFormat`` (or a callable returning one) registered under the entry point's name.
 """
 
 from __future__ import annotations
 
-import json
-import re
-from collections.abc import Callable
+import logging
+from collections.abc import Mapping
+from importlib.metadata import entry_points
+from typing import Any
 
-from pqrl.finite import loads_finite
-from pqrl.tool_calls import MAX_NAME_CHARS, ToolCall
+from agent_loop.tool_formats import BUILTIN_FORMATS, Calls, ToolFormat
+from pqrl.errors import UsageError
+from pqrl.tool_calls import ToolCall
 
-__all__ = ["PARSERS", "ToolCallParser", "parse_tool_calls"]
+__all__ = [
+    "DEFAULT_PARSER",
+    "ENTRY_POINT_GROUP",
+    "PARSERS",
+    "Calls",
+    "ToolFormat",
+    "UnknownToolParser",
+    "as_openai_calls",
+    "get_parser",
+    "parse_tool_calls",
+    "register_parser",
+    "tool_call_text",
+]
 
-ToolCallParser = Callable[[str], list[ToolCall]]
+log = logging.getLogger(__name__)
 
-_BLOCK = re.compile(r"<tool_call>(.*?)(</tool_call>|$)", re.DOTALL)
-_HERMES_FORMAT = '<tool_call>{"name": "TOOL", "arguments": {...}}</tool_call> with valid JSON.'
-
-
-def parse_tool_calls(text: str, *, max_calls: int = 8) -> list[ToolCall]:
-    """Every ``<tool_call>`` block of ``text``, in order (at most ``max_calls``)."""
-    out: list[ToolCall] = []
-    for match in _BLOCK.finditer(text):
-        if len(out) == max_calls:
-            out.append(_malformed("", f"more than {max_calls} calls in one turn; the rest were ignored"))
-            break
-        body, closing = match.group(1).strip(), match.group(2)
-        if not closing:
-            out.append(_malformed(body, "missing </tool_call>"))
-            continue
-        out.append(_parse_one(body))
-    return out
-
-
-PARSERS: dict[str, ToolCallParser] = {"hermes": parse_tool_calls}
+ENTRY_POINT_GROUP = "pqrl.tool_parsers"
+DEFAULT_PARSER = "hermes"
+PARSERS: dict[str, ToolFormat] = dict(BUILTIN_FORMATS)
+_plugins_loaded = False
 
 
-def _malformed(body: str, reason: str) -> ToolCall:
-    return ToolCall.malformed(body, f"Error: malformed tool call ({reason}). Write {_HERMES_FORMAT}")
+class UnknownToolParser(UsageError):
+    def __init__(self, name: str) -> None:
+        super().__init__(
+            f"unknown tool parser {name!r}",
+            fix=f"set model.tool_parser to one of {', '.join(sorted(PARSERS))}, or install its plug-in",
+        )
 
 
-def _parse_one(body: str) -> ToolCall:
-    try:
-        obj = loads_finite(body)
-    except json.JSONDecodeError as e:
-        return _malformed(body, f"invalid JSON: {e.msg} at column {e.colno}")
-    except ValueError as e:  # NaN, Infinity, 1e999: no bound or comparison can hold them
-        return _malformed(body, f"{e}; numbers must be finite")
-    if not isinstance(obj, dict):
-        return _malformed(body, "the call must be a JSON object")
-    name, arguments = obj.get("name"), obj.get("arguments", {})
-    if not isinstance(name, str) or not name:
-        return _malformed(body, 'missing "name"')
-    if len(name) > MAX_NAME_CHARS:
-        return _malformed(body, f'"name" is longer than {MAX_NAME_CHARS} characters')
-    if isinstance(arguments, str):  # some models emit the arguments as a JSON string
+def register_parser(fmt: ToolFormat) -> None:
+    """Adds a parser under ``fmt.name`` (a later registration of the same name replaces it)."""
+    if not isinstance(fmt, ToolFormat):
+        raise TypeError(f"a tool parser must be a ToolFormat, not {type(fmt).__name__}")
+    PARSERS[fmt.name] = fmt
+
+
+def _load_plugins() -> None:
+    global _plugins_loaded
+    if _plugins_loaded:
+        return
+    _plugins_loaded = True
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
         try:
-            arguments = loads_finite(arguments) if arguments.strip() else {}
-        except json.JSONDecodeError:
-            return _malformed(body, '"arguments" is a string that is not JSON')
-        except ValueError as e:
-            return _malformed(body, f"{e}; numbers must be finite")
-    if not isinstance(arguments, dict):
-        return _malformed(body, '"arguments" must be an object')
-    return ToolCall(name, arguments)
+            obj: Any = ep.load()
+            fmt = obj if isinstance(obj, ToolFormat) else obj()
+            if fmt.name != ep.name:  # the name a config gives is the entry point's
+                fmt = ToolFormat(ep.name, fmt.find, fmt.write, fmt.example, fmt.join, fmt.wrap)
+            register_parser(fmt)
+        except Exception as e:  # one broken plug-in must not take the built-in parsers down
+            log.warning("tool parser plug-in %s (%s) failed to load: %s", ep.name, ep.value, e)
+
+
+def get_parser(name: str = DEFAULT_PARSER) -> ToolFormat:
+    """The parser called ``name`` (plug-ins loaded on first use); ``UnknownToolParser`` if none."""
+    if name not in PARSERS:
+        _load_plugins()
+    try:
+        return PARSERS[name]
+    except KeyError:
+        raise UnknownToolParser(name) from None
+
+
+def parse_tool_calls(
+    text: str, *, max_calls: int = 8, parser: str = DEFAULT_PARSER, tools: Any = None
+) -> list[ToolCall]:
+    """Every call of ``text`` in the format of ``parser``, in order (at most ``max_calls``)."""
+    return get_parser(parser).parse(text, max_calls=max_calls, tools=tools)
+
+
+def tool_call_text(name: str, /, **arguments: Any) -> str:
+    """One call as a model in the default format writes it (scripted experts, tests)."""
+    return get_parser(DEFAULT_PARSER).render([ToolCall(name, arguments)])
+
+
+def as_openai_calls(calls: list[ToolCall | Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """``calls`` as the ``tool_calls`` field chat templates render (OpenAI's shape)."""
+    out = []
+    for i, c in enumerate(calls):
+        name, arguments = (
+            (c.name, c.arguments) if isinstance(c, ToolCall) else (c["name"], c.get("arguments"))
+        )
+        out.append({"id": f"call{i:05d}", "type": "function",
+                    "function": {"name": name, "arguments": dict(arguments or {})}})  # fmt: skip
+    return out

@@ -12,7 +12,6 @@ from __future__ import annotations
 import copy
 import functools
 import inspect
-import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar, get_type_hints, overload
@@ -22,16 +21,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from pqrl.finite import nonfinite_path
 
-__all__ = ["ToolSpec", "collect_tools", "tool", "tool_call_text"]
+__all__ = ["ToolSpec", "collect_tools", "tool"]
 
 _ATTR = "__pqrl_tool__"
 _Method = TypeVar("_Method", bound=Callable[..., Awaitable[Any]])
-
-
-def tool_call_text(name: str, **arguments: Any) -> str:
-    """One call as a model writes it, in the format ``agent_loop.tool_parser`` reads (worked
-    examples in prompts and scripted experts use it)."""
-    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
 
 
 @functools.cache

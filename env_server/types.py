@@ -11,6 +11,7 @@ from pqrl.tool_calls import MAX_NAME_CHARS, OUTCOME_FIELDS, ToolCall, ToolStatus
 
 __all__ = [
     "ErrorBody",
+    "ExampleCall",
     "Message",
     "Observation",
     "RewardResult",
@@ -26,15 +27,25 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # a NaN reward trains nothing
 
 
+class ExampleCall(_Model):
+    """A tool call in an assistant message an environment writes (a worked example): the agent
+    loop writes it in the model's own format, so no environment depends on one."""
+
+    name: str = Field(min_length=1, max_length=MAX_NAME_CHARS)
+    arguments: dict[str, Any] = Field(default_factory=dict)
+
+
 class Message(_Model):
     """One chat message. A tool result is ``role="tool"`` with the call's id, the tool's name and
-    ``status``, how the call ended (``ok`` when not given); other roles carry no status."""
+    ``status``, how the call ended (``ok`` when not given); other roles carry no status. An
+    assistant message may carry ``tool_calls``, written after its content in the model's format."""
 
     role: Literal["system", "user", "assistant", "tool"]
     content: str
     name: str | None = None
     tool_call_id: str | None = None
     status: ToolStatus | None = None
+    tool_calls: list[ExampleCall] | None = None
 
     @model_validator(mode="after")
     def _status_on_tool_results(self) -> Message:
@@ -42,7 +53,15 @@ class Message(_Model):
             self.status = ToolStatus.OK
         elif self.role != "tool" and self.status is not None:
             raise ValueError(f"only tool messages carry a status, not a {self.role} message")
+        if self.tool_calls is not None and self.role != "assistant":
+            raise ValueError(f"only assistant messages carry tool_calls, not a {self.role} message")
         return self
+
+    @classmethod
+    def calling(cls, name: str, content: str = "", **arguments: Any) -> Message:
+        """An assistant message that calls tool ``name`` with ``arguments`` (after ``content``)."""
+        call = ExampleCall(name=name, arguments=arguments)
+        return cls(role="assistant", content=content, tool_calls=[call])
 
 
 class _WireCall(_Model):

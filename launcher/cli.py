@@ -336,6 +336,7 @@ def _add_sandbox_and_env(sub: _SubParsers, group: Callable[[str, str], _SubParse
 def _add_tasks(sub: _SubParsers, group: Callable[[str, str], _SubParsers]) -> None:
     from agent_loop.config import EpisodeConfig
     from launcher.generate_command import add_generate_arguments
+    from launcher.model_io import add_template_arguments
     from launcher.tasks_import import add_check_arguments, add_import_parser
     from pqrl.model_cache import DEFAULT_MODEL
     from pqrl.settings import add_arguments
@@ -376,6 +377,7 @@ def _add_tasks(sub: _SubParsers, group: Callable[[str, str], _SubParsers]) -> No
     p.add_argument("--seed", type=int, default=0, help="episode sampling seed: the same pass rates every run")
     p.add_argument("--quiet", action="store_true", help=QUIET_HELP)
     add_arguments(p, EpisodeConfig, exclude=("seed",))
+    add_template_arguments(p)
     for name, task_parser in tasks.choices.items():
         if name in ("submit", "list", "show"):
             task_parser.add_argument("--redis-url", default=None, help="default: $PQRL_REDIS_URL")

@@ -32,6 +32,7 @@ _UNSET = object()  # an episode flag not given: the run's setting (or the defaul
 
 def add_eval_arguments(p: argparse.ArgumentParser) -> None:
     from agent_loop.config import MAX_FAILED_INFRA, EpisodeConfig
+    from launcher.model_io import add_template_arguments
     from pqrl.model_cache import DEFAULT_MODEL
     from pqrl.settings import add_arguments, fields_of
 
@@ -58,6 +59,7 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     # the episode's limits and sampling: the run's own (its config.yaml) unless given here
     add_arguments(p, EpisodeConfig)
+    add_template_arguments(p)
     p.set_defaults(**{f.name: _UNSET for f in fields_of(EpisodeConfig)})
 
 
@@ -108,6 +110,18 @@ def _target(args: argparse.Namespace) -> _Target:
         return _Target(args.model, args.model, None)
     ckpt, run_dir = resolve_checkpoint(args.checkpoint)
     return _Target(str(ckpt / "model"), str(ckpt), run_dir)
+
+
+def _run_model(run_dir: Path | None) -> Any:
+    """The run's ``model`` section (its template settings), or None without a run."""
+    from launcher.jobconfig import ConfigInvalid, load_config
+
+    if run_dir is None:
+        return None
+    try:
+        return load_config(run_dir / "config.yaml").model
+    except ConfigInvalid:
+        return None
 
 
 def _episode(args: argparse.Namespace, run_dir: Path | None) -> Any:
@@ -191,8 +205,7 @@ async def _evaluate(
     from agent_loop.evaluation import evaluate
     from engine.client import EngineClient
     from env_server.client import HttpEnvClient, LocalEnvClient
-    from loss_masking import ChatRenderer
-    from pqrl.model_cache import load_tokenizer
+    from launcher.model_io import renderer_from_args
 
     engine = EngineClient(url)
     env = HttpEnvClient([env_url], token=token) if env_url else LocalEnvClient()
@@ -209,7 +222,7 @@ async def _evaluate(
 
     try:
         await children.wait_until(healthy, what="the engine", timeout_s=300, stop=asyncio.Event())
-        renderer = ChatRenderer(load_tokenizer(target.model))
+        renderer = renderer_from_args(args, target.model, _run_model(target.run_dir))
         return await evaluate(suite, engine=engine, env=env, renderer=renderer, cfg=cfg, k=args.k,
                               samples=args.samples, pass_threshold=args.threshold,
                               max_failed_infra=args.max_failed_infra, progress=progress)  # fmt: skip

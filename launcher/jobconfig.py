@@ -18,7 +18,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    create_model,
+    field_validator,
+    model_validator,
+)
 
 from agent_loop.config import MAX_FAILED_INFRA, EpisodeConfig, ManagerConfig
 from launcher.precision import Dtype, cpu_bfloat16
@@ -47,7 +55,31 @@ class _Section(BaseModel):
 
 
 class ModelSection(_Section):
-    name: str = Field(DEFAULT_MODEL, description="built-in model name or a Hugging Face model directory")
+    name: str = Field(
+        DEFAULT_MODEL,
+        description="built-in model name, a Hugging Face model directory, or a Hub id (org/model) already "
+        "in the local Hugging Face cache (nothing is downloaded)",
+    )
+    tool_parser: str = Field(
+        "hermes",
+        description="how the model writes tool calls, named as SGLang/vLLM name their parsers: hermes "
+        "(also Qwen2.5), qwen3_coder, llama3_json, mistral, pythonic, gemma, or a plug-in's "
+        "(entry points pqrl.tool_parsers)",
+    )
+    chat_template: str | None = Field(
+        None,
+        description="the chat template: None = the tokenizer's own; a Jinja file; or a built-in: chatml, "
+        "gemma, qwen3",
+    )
+    template_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="extra template variables for every render (e.g. enable_thinking)"
+    )
+    template_history: Literal["strict", "as_generated"] = Field(
+        "strict",
+        description="a template that rewrites earlier turns (thinking stripped): strict = refused; "
+        "as_generated = every turn kept as the model generated it, so training sees exactly what it saw",
+    )
+
     dtype: Dtype = Field(
         "auto",
         description="trainer precision (weights and optimizer stay float32): auto = bfloat16 autocast "
@@ -56,6 +88,29 @@ class ModelSection(_Section):
         "them); float32 = never. Where a CPU job autocasts, an embedded job's engine multiplies in "
         "bfloat16 as well (--matmul-dtype bfloat16)",
     )
+
+    @field_validator("tool_parser")
+    @classmethod
+    def _known_parser(cls, name: str) -> str:
+        from agent_loop.tool_parser import UnknownToolParser, get_parser
+
+        try:
+            get_parser(name)
+        except UnknownToolParser as e:
+            raise ValueError(e.line()) from None
+        return name
+
+    @field_validator("chat_template")
+    @classmethod
+    def _known_template(cls, spec: str | None) -> str | None:
+        from loss_masking.chat_templates import resolve_template
+        from pqrl.errors import UsageError
+
+        try:
+            spec is None or resolve_template(spec)
+        except UsageError as e:
+            raise ValueError(e.line()) from None
+        return spec
 
 
 class WeightSyncSection(_Section):
@@ -205,9 +260,13 @@ def _composed(name: str, base: type[_Section], *parts: dict[str, Any]) -> Any:
     return create_model(name, __base__=base, __module__=__name__, **fields)
 
 
-# the rollout manager's settings and each episode's, side by side in one section
+# the rollout manager's settings and each episode's, side by side in one section (the tool parser
+# is the model section's)
 RolloutSection = _composed(
-    "RolloutSection", _Section, _component_fields(ManagerConfig), _component_fields(EpisodeConfig)
+    "RolloutSection",
+    _Section,
+    _component_fields(ManagerConfig),
+    _component_fields(EpisodeConfig, exclude=("tool_parser",)),
 )
 
 
@@ -323,7 +382,7 @@ def _pick(cls: type, section: BaseModel, **given: Any) -> Any:
 
 
 def episode_config(cfg: TrainConfig) -> EpisodeConfig:
-    return _pick(EpisodeConfig, cfg.rollout)
+    return _pick(EpisodeConfig, cfg.rollout, tool_parser=cfg.model.tool_parser)
 
 
 def manager_config(cfg: TrainConfig) -> ManagerConfig:
@@ -350,6 +409,10 @@ _PER_PROCESS = {"max_concurrent_groups", "progress_every_s", "put_timeout_s", "l
                 "episode_deadline_s", "backend_grace_s"}  # fmt: skip
 
 
+# how the model's text and turns are read and written: every worker must do it alike
+_MODEL_IO = {"tool_parser", "chat_template", "template_kwargs", "template_history"}
+
+
 def shared_settings(cfg: TrainConfig) -> dict[str, Any]:
     """What every process of a run must agree on: the model, the task plan, how episodes are sampled
     and grouped, and the groups per step that size the staleness gate. A trainer that recomputed
@@ -357,6 +420,7 @@ def shared_settings(cfg: TrainConfig) -> dict[str, Any]:
     rollout = cfg.rollout.model_dump(mode="json")
     return {
         "model": cfg.model.name,
+        "model_io": cfg.model.model_dump(mode="json", include=_MODEL_IO),
         "tasks": cfg.tasks.model_dump(mode="json"),
         "rollout": {k: v for k, v in rollout.items() if k not in _PER_PROCESS},
         "train": {"groups_per_step": cfg.train.groups_per_step},

@@ -26,6 +26,7 @@ __all__ = ["add_rollout_arguments", "filter_tasks", "local_engine", "rollout", "
 def add_rollout_arguments(p: argparse.ArgumentParser) -> None:
     """Where to connect, plus one flag per setting of the manager and its episodes (declared there)."""
     from agent_loop.config import EpisodeConfig, ManagerConfig
+    from launcher.model_io import add_template_arguments
     from pqrl.model_cache import DEFAULT_MODEL
     from pqrl.settings import add_arguments
 
@@ -37,6 +38,7 @@ def add_rollout_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--env-token", default=None, help="default: $PQRL_ENV_TOKEN")
     p.add_argument("--model", default=DEFAULT_MODEL, help="tokenizer / chat template of the policy")
+    add_template_arguments(p)
     p.add_argument(
         "--forever", action="store_true", help="keep waiting for tasks instead of stopping when empty"
     )
@@ -50,8 +52,7 @@ def rollout(args: argparse.Namespace) -> int:
     from agent_loop.manager import RolloutManager
     from engine.client import EngineClient
     from env_server.client import HttpEnvClient, LocalEnvClient
-    from loss_masking import ChatRenderer
-    from pqrl.model_cache import load_tokenizer
+    from launcher.model_io import renderer_from_args
     from pqrl.settings import from_arguments
     from pqrl.store import TrajectoryStore
 
@@ -67,7 +68,7 @@ def rollout(args: argparse.Namespace) -> int:
         engine = EngineClient(args.engine)
         token = args.env_token or setting("PQRL_ENV_TOKEN")
         env = HttpEnvClient(args.env_server, token=token) if args.env_server else LocalEnvClient()
-        manager = RolloutManager(store, engine, env, ChatRenderer(load_tokenizer(args.model)), cfg)
+        manager = RolloutManager(store, engine, env, renderer_from_args(args, args.model), cfg)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):  # finish the groups in flight, then exit
             loop.add_signal_handler(sig, manager.stop)
@@ -172,9 +173,8 @@ def filter_tasks(args: argparse.Namespace) -> int:
     from agent_loop.difficulty import rewards_that_ran, run_samples
     from engine.client import EngineClient
     from env_server.client import LocalEnvClient
+    from launcher.model_io import renderer_from_args
     from launcher.suite_file import write_suite
-    from loss_masking import ChatRenderer
-    from pqrl.model_cache import load_tokenizer
     from pqrl.settings import from_arguments
     from tasks.difficulty import distribution_table, filter_suite, pass_rates, task_table
     from tasks.suite import load_suite
@@ -196,7 +196,7 @@ def filter_tasks(args: argparse.Namespace) -> int:
     async def run(url: str) -> dict[str, list[float]]:
         engine, env = EngineClient(url), LocalEnvClient()
         try:
-            renderer = ChatRenderer(load_tokenizer(args.model))
+            renderer = renderer_from_args(args, args.model)
             ran = await run_samples(suite, engine=engine, env=env, renderer=renderer,
                                     samples=args.samples, cfg=cfg, progress=progress)  # fmt: skip
             return rewards_that_ran(ran)

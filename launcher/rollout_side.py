@@ -146,10 +146,9 @@ class Job:
             await asyncio.sleep(every_s)
 
     def renderer(self) -> Any:
-        from loss_masking import ChatRenderer
-        from pqrl.model_cache import load_tokenizer
+        from launcher.model_io import renderer_of
 
-        return ChatRenderer(load_tokenizer(self.cfg.model.name))
+        return renderer_of(self.cfg.model)
 
     def start_manager(self) -> Any:
         from agent_loop.manager import RolloutManager

@@ -16,7 +16,9 @@ tokenization of one render with the tokenization of another); engine tokens are 
 re-tokenized text, because sampling can produce a valid but non-canonical split. A template that
 renders earlier turns differently once more turns follow (for example one that strips earlier
 ``<think>`` reasoning) raises ``TemplateRewritesHistory`` at construction, and ``check_history``
-runs the same check over a real conversation.
+runs the same check over a real conversation; with ``history="as_generated"`` such a template is
+used with every turn kept as generated (no probe; deltas cut after the base's assistant turn). A
+template that refuses a system role gets the system text merged into the first user turn.
 
 Deliberately left out: rendering assistant turns (the engine's tokens are the assistant turns;
 structured ``tool_calls`` fields are never re-rendered), escaping special-token text that a tool
@@ -27,8 +29,9 @@ tokenization would make it; the mask keeps it out of the loss), and caching of d
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 __all__ = [
     "ChatRenderer",
@@ -37,6 +40,17 @@ __all__ = [
     "TemplateRewritesHistory",
     "describe_tools",
 ]
+
+log = logging.getLogger(__name__)
+
+# How a template that rewrites earlier turns is used: refused (``strict``), or each turn kept as the
+# model generated it (``as_generated``: deltas are cut after the base's assistant turn, wherever the
+# template puts it, so the episode's tokens are the engine's plus the observations' renders).
+History = Literal["strict", "as_generated"]
+HISTORY_FIX = (
+    "set model.template_history: as_generated to keep every turn as the model generated it "
+    "(training then sees exactly the tokens the model saw)"
+)
 
 # A chat message in the form chat templates take: a mapping with ``role`` and ``content`` (and
 # ``name`` for tool results). ``env_server.Message.model_dump(exclude_none=True)`` gives one.
@@ -66,6 +80,7 @@ _PROBE: tuple[dict[str, str], ...] = (
 )
 
 _PROBE_TOOL_NAME = "pqrl_probe_tool_c41f"
+_PROBE_CALL = {"id": "call00000", "type": "function", "function": {"name": _PROBE_TOOL_NAME, "arguments": {}}}
 _CLOSING_MARKER = "pqrl closing probe"
 
 
@@ -96,6 +111,11 @@ class ChatRenderer:
         base: the fixed conversation deltas are computed against; must end with an assistant
             message. The default is a three-message system/user/assistant exchange.
         verify: run the history-rewrite probe at construction (raises ``TemplateRewritesHistory``).
+        history: ``strict`` refuses a template that rewrites earlier turns; ``as_generated`` keeps
+            every turn as generated (deltas cut after the base's assistant turn, no probe).
+
+    A template that refuses a system role gets the system text merged into the first user turn
+    (``merges_system``; logged once per renderer).
 
     Raises:
         TemplateError: the template cannot render the base or probe conversations, or its pieces do
@@ -110,18 +130,25 @@ class ChatRenderer:
         template_kwargs: Mapping[str, Any] | None = None,
         base: Sequence[MessageDict] | None = None,
         verify: bool = True,
+        history: History = "strict",
     ) -> None:
         self.tokenizer = tokenizer
         self._kwargs = dict(template_kwargs or {})
+        self.history = history
         self._base = [dict(m) for m in (base if base is not None else _BASE)]
         if not self._base or self._base[-1].get("role") != "assistant":
             raise TemplateError("the base conversation must end with an assistant message")
-        self._base_text = self.render(self._base)
-        self._base_ids = self.encode(self._base_text)
-        self.closing_text, self.closing_ids = self._derive_closing()
+        self.merges_system = self._refuses_system()
+        try:
+            self._base_text = self.render(self._base)
+            self._base_ids = self.encode(self._base_text)
+            self.closing_text, self.closing_ids = self._derive_closing()
+            if verify and history == "strict":
+                self.check_history(_PROBE)
+        except TemplateRewritesHistory as e:
+            raise TemplateRewritesHistory(f"{e}; {HISTORY_FIX}") from None
         self.supports_tools = self._detect_tools()
-        if verify:
-            self.check_history(_PROBE)
+        self.renders_tool_calls = self.supports_tools and self._detect_tool_calls()
 
     # -- rendering -------------------------------------------------------------------------------
 
@@ -133,9 +160,12 @@ class ChatRenderer:
         add_generation_prompt: bool = False,
     ) -> str:
         """The template's text for ``messages`` (and ``tools``), optionally with the generation prompt."""
+        msgs = [dict(m) for m in messages]
+        if getattr(self, "merges_system", False):
+            msgs = _merge_system(msgs)
         try:
             text = self.tokenizer.apply_chat_template(
-                [dict(m) for m in messages],
+                msgs,
                 tools=list(tools) if tools else None,
                 tokenize=False,
                 add_generation_prompt=add_generation_prompt,
@@ -192,6 +222,14 @@ class ChatRenderer:
         full_text = self._base_text + self._delta_text(messages, add_generation_prompt)
         full_ids = self.encode(full_text)
         n = len(self._base_ids)
+        if self.history == "as_generated":  # the delta must tokenize apart from what precedes it
+            delta_ids = self.encode(full_text[len(self._base_text) :])
+            if full_ids != self._base_ids + delta_ids:
+                raise TemplateError(
+                    f"the observation's text {full_text[len(self._base_text) :]!r} does not tokenize "
+                    "apart from the turn before it"
+                )
+            return delta_ids
         if full_ids[:n] != self._base_ids:
             raise TemplateError(
                 "the base conversation's tokens are not a prefix of the tokens with the observation "
@@ -264,6 +302,8 @@ class ChatRenderer:
 
     def _delta_text(self, messages: Sequence[MessageDict], add_generation_prompt: bool) -> str:
         full = self.render([*self._base, *messages], add_generation_prompt=add_generation_prompt)
+        if self.history == "as_generated":
+            return full[self._end_of_base(full) :]
         if not full.startswith(self._base_text):
             raise TemplateRewritesHistory(
                 "appending messages changes how the base conversation renders; "
@@ -276,6 +316,11 @@ class ChatRenderer:
         head = self._base[:-1]
         gen = self.render(head, add_generation_prompt=True)
         full = self.render([*head, {"role": "assistant", "content": _CLOSING_MARKER}])
+        if self.history == "as_generated":  # the template may add to the turn; what follows is the closing
+            at = full.rfind(_CLOSING_MARKER)
+            if at < 0:
+                raise TemplateError("an assistant message's content does not appear in its render")
+            gen = full[:at]
         if not full.startswith(gen + _CLOSING_MARKER):
             raise TemplateRewritesHistory(
                 "an assistant message does not render as the generation prompt followed by its content; "
@@ -286,6 +331,39 @@ class ChatRenderer:
         if text and self.encode(full) != self.encode(full[: -len(text)]) + ids:
             raise TemplateError(f"the closing text {text!r} does not tokenize apart from the content")
         return text, ids
+
+    def _end_of_base(self, full: str) -> int:
+        """Where the base conversation's assistant turn (its content and closing) ends in ``full``:
+        the turns before it must render unchanged; the turn itself may be rewritten."""
+        head = self.render(self._base[:-1])
+        anchor = str(self._base[-1].get("content", "")) + self.closing_text
+        at = full.find(anchor, len(head)) if full.startswith(head) else -1
+        if at < 0:
+            raise TemplateError("the base conversation's last turn cannot be found in a longer render")
+        return at + len(anchor)
+
+    def _refuses_system(self) -> bool:
+        """A template that raises for a system role but renders the same turn without one."""
+        user = {"role": "user", "content": "probe"}
+        try:
+            self.render([{"role": "system", "content": "probe"}, user])
+            return False
+        except TemplateError as e:
+            try:
+                self.render([user])
+            except TemplateError:
+                return False
+            log.warning("the chat template has no system role (%s): its text joins the first user turn", e)
+            return True
+
+    def _detect_tool_calls(self) -> bool:
+        """Whether the template writes an assistant message's structured ``tool_calls``."""
+        msgs = [{"role": "user", "content": "probe"},
+                {"role": "assistant", "content": "", "tool_calls": [_PROBE_CALL]}]  # fmt: skip
+        try:
+            return _PROBE_TOOL_NAME in self.render(msgs)
+        except TemplateError:
+            return False
 
     def _detect_tools(self) -> bool:
         tool = {
@@ -299,20 +377,31 @@ class ChatRenderer:
         return _PROBE_TOOL_NAME in text
 
 
-def describe_tools(tools: Sequence[Mapping[str, Any]]) -> str:
-    """Hermes-style tool instructions for a system message, for templates without a tools block.
+def describe_tools(tools: Sequence[Mapping[str, Any]], how_to_call: str) -> str:
+    """Tool instructions for a system message, for templates without a tools block.
 
     Args:
         tools: OpenAI-style tool schemas (``{"type": "function", "function": {...}}``).
+        how_to_call: the call format, as the tool parser spells it.
 
     Returns:
-        Text listing the schemas inside ``<tools></tools>`` and the ``<tool_call>`` call format.
+        Text listing the schemas inside ``<tools></tools>``, then ``how_to_call``.
     """
     lines = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
     return (
         "You can call tools. Their JSON schemas are listed inside <tools></tools>:\n"
-        f"<tools>\n{lines}\n</tools>\n"
-        "To call a tool, reply with a JSON object inside <tool_call></tool_call> tags:\n"
-        '<tool_call>{"name": "<tool name>", "arguments": {<arguments as JSON>}}</tool_call>\n'
-        "Each tool's result comes back in a message of its own."
+        f"<tools>\n{lines}\n</tools>\n{how_to_call}"
     )
+
+
+def _merge_system(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The leading system messages' text put at the start of the first user turn."""
+    system = [m for m in messages if m.get("role") == "system"]
+    if not system:
+        return messages
+    rest = [m for m in messages if m.get("role") != "system"]
+    text = "\n\n".join(str(m.get("content", "")) for m in system)
+    for i, m in enumerate(rest):
+        if m.get("role") == "user":
+            return [*rest[:i], {**m, "content": f"{text}\n\n{m.get('content', '')}"}, *rest[i + 1 :]]
+    return [{"role": "user", "content": text}, *rest]

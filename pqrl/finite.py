@@ -15,7 +15,7 @@ import sys
 from decimal import Decimal
 from typing import Any
 
-__all__ = ["bounded", "finite", "loads_finite", "nonfinite_path"]
+__all__ = ["FINITE_JSON", "bounded", "finite", "loads_finite", "nonfinite_path"]
 
 
 def finite(value: Any, name: str = "value") -> float:
@@ -90,6 +90,10 @@ def loads_finite(text: str | bytes) -> Any:
     """``json.loads`` that refuses ``NaN``, ``Infinity``, ``-Infinity`` and numbers beyond a
     float's range (ValueError; ``json.JSONDecodeError`` for text that is not JSON)."""
     return json.loads(text, parse_constant=_constant, parse_float=_float, parse_int=_int)
+
+
+# the same rules as a decoder, for ``raw_decode`` of JSON embedded in longer text
+FINITE_JSON = json.JSONDecoder(parse_constant=_constant, parse_float=_float, parse_int=_int)
 
 
 def _short(value: Any) -> str:

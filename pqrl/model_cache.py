@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -24,7 +25,10 @@ __all__ = ["DEFAULT_MODEL", "ModelNotAvailable", "load_model", "load_tokenizer",
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-_CONVERTER_VERSION = "2"  # bump when the conversion below changes what it writes
+_CONVERTER_VERSION = "2"
+_HUB_ID = re.compile(
+    r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*"
+)  # org/model, as the Hub spells ids  # bump when the conversion below changes what it writes
 
 
 class ModelNotAvailable(RuntimeError):
@@ -55,13 +59,18 @@ def _cache_key(src: Path) -> str:
 def prepare_model(name: str = DEFAULT_MODEL) -> Path:
     """Returns the safetensors directory of ``name``, converting it on first use.
 
-    A local directory holding a Hugging Face model is returned as is, so every ``model`` setting
-    accepts either the built-in name or a path.
+    A local directory holding a Hugging Face model is returned as is, and a Hub id (``org/model``)
+    is its snapshot in the local Hugging Face cache, so every ``model`` setting accepts the built-in
+    name, a path or a cached Hub id. Nothing is downloaded at run time.
     """
     if os.path.isdir(name):
         return Path(name)
+    if _HUB_ID.fullmatch(name):
+        return _cached_snapshot(name)
     if name != DEFAULT_MODEL:
-        raise ModelNotAvailable(f"unknown model {name!r}: give {DEFAULT_MODEL!r} or a model directory")
+        raise ModelNotAvailable(
+            f"unknown model {name!r}: give {DEFAULT_MODEL!r}, a model directory or a Hub id (org/model)"
+        )
     src = gguf_path()
     target = cache_dir("models") / f"{name}-{_cache_key(src)}"
     if (target / "config.json").is_file():
@@ -88,6 +97,24 @@ def prepare_model(name: str = DEFAULT_MODEL) -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def _cached_snapshot(repo_id: str) -> Path:
+    """The cached snapshot of ``repo_id`` (its ``main``) in the Hugging Face cache, offline."""
+    from huggingface_hub import constants, snapshot_download
+
+    cache = constants.HF_HUB_CACHE  # HF_HUB_CACHE or HF_HOME, as the Hub client reads them
+    try:
+        path = Path(snapshot_download(repo_id, cache_dir=cache, local_files_only=True))
+    except Exception as e:  # LocalEntryNotFoundError and kin: the message names what to do
+        raise ModelNotAvailable(
+            f"model {repo_id!r} is not in the Hugging Face cache {cache} and nothing is downloaded at run "
+            "time: fetch it first "
+            f"(huggingface-cli download {repo_id}) or give a model directory ({type(e).__name__})"
+        ) from None
+    if not (path / "config.json").is_file():
+        raise ModelNotAvailable(f"model {repo_id!r}: its cached snapshot {path} has no config.json")
+    return path
 
 
 def load_tokenizer(name: str = DEFAULT_MODEL) -> Any:

@@ -17,7 +17,6 @@ from decimal import Decimal
 from typing import Any
 
 from env_server import Message, RewardResult, tool
-from env_server.tools import tool_call_text
 from env_server.types import Observation
 from tasks.answering import NumberAnswerEnv
 from tasks.suite import CalcTask, Suite, SuiteManifest
@@ -25,8 +24,7 @@ from tasks.suite import CalcTask, Suite, SuiteManifest
 __all__ = ["CalcEnv", "calc_suite", "make_calc_task", "safe_eval"]
 
 SYSTEM = (
-    "You solve arithmetic word problems with tools. To call a tool, write exactly\n"
-    '<tool_call>{"name": TOOL, "arguments": {...}}</tool_call>\n'
+    "You solve arithmetic word problems with tools.\n"
     "Tools:\n"
     '- calculator: evaluates an arithmetic expression. Arguments: {"expression": "12 * (3 + 4)"}\n'
     '- answer: submits the final number and ends the task. Arguments: {"value": "84"}\n'
@@ -158,9 +156,9 @@ def demonstration(shots: int = 1, level: int = 2) -> list[Message]:
     for question, expression, value in demos[:shots]:
         out += [
             Message(role="user", content=question),
-            Message(role="assistant", content=tool_call_text("calculator", expression=expression)),
+            Message.calling("calculator", expression=expression),
             Message(role="tool", name="calculator", content=value),
-            Message(role="assistant", content=tool_call_text("answer", value=value)),
+            Message.calling("answer", value=value),
             Message(role="tool", name="answer", content="submitted"),
         ]
     return out

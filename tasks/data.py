@@ -17,7 +17,6 @@ from typing import Any, Literal
 from pydantic import Field
 
 from env_server import Message, RewardResult, tool
-from env_server.tools import tool_call_text
 from env_server.types import Observation
 from tasks.answering import NumberAnswerConfig, NumberAnswerEnv
 from tasks.suite import DataTask, Suite, SuiteManifest
@@ -25,8 +24,7 @@ from tasks.suite import DataTask, Suite, SuiteManifest
 __all__ = ["DataEnv", "data_suite", "make_data_task"]
 
 SYSTEM = (
-    "You answer questions about data files in your sandbox by running commands. To call a tool, write "
-    'exactly\n<tool_call>{"name": TOOL, "arguments": {...}}</tool_call>\n'
+    "You answer questions about data files in your sandbox by running commands.\n"
     "Tools:\n"
     '- run: runs a shell command in /workspace and returns its output. Arguments: {"command": "..."}\n'
     '- answer: submits the final number and ends the task. Arguments: {"value": "84"}\n'
@@ -133,9 +131,9 @@ def demonstration(shots: int, level: int) -> list[Message]:
     for question, _file, _content, command, value in _DEMOS[level][:shots]:
         out += [
             Message(role="user", content=question),
-            Message(role="assistant", content=tool_call_text("run", command=command)),
+            Message.calling("run", command=command),
             Message(role="tool", name="run", content=value),
-            Message(role="assistant", content=tool_call_text("answer", value=value)),
+            Message.calling("answer", value=value),
             Message(role="tool", name="answer", content="submitted"),
         ]
     return out

@@ -18,7 +18,6 @@ from typing import Annotated, Any
 from pydantic import Field
 
 from env_server import Message, RewardResult, ToolEnvironment, tool
-from env_server.tools import tool_call_text
 from env_server.types import Observation, ToolCall
 from pqrl.text import clipped
 from tasks.corpus import query_words
@@ -30,7 +29,6 @@ __all__ = ["SearchEnv", "make_corpus", "search_suite"]
 
 SYSTEM = (
     "You answer questions about a private encyclopedia that only the search tool can read.\n"
-    'To call a tool, write exactly <tool_call>{"name": TOOL, "arguments": {...}}</tool_call>\n'
     "Tools:\n"
     '- search: finds articles. Arguments: {"query": "words to look for", "k": 3}\n'
     '- answer: gives the final answer (a few words) and ends the task. Arguments: {"text": "..."}\n'
@@ -173,9 +171,9 @@ def demonstration(shots: int) -> list[Message]:
     for question, steps, answer in _DEMOS[:shots]:
         out.append(Message(role="user", content=question))
         for query, found in steps:
-            out += [Message(role="assistant", content=tool_call_text("search", query=query)),
+            out += [Message.calling("search", query=query),
                     Message(role="tool", name="search", content=found)]  # fmt: skip
-        out += [Message(role="assistant", content=tool_call_text("answer", text=answer)),
+        out += [Message.calling("answer", text=answer),
                 Message(role="tool", name="answer", content="submitted")]  # fmt: skip
     return out
 

@@ -22,7 +22,6 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from env_server import Message, RewardResult, tool
 from env_server.builtin import ShellEnv
-from env_server.tools import tool_call_text
 from env_server.types import Observation, ToolCall
 from sandboxes.protocol import SandboxError
 from tasks.coding.capture import WORKSPACE, Ungradable
@@ -102,7 +101,7 @@ def demonstration(shots: int) -> list[Message]:
         files = [f"{module}.py", f"tests/test_{module}.py"]
         out.append(Message(role="user", content=_issue_message(issue, files, [f"{module}.py"])))
         for name, arguments, returned in steps:
-            out += [Message(role="assistant", content=tool_call_text(name, **arguments)),
+            out += [Message.calling(name, **arguments),
                     Message(role="tool", name=name, content=returned)]  # fmt: skip
     return out
 

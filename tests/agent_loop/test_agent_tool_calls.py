@@ -9,8 +9,8 @@ import pytest
 
 from agent_loop.agent import run_episode
 from agent_loop.demonstrations import ExpertEngine
+from agent_loop.tool_parser import tool_call_text
 from env_server.client import LocalEnvClient
-from env_server.tools import tool_call_text
 from loss_masking import ChatRenderer
 from pqrl import codec
 from pqrl.model_cache import load_tokenizer

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import agent_loop.demonstrations as demonstrations
+from agent_loop.agent import prompt_messages
 from agent_loop.demonstrations import (
     calc_demonstrations,
     read_demonstrations,
@@ -16,7 +17,7 @@ from agent_loop.demonstrations import (
     tool_call_text,
     write_demonstrations,
 )
-from agent_loop.tool_parser import parse_tool_calls
+from agent_loop.tool_parser import get_parser, parse_tool_calls
 from env_server.client import LocalEnvClient
 from loss_masking import ChatRenderer
 from pqrl.model_cache import load_tokenizer
@@ -36,11 +37,11 @@ def demos(renderer):
     return calc_demonstrations(N, SEED, renderer)
 
 
-async def _initial_messages(task) -> list[dict]:
+async def _initial_messages(task, renderer) -> list[dict]:
     client = LocalEnvClient()
     try:
         s = await client.create_session("calc-v1", task.model_dump(), env_kwargs={"shots": 1})
-        return [m.model_dump(exclude_none=True) for m in s.observation.messages]
+        return prompt_messages(renderer, s.observation, get_parser("hermes"))[0]
     finally:
         await client.aclose()
 
@@ -57,7 +58,7 @@ def test_demonstrations_decode_to_the_conversation_the_env_saw(renderer, demos):
         assert d.status is Status.COMPLETED and d.reward == 1.0
         assert d.reward_info["submitted"] == task.answer and d.env == "calc-v1"
         conversation = [
-            *asyncio.run(_initial_messages(task)),
+            *asyncio.run(_initial_messages(task, renderer)),
             {"role": "assistant", "content": tool_call_text("calculator", expression=task.expression)},
             {"role": "tool", "name": "calculator", "content": task.answer},
             {"role": "assistant", "content": tool_call_text("answer", value=task.answer)},
@@ -96,8 +97,8 @@ def test_masks_are_one_exactly_on_the_experts_turns(renderer, demos):
 def test_the_environment_grades_the_expert(renderer, monkeypatch):
     real_expert = demonstrations.calc_expert
 
-    def lying_expert(expression: str):
-        honest = real_expert(expression)
+    def lying_expert(expression: str, parser: str):
+        honest = real_expert(expression, parser)
         return lambda turn, text: honest(turn, text) if turn == 0 else tool_call_text("answer", value="-1")
 
     monkeypatch.setattr(demonstrations, "calc_expert", lying_expert)
@@ -118,3 +119,18 @@ def test_write_read_round_trip_and_specs(renderer, demos, tmp_path):
     assert [t.task_id for t in built] == ["calc-5-0", "calc-5-1"]
     with pytest.raises(ValueError, match="calc:N"):
         resolve_demonstrations("calc:two", renderer.tokenizer)
+
+
+@pytest.mark.parametrize("shots", [0, 1])
+@pytest.mark.parametrize("parser", ["pythonic", "mistral"])
+def test_the_expert_writes_the_format_the_policy_will_write(renderer, parser, shots):
+    from agent_loop.config import EpisodeConfig
+
+    (d,) = calc_demonstrations(1, SEED, renderer, shots=shots, cfg=EpisodeConfig(tool_parser=parser))
+    assert d.reward == 1.0
+    head = "[calculator(" if parser == "pythonic" else '[TOOL_CALLS][{"name": "calculator"'
+    assert renderer.decode(d.tokens[d.turns[0].start : d.turns[0].end]).startswith(head)
+    prompt = renderer.decode(d.tokens[: d.prompt_len])
+    assert "<tool_call>" not in prompt
+    # the worked example shows the format; without one, the system message spells it out
+    assert (head in prompt) == bool(shots) and (get_parser(parser).example in prompt) == (not shots)

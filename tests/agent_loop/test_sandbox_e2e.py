@@ -23,10 +23,10 @@ from prometheus_client import generate_latest
 
 from agent_loop.agent import EpisodeConfig
 from agent_loop.manager import ManagerConfig, RolloutManager
+from agent_loop.tool_parser import tool_call_text
 from engine.client import EngineClient
 from env_server.client import HttpEnvClient
 from env_server.sessions import SessionManager
-from env_server.tools import tool_call_text
 from loss_masking import ChatRenderer
 from pqrl.store import GroupEntry, TrajectoryStore
 from pqrl.trajectory import Status, ToolStatus, Trajectory

@@ -50,6 +50,7 @@ async def test_full_episode_over_http(client, server):
         "name": "echo",
         "tool_call_id": "c1",
         "status": "ok",
+        "tool_calls": None,
     }
     assert not first.done
     assert last.messages[0].content == "submitted" and last.done

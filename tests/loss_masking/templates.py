@@ -103,3 +103,6 @@ ENDOFTEXT_CLOSED = """
 {%- endfor -%}
 {%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}
 """
+
+# the call format a tool parser spells out for a system message (the hermes parser's)
+HOW_TO_CALL = 'To call a tool, write exactly\n<tool_call>{"name": "TOOL", "arguments": {...}}</tool_call>'

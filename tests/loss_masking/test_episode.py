@@ -8,7 +8,7 @@ import pytest
 from loss_masking import ChatRenderer, EpisodeBuilder, TruncationPolicy, describe_tools
 from pqrl import codec
 from pqrl.trajectory import Status, ToolCall, ToolStatus, Trajectory, TruncationKind
-from tests.loss_masking.templates import CALC, CALL
+from tests.loss_masking.templates import CALC, CALL, HOW_TO_CALL
 
 IDS = {"id": "t0", "run_id": "run1", "task_id": "calc-1", "group_id": "g0", "env": "calc-v1"}
 
@@ -22,7 +22,7 @@ def engine(r: ChatRenderer, text: str, end: str = "eos") -> tuple[list[int], lis
 
 def start(r: ChatRenderer, **kw) -> tuple[EpisodeBuilder, list[dict]]:
     tools = [CALC] if r.supports_tools else None
-    system = "You solve arithmetic." + ("" if tools else "\n\n" + describe_tools([CALC]))
+    system = "You solve arithmetic." + ("" if tools else "\n\n" + describe_tools([CALC], HOW_TO_CALL))
     messages = [{"role": "system", "content": system}, {"role": "user", "content": "What is 6*7, then +1?"}]
     return EpisodeBuilder(r, messages, tools, **kw), tools
 

@@ -8,7 +8,7 @@ import pytest
 
 from loss_masking import ChatRenderer, TemplateError, TemplateRewritesHistory, describe_tools
 from tests.loss_masking import templates
-from tests.loss_masking.templates import CALC, CALL
+from tests.loss_masking.templates import CALC, CALL, HOW_TO_CALL
 
 
 def test_smollm_closing_and_generation_prompt_come_from_the_template(smollm, tok):
@@ -47,7 +47,7 @@ def test_template_without_tools_block_refuses_tools_and_caller_describes_them(sm
     assert not smollm.supports_tools
     with pytest.raises(TemplateError, match="describe_tools"):
         smollm.prompt([{"role": "user", "content": "6*7?"}], [CALC])
-    system = "You are a calculator agent.\n\n" + describe_tools([CALC])
+    system = "You are a calculator agent.\n\n" + describe_tools([CALC], HOW_TO_CALL)
     text = tok.decode(
         smollm.prompt([{"role": "system", "content": system}, {"role": "user", "content": "6*7?"}])
     )

@@ -34,3 +34,42 @@ def test_prepare_is_cached_and_loads_a_trainable_model():
 def test_unknown_model_name_is_a_clear_error():
     with pytest.raises(ModelNotAvailable, match="unknown model 'gpt-17'"):
         prepare_model("gpt-17")
+
+
+def _hub_cache(root, repo_id: str, files_from) -> str:
+    """A Hugging Face cache holding ``repo_id`` at one commit, laid out as the Hub client writes it."""
+    import shutil
+
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = root / f"models--{repo_id.replace('/', '--')}"
+    snapshot = repo / "snapshots" / commit
+    shutil.copytree(files_from, snapshot)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    return str(snapshot)
+
+
+def test_a_hub_id_loads_from_the_local_cache_offline(tmp_path, monkeypatch, tiny_model_dir):
+    import huggingface_hub.constants
+
+    snapshot = _hub_cache(tmp_path, "acme/tiny-llama", tiny_model_dir)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))  # as HF_HUB_CACHE sets it
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    assert str(prepare_model("acme/tiny-llama")) == snapshot
+    model, tok = load_model("acme/tiny-llama"), load_tokenizer("acme/tiny-llama")
+    assert model.config.model_type == "llama" and model.config.vocab_size == len(tok)
+
+
+def test_a_hub_id_not_in_the_cache_is_one_clear_line(tmp_path, monkeypatch):
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
+    with pytest.raises(ModelNotAvailable) as e:
+        prepare_model("acme/not-here")
+    text = str(e.value)
+    assert (
+        "\n" not in text
+        and f"'acme/not-here' is not in the Hugging Face cache {tmp_path}" in text
+        and "nothing is downloaded" in text
+    )
+    assert not list(tmp_path.iterdir()), "nothing was fetched or written"

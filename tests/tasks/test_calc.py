@@ -127,7 +127,10 @@ async def test_prompt_carries_the_worked_example_only_when_asked(client):
     roles = [m.role for m in one.observation.messages]
     assert roles == ["system", "user", "assistant", "tool", "assistant", "tool", "user"]
     assert one.observation.messages[0].content == SYSTEM
-    assert "<tool_call>" in one.observation.messages[2].content
+    # the worked example's call is structured: the agent loop writes it in the model's own format
+    example = one.observation.messages[2]
+    assert example.content == "" and example.tool_calls is not None
+    assert [(c.name, list(c.arguments)) for c in example.tool_calls] == [("calculator", ["expression"])]
     assert one.observation.messages[-1].content == task["question"]
 
 

@@ -6,13 +6,12 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from env_server import Message, RewardResult, ToolEnvironment, register_environment, tool
-from env_server.tools import tool_call_text
 
 METRES = {"m": 1.0, "km": 1000.0, "cm": 0.01, "mi": 1609.344, "ft": 0.3048, "in": 0.0254}
 Unit = Literal["m", "km", "cm", "mi", "ft", "in"]
 SYSTEM = (
-    'Call a tool by writing <tool_call>{"name": TOOL, "arguments": {...}}</tool_call>. Units: m, km, cm, mi, '
-    "ft, in. Get the factor, then submit the value times the factor."
+    "Units: m, km, cm, mi, ft, in. Get the factor with the factor tool, then submit the value times the "
+    "factor."
 )
 
 
@@ -40,9 +39,9 @@ class ConvertEnv(ToolEnvironment):
         msgs = [Message(role="system", content=SYSTEM)]
         for q, a, b, f, v in shown:
             msgs += [Message(role="user", content=q),
-                     Message(role="assistant", content=tool_call_text("factor", source=a, target=b)),
+                     Message.calling("factor", source=a, target=b),
                      Message(role="tool", name="factor", content=f),
-                     Message(role="assistant", content=tool_call_text("submit", value=v)),
+                     Message.calling("submit", value=v),
                      Message(role="tool", name="submit", content="submitted")]  # fmt: skip
         t = self.task
         return self.observation(

@@ -1,0 +1,193 @@
+"""Every built-in tool-call format: well-formed calls, several calls, text around them, malformed
+calls answered with the format's own instructions, and render -> parse round trips."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent_loop.tool_parser import PARSERS, UnknownToolParser, get_parser, parse_tool_calls
+from pqrl.tool_calls import MALFORMED, ToolCall, ToolStatus
+
+CALC = ToolCall("calculator", {"expression": "12 * (3 + 4)"})
+ANSWER = ToolCall("answer", {"value": "84"})
+NESTED = ToolCall("run", {"command": "ls -l", "timeout": 30, "opts": {"env": ["A=1"], "deep": None}})
+SCHEMAS = [
+    {"type": "function", "function": {"name": "answer", "parameters": {
+        "properties": {"value": {"type": "string"}}}}},
+    {"type": "function", "function": {"name": "run", "parameters": {"properties": {
+        "command": {"type": "string"}, "timeout": {"type": "integer"}, "opts": {"type": "object"}}}}},
+]  # fmt: skip
+
+# (format, model text with prose around two calls)
+WELL_FORMED = {
+    "hermes": 'Let me see. <tool_call>{"name": "calculator", '
+    '"arguments": {"expression": "12 * (3 + 4)"}}</tool_call>\n'
+    '<tool_call>{"name": "answer", "arguments": {"value": "84"}}</tool_call> done',
+    "qwen3_coder": "First I compute.\n<tool_call>\n<function=calculator>\n"
+    "<parameter=expression>\n12 * (3 + 4)\n"
+    "</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=answer>\n<parameter=value>\n84\n"
+    "</parameter>\n</function>\n</tool_call>",
+    "llama3_json": '<|python_tag|>{"name": "calculator", "parameters": {"expression": "12 * (3 + 4)"}}; '
+    '{"name": "answer", "parameters": {"value": "84"}}',
+    "mistral": 'Sure. [TOOL_CALLS][{"name": "calculator", "arguments": {"expression": "12 * (3 + 4)"}}, '
+    '{"name": "answer", "arguments": {"value": "84"}}]',
+    "pythonic": 'I will call: [calculator(expression="12 * (3 + 4)"), answer(value="84")] and wait.',
+    "gemma": 'Computing now.\n```tool_code\ncalculator(expression="12 * (3 + 4)")\n'
+    'print(answer(value="84"))\n```\n',
+}
+
+# (format, malformed text, what the error says)
+MALFORMED_CASES = [
+    ("hermes", "<tool_call>{name: x}</tool_call>", "invalid JSON"),
+    (
+        "qwen3_coder",
+        "<tool_call>\n<function=answer>\n<parameter=value>\n84\n</parameter>\n",
+        "missing </function>",
+    ),
+    (
+        "qwen3_coder",
+        "<function=run>\n<parameter=timeout>\nsoon\n</parameter>\n</function>",
+        "not JSON of type integer",
+    ),
+    ("qwen3_coder", "<function=>\n</function>", 'missing "name"'),
+    ("llama3_json", '<|python_tag|>{"name": "answer", "parameters": {"value": }', "invalid JSON"),
+    ("llama3_json", "<|python_tag|>answer 84", "no JSON call"),
+    ("llama3_json", '{"name": "run", "parameters": {"timeout": NaN}}', "numbers must be finite"),
+    ("mistral", '[TOOL_CALLS][{"name": "answer", "arguments": {"value": 84]', "invalid JSON"),
+    ("mistral", "[TOOL_CALLS] answer please", "JSON list of calls"),
+    ("mistral", '[TOOL_CALLS][{"arguments": {}}]', 'missing "name"'),
+    ("pythonic", "[answer(value=84, ]", "not a Python list"),
+    ("pythonic", "[answer(84)]", "given by name"),
+    ("pythonic", "[run(timeout=1e999)]", "numbers must be finite"),
+    ("pythonic", "[run(timeout=os.system('x'))]", "not a literal"),
+    ("gemma", '```tool_code\nanswer(value="84"\n```', "not Python"),
+    ("gemma", '```tool_code\nanswer(value="84")\n', "missing the closing"),
+    ("gemma", "```tool_code\nx = 1\n```", "one call"),
+]
+
+
+@pytest.mark.parametrize("fmt", sorted(WELL_FORMED))
+def test_two_calls_with_text_around(fmt):
+    assert get_parser(fmt).parse(WELL_FORMED[fmt], tools=SCHEMAS) == [CALC, ANSWER]
+
+
+@pytest.mark.parametrize("fmt", sorted(WELL_FORMED))
+def test_plain_text_is_no_call(fmt):
+    assert get_parser(fmt).parse("The answer is 84 [see above] {not a call} print(x)") == []
+
+
+@pytest.mark.parametrize(("fmt", "text", "says"), MALFORMED_CASES)
+def test_malformed_calls_get_the_formats_instructions(fmt, text, says):
+    parser = get_parser(fmt)
+    (call,) = [c for c in parser.parse(text, tools=SCHEMAS) if not c.pending]
+    assert call.name == MALFORMED and call.status is ToolStatus.INVALID
+    assert call.error is not None and says in call.error, call.error
+    assert call.error.startswith("Error: malformed tool call (") and call.error.endswith(
+        f"Write {parser.example}"
+    )
+
+
+@pytest.mark.parametrize("fmt", sorted(PARSERS))
+@pytest.mark.parametrize("calls", [[CALC], [CALC, ANSWER], [NESTED, ANSWER]])
+def test_render_then_parse_gives_the_calls_back(fmt, calls):
+    parser = get_parser(fmt)
+    text = parser.render(calls)
+    assert parser.parse(f"Thinking first.\n{text}", tools=SCHEMAS) == calls, text
+
+
+@pytest.mark.parametrize("fmt", sorted(PARSERS))
+def test_too_many_calls_are_cut_with_a_note(fmt):
+    parser = get_parser(fmt)
+    calls = parser.parse(parser.render([ANSWER] * 5), max_calls=3)
+    assert [c.pending for c in calls] == [True] * 3 + [False], calls
+    assert "more than 3 calls" in (calls[-1].error or "")
+
+
+def test_formats_read_their_other_spellings():
+    assert get_parser("llama3_json").parse('{"name": "answer", "arguments": {"value": "84"}}') == [ANSWER]
+    assert get_parser("mistral").parse('[TOOL_CALLS]answer[ARGS]{"value": "84"}') == [ANSWER]
+    assert get_parser("mistral").parse('[TOOL_CALLS]answer[CALL_ID]a1b2c3d4e[ARGS]{"value": "84"}') == [
+        ANSWER
+    ]
+    assert get_parser("qwen3_coder").parse(
+        "<function=answer>\n<parameter=value>\n84\n</parameter>\n</function>"
+    ) == [ToolCall("answer", {"value": "84"})]
+    # a Qwen3-Coder call read with the hermes parser names the setting that reads it
+    (call,) = parse_tool_calls("<tool_call>\n<function=answer>\n</function>\n</tool_call>")
+    assert "model.tool_parser: qwen3_coder" in (call.error or "")
+
+
+def test_an_unknown_parser_names_the_known_ones():
+    with pytest.raises(UnknownToolParser, match="unknown tool parser 'nope'") as e:
+        get_parser("nope")
+    assert e.value.exit_code == 2 and "qwen3_coder" in e.value.fix
+
+
+def test_a_plugin_registers_a_parser_through_its_entry_point(tmp_path, monkeypatch):
+    import agent_loop.tool_parser as registry
+
+    (tmp_path / "my_fmt.py").write_text(
+        "from agent_loop.tool_formats import ToolFormat\n"
+        "def _find(text, calls, tools):\n"
+        "    for line in text.splitlines():\n"
+        "        if line.startswith('CALL '):\n"
+        "            calls.decode(line[5:])\n"
+        "FMT = ToolFormat('x', _find,"
+        " lambda n, a: 'CALL ' + __import__('json').dumps({'name': n, 'arguments': a}),"
+        ' \'CALL {"name": ..., "arguments": {...}}\')\n'
+    )
+    dist = tmp_path / "my_fmt-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: my-fmt\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text("[pqrl.tool_parsers]\nline_json = my_fmt:FMT\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(registry, "_plugins_loaded", False)
+    monkeypatch.setattr(registry, "PARSERS", dict(registry.PARSERS))
+    parser = get_parser("line_json")
+    assert parser.name == "line_json"
+    assert parser.parse('hi\nCALL {"name": "answer", "arguments": {"value": "84"}}') == [ANSWER]
+    assert "CALL {" in parser.parse("CALL {oops")[0].error
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[f(a=1" + "]" * 20_000,  # one parse, not one per bracket
+        "[f(a=" + "(" * 5_000 + "1" + ")" * 5_000 + ")]",  # nesting past the parser's limit
+        '[f(a="\x00")]',
+        "```tool_code\n" + "f(a=" + "[" * 5_000 + "]" * 5_000 + ")\n```",
+        "```tool_code\nf(a='\x00')\n```",
+    ],
+)
+def test_hostile_python_calls_are_malformed_quickly(text):
+    import time
+
+    fmt = "gemma" if text.startswith("```") else "pythonic"
+    t0 = time.perf_counter()
+    calls = get_parser(fmt).parse(text)
+    assert time.perf_counter() - t0 < 2.0
+    assert calls and all(c.name == MALFORMED or c.pending for c in calls)
+    assert any(c.name == MALFORMED for c in calls) or calls == [ToolCall("f", {"a": "\x00"})]
+
+
+def test_qwen3_coder_values_follow_the_tools_schema():
+    schemas = [{"type": "function", "function": {"name": "f", "parameters": {"properties": {
+        "s": {"type": "string"}, "n": {"type": "integer"}, "either": {"type": ["string", "integer"]},
+        "maybe": {"type": ["string", "null"]}, "o": {"type": "object"}}}}}]  # fmt: skip
+    text = "".join(
+        f"<parameter={k}>\n{v}\n</parameter>\n"
+        for k, v in [
+            ("s", "84"),
+            ("n", "84"),
+            ("either", "NaN"),
+            ("maybe", "[1]"),
+            ("o", '{"a": 1}'),
+            ("free", "7"),
+        ]
+    )
+    (call,) = get_parser("qwen3_coder").parse(f"<function=f>\n{text}</function>", tools=schemas)
+    assert call.arguments == {"s": "84", "n": 84, "either": "NaN", "maybe": "[1]", "o": {"a": 1}, "free": "7"}
+    (bad,) = get_parser("qwen3_coder").parse(
+        "<function=f>\n<parameter=n>\nNaN\n</parameter>\n</function>", tools=schemas
+    )
+    assert bad.name == MALFORMED and "NaN is not a finite number" in (bad.error or ""), bad.error
