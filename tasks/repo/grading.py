@@ -307,12 +307,16 @@ async def _compute_reference(
                     return None
 
             async def run_gold(files: Mapping[str, str]) -> Record:
-                if len(boxes) == 1:
-                    boxes.append(await make_sandbox())
-                    failed = await _checkout(task, task.patch.encode() if task.patch else b"", boxes[1], gdir)
-                    if failed is not None:
-                        raise GoldReferenceError(f"task {task.id}: the gold {failed.info['reason']}")
-                report = await _run_tests(task, boxes[1], gdir, timeout, files)
+                # Each gold run in a container and grading folder of its own, as a submission's run
+                # always is: what differs from one container to the next (its host name, the
+                # folder on PYTHONPATH, so os.environ) then differs between the gold runs too and is
+                # unstable, not a check the gold passes and every submission fails.
+                box, here = await make_sandbox(), f"/tmp/pqrl-grade-{secrets.token_hex(8)}"
+                boxes.append(box)
+                failed = await _checkout(task, task.patch.encode() if task.patch else b"", box, here)
+                if failed is not None:
+                    raise GoldReferenceError(f"task {task.id}: the gold {failed.info['reason']}")
+                report = await _run_tests(task, box, here, timeout, files)
                 verdict = judge(task, report)
                 if verdict.reward != 1.0:
                     raise GoldReferenceError(

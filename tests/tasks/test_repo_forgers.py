@@ -2,7 +2,9 @@
 here, graded with real Docker: one task checked unittest-style (``self.assertEqual``), one
 pytest-style with a ``pytest.raises``. By values (the default) the gold scores 1, the empty patch 0
 and every forger 0, none making the grading raise; by JUnit alone the report-rewriting forger scores
-1, so the battery cannot pass because the forgers do nothing."""
+1, so the battery cannot pass because the forgers do nothing. A kept test compares values of the
+container's own environment: each gold run of the reference is in a container of its own, so they
+are unstable, not a check the gold passes and every submission fails."""
 
 from __future__ import annotations
 
@@ -37,6 +39,7 @@ def chunks(seq, n):
     return [list(seq[i : i + n]) for i in range(0, len(seq), n)]
 """
 TESTS = """\
+import os
 import unittest
 
 import pytest
@@ -63,6 +66,9 @@ class TestMean:
 
 
 class TestChunks:
+    def test_chunks_of_the_environment(self):  # differs from one container to the next
+        assert tally.chunks(sorted(os.environ.values()), 1000) == [sorted(os.environ.values())]
+
     def test_chunks(self):
         assert tally.chunks([1, 2, 3, 4, 5], 2) == [[1, 2], [3, 4], [5]]
 
