@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -66,6 +65,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--keep", action="store_true", help="keep the job's run directory")
     args = ap.parse_args()
     import pyarrow.parquet as pq
 
@@ -124,7 +124,7 @@ def main() -> None:
         "bytes_per_token": round(totals["bytes"] / totals["tokens"], 2),
         "vocab_json_bytes": (run / "rollouts" / "vocab.json").stat().st_size,
     }))  # fmt: skip
-    if not os.environ.get("KEEP"):
+    if not args.keep:
         import shutil
 
         shutil.rmtree(out, ignore_errors=True)
