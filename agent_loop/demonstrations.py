@@ -27,21 +27,27 @@ from agent_loop.agent import EpisodeConfig, run_episode
 from agent_loop.tool_parser import DEFAULT_PARSER, get_parser, tool_call_text
 from engine.protocol import Engine, FinishReason, Generation, SamplingParams
 from env_server.client import EnvClient, LocalEnvClient
+from env_server.registry import spec
+from env_server.sessions import SessionManager
+from env_server.types import ToolCall
 from loss_masking import ChatRenderer
 from pqrl import codec
 from pqrl.trajectory import Status, Trajectory
 from tasks.calc import calc_suite
 from tasks.storage import queued_task
+from tasks.suite import Suite, load_suite
 
 __all__ = [
     "DEFAULT_CALC_SEED",
     "ExpertEngine",
     "acalc_demonstrations",
+    "asuite_demonstrations",
     "calc_demonstrations",
     "calc_expert",
     "read_demonstrations",
     "resolve_demonstrations",
     "tool_call_text",
+    "worked_example_expert",
     "write_demonstrations",
 ]
 
@@ -122,25 +128,24 @@ def calc_expert(expression: str, parser: str = DEFAULT_PARSER) -> Script:
     return script
 
 
-async def acalc_demonstrations(
-    n: int,
-    seed: int,
+async def _expert_episodes(
+    suite: Suite,
+    scripts: Sequence[Script],
     renderer: ChatRenderer,
-    *,
-    shots: int = 1,
-    env: EnvClient | None = None,
-    cfg: EpisodeConfig | None = None,
+    env: EnvClient | None,
+    cfg: EpisodeConfig | None,
 ) -> list[Trajectory]:
-    """``n`` expert calc episodes graded by the real environment (see ``calc_demonstrations``)."""
-    suite = calc_suite(n, seed, shots=shots)
+    """The first ``len(scripts)`` tasks of ``suite``, each played by its script through the real
+    agent loop and environment; each must earn 1 (else the expert and the environment disagree)."""
     own = env is None
-    client = LocalEnvClient() if env is None else env
-    out, parser = [], (cfg or EpisodeConfig()).tool_parser
+    client = LocalEnvClient(SessionManager(pool_size=0)) if env is None else env
+    out = []
     try:
-        for k, task in enumerate(suite.tasks):
+        for k, script in enumerate(scripts):
+            task = suite.tasks[k]
             t = await run_episode(
                 queued_task(suite, k),
-                engine=ExpertEngine(renderer, calc_expert(task.expression, parser)),
+                engine=ExpertEngine(renderer, script),
                 env=client,
                 renderer=renderer,
                 run_id="demonstrations",
@@ -154,6 +159,60 @@ async def acalc_demonstrations(
         if own:
             await client.aclose()
     return out
+
+
+async def acalc_demonstrations(
+    n: int,
+    seed: int,
+    renderer: ChatRenderer,
+    *,
+    shots: int = 1,
+    env: EnvClient | None = None,
+    cfg: EpisodeConfig | None = None,
+) -> list[Trajectory]:
+    """``n`` expert calc episodes graded by the real environment (see ``calc_demonstrations``)."""
+    suite = calc_suite(n, seed, shots=shots)
+    parser = (cfg or EpisodeConfig()).tool_parser
+    scripts = [calc_expert(task.expression, parser) for task in suite.tasks]  # type: ignore[union-attr]
+    return await _expert_episodes(suite, scripts, renderer, env, cfg)
+
+
+def worked_example_expert(calls: Sequence[ToolCall], parser: str = DEFAULT_PARSER) -> Script:
+    """The expert of any environment: its worked example for the task (``worked_example``, the
+    calls ``pqrl tasks validate --check`` runs), one call a turn, in ``parser``'s format."""
+    fmt = get_parser(parser)
+
+    def script(turn: int, new_text: str) -> str:
+        if turn >= len(calls):
+            raise RuntimeError(
+                f"the worked example has {len(calls)} calls; the episode asked for turn {turn + 1}"
+            )
+        return fmt.render([{"name": calls[turn].name, "arguments": calls[turn].arguments}])
+
+    return script
+
+
+async def asuite_demonstrations(
+    path: str | Path,
+    n: int,
+    renderer: ChatRenderer,
+    *,
+    env: EnvClient | None = None,
+    cfg: EpisodeConfig | None = None,
+) -> list[Trajectory]:
+    """Expert episodes on the first ``n`` tasks of the suite file at ``path``: each task's worked
+    example played through the real environment (in sandboxes, for one that needs them), in the
+    token layout RL produces. The cold start for a suite a small model cannot call tools on yet."""
+    suite = load_suite(path)
+    cls = spec(suite.manifest.env_id).load()
+    parser = (cfg or EpisodeConfig()).tool_parser
+    scripts = []
+    for task in suite.tasks[:n]:
+        calls = cls.worked_example(task.model_dump())
+        if not calls:
+            raise ValueError(f"{path}: {suite.manifest.env_id} gives no worked example for task {task.id}")
+        scripts.append(worked_example_expert(calls, parser))
+    return await _expert_episodes(suite, scripts, renderer, env, cfg)
 
 
 def calc_demonstrations(
@@ -194,10 +253,19 @@ def read_demonstrations(path: str | Path) -> list[Trajectory]:
 
 
 def resolve_demonstrations(spec: str, tokenizer: Any) -> list[Trajectory]:
-    """Demonstrations from a spec: ``calc:N`` or ``calc:N:SEED`` built in place, else a file path.
+    """Demonstrations from a spec: ``calc:N`` or ``calc:N:SEED`` built in place, ``suite:PATH[:N]``
+    (the worked examples of a suite file's first N tasks), else a file path.
 
     ``calc:N`` uses ``DEFAULT_CALC_SEED``. Pass this to ``trainer.sft.sft_command`` as its loader.
     """
+    if spec.startswith("suite:"):  # suite:PATH or suite:PATH:N (the first N tasks; all by default)
+        path, _, n = spec[len("suite:") :].rpartition(":")
+        path, n = (path, n) if n.isdigit() and path else (spec[len("suite:") :], "")
+        # a worked example writes whole files (a gold patch, say): no turn limit of a sampled policy
+        cfg = EpisodeConfig(max_new_tokens=8192, max_total_tokens=32768, max_turns=32)
+        return asyncio.run(
+            asuite_demonstrations(path, int(n) if n else 1 << 30, ChatRenderer(tokenizer), cfg=cfg)
+        )
     if spec.startswith("calc:"):
         parts = spec.split(":")
         if len(parts) not in (2, 3) or not all(p.isdigit() for p in parts[1:]):

@@ -441,7 +441,9 @@ def _add_train(sub: _SubParsers, group: Callable[[str, str], _SubParsers]) -> No
     sft = sub.add_parser("sft", help="cold start: fine-tune on demonstration trajectories (mask-1 tokens)")
     sft.add_argument("config", help="YAML file with the SFTConfig fields (trainer/sft.py)")
     sft.add_argument("--output-dir", help="override output_dir")
-    sft.add_argument("--demonstrations", help="override demonstrations (a file or calc:N[:SEED])")
+    sft.add_argument(
+        "--demonstrations", help="override demonstrations (a file, calc:N[:SEED] or suite:FILE[:N])"
+    )
     sft.add_argument("--max-steps", type=int, help="override max_steps")
     sft.add_argument("--device", help="override device")
     sft.add_argument(

@@ -61,8 +61,9 @@ class SFTConfig(BaseModel):
         DEFAULT_MODEL, description="The model to fine-tune: the built-in name or a model directory."
     )
     demonstrations: str = Field(
-        description="A file written by agent_loop.demonstrations.write_demonstrations, or calc:N[:SEED] "
-        "to record N calc demonstrations in place (needs the CLI's loader)."
+        description="A file written by agent_loop.demonstrations.write_demonstrations, calc:N[:SEED] "
+        "to record N calc demonstrations in place, or suite:FILE[:N] for the worked examples of a "
+        "suite's first N tasks (both need the CLI's loader)."
     )
     output_dir: str = Field(description="Where the fine-tuned model, tokenizer and metrics.jsonl go.")
     epochs: int = Field(3, ge=1, description="Passes over the demonstrations.")

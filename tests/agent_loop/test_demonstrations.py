@@ -21,6 +21,7 @@ from agent_loop.tool_parser import get_parser, parse_tool_calls
 from env_server.client import LocalEnvClient
 from loss_masking import ChatRenderer
 from pqrl.model_cache import load_tokenizer
+from pqrl.tool_calls import ToolStatus
 from pqrl.trajectory import Status
 from tasks.calc import calc_suite
 
@@ -134,3 +135,22 @@ def test_the_expert_writes_the_format_the_policy_will_write(renderer, parser, sh
     assert "<tool_call>" not in prompt
     # the worked example shows the format; without one, the system message spells it out
     assert (head in prompt) == bool(shots) and (get_parser(parser).example in prompt) == (not shots)
+
+
+@pytest.mark.timeout(300)
+def test_a_suite_files_worked_examples_are_demonstrations_run_in_sandboxes(renderer):
+    """``suite:PATH:N``: any environment's worked examples, played through the real agent loop and
+    environment (coding-v1: a Docker sandbox per episode), each earning 1, masks on the calls only."""
+    from pathlib import Path
+
+    from tasks.coding.generate import SUITE_PATH
+
+    assert Path(SUITE_PATH).is_file()
+    demos = demonstrations.resolve_demonstrations(f"suite:{SUITE_PATH}:2", renderer.tokenizer)
+    assert len(demos) == 2 and all(t.status is Status.COMPLETED and t.reward == 1.0 for t in demos)
+    for t in demos:
+        made = [c for turn in t.turns for c in turn.tool_calls]
+        assert len(t.turns) >= 2 and len(made) == len(t.turns), "one call of the worked example a turn"
+        assert all(c.status is ToolStatus.OK for c in made), made
+        trained = renderer.decode([tok for tok, m in zip(t.tokens, t.loss_mask, strict=True) if m])
+        assert [c.name for c in parse_tool_calls(trained)] == [c.name for c in made], trained[:500]
