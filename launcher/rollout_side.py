@@ -187,8 +187,9 @@ class Job:
         suite_store = SuiteStore(self.services["redis_url"])
         try:
             await suite_store.configure_sampler(
-                self.cfg.run, weighted, epochs=epochs, seed=t.seed, skip_flat=t.skip_flat
-            )
+                self.cfg.run, weighted, epochs=epochs, seed=t.seed, skip_flat=t.skip_flat,
+                grow_epochs=t.epochs is None,  # a larger step budget on resume extends the plan
+            )  # fmt: skip
         except StoreError as e:
             raise SystemExit(
                 f"pqrl train: {e} (the config's tasks changed: start over with --fresh)"

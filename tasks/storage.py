@@ -23,12 +23,13 @@ on a fresh Redis (their leases went with it); a suite both submitted and sampled
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any, NamedTuple
 
 import redis.asyncio as aioredis
 
-from pqrl.store import TaskEntry, TrajectoryStore
+from pqrl.store import StoreError, TaskEntry, TrajectoryStore
 from tasks.rewards import queued_terms
 from tasks.sampler import SamplerConfig, Schedule, SuiteShare, skips
 from tasks.suite import Suite, parse_suite
@@ -116,10 +117,16 @@ class SuiteStore:
         epochs: int | None = None,
         seed: int = 0,
         skip_flat: int = 0,
+        grow_epochs: bool = False,
     ) -> SamplerConfig:
         """Stores the suites and gives ``run_id`` a task sampler over them.
 
-        Configuring the same sampler again (a resumed run) keeps its position.
+        Configuring the same sampler again (a resumed run) keeps its position. ``grow_epochs``: the
+        epochs were derived from a step budget, not asked for, so a run whose sampler differs only
+        in them takes the larger number and keeps its position: a job resumed with more steps gets
+        a plan that covers them. The slots after the position are then drawn from the longer
+        schedule (the suites' mix is spread over all its epochs), so the tasks of the epoch in
+        progress may differ from the first plan's; the slots already claimed stay claimed.
 
         Raises:
             StoreError: the run already has a different sampler.
@@ -130,10 +137,28 @@ class SuiteStore:
             await self.save(ws.suite)
         store = TrajectoryStore(self.url, run_id)
         try:
-            await store.sampler.configure(config.to_json())
+            try:
+                await store.sampler.configure(config.to_json())
+            except StoreError:
+                if not grow_epochs:
+                    raise
+                return await _grown(store, config)
         finally:
             await store.close()
         return config
+
+
+async def _grown(store: TrajectoryStore, config: SamplerConfig) -> SamplerConfig:
+    """The run's sampler with ``config``'s epochs where those are more; StoreError if it differs
+    from ``config`` in anything else."""
+    pinned_text = (await store.sampler.get()).config or ""
+    pinned = SamplerConfig.from_json(pinned_text)
+    if dataclasses.replace(pinned, epochs=config.epochs) != config:
+        raise StoreError(f"the run has another task sampler: {pinned_text}")
+    if (config.epochs or 0) <= (pinned.epochs or 0):
+        return pinned
+    await store.sampler.replace(pinned_text, config.to_json())
+    return config
 
 
 class RunSampler:

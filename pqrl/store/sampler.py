@@ -31,6 +31,14 @@ redis.call('HSET', KEYS[1], 'config', ARGV[1])
 return 1
 """
 
+# Replacing the config the run has (compared first, so two resumers cannot both replace it).
+_LUA_SAMPLER_REPLACE = """
+local cur = redis.call('HGET', KEYS[1], 'config')
+if cur ~= ARGV[1] then return redis.error_reply('the run has another task sampler: ' .. (cur or 'none')) end
+redis.call('HSET', KEYS[1], 'config', ARGV[2])
+return 1
+"""
+
 # Claiming slot k of the sampler: advancing the position, queueing the task and leasing it to the
 # caller are one step, so no slot is handed out twice (the position is compared first) and none is
 # lost (a caller that dies after this leaves a pending lease that TaskQueue.reclaim hands on).
@@ -88,6 +96,7 @@ class SamplerCursor(RunPart):
     def __init__(self, redis: aioredis.Redis, keys: RunKeys, url_redacted: str) -> None:
         super().__init__(redis, keys, url_redacted)
         self._configure = redis.register_script(_LUA_SAMPLER_SET)
+        self._replace = redis.register_script(_LUA_SAMPLER_REPLACE)
         self._claim = redis.register_script(_LUA_CLAIM)
         self._skip = redis.register_script(_LUA_SKIP)
 
@@ -100,6 +109,18 @@ class SamplerCursor(RunPart):
         """
         try:
             return bool(await self._configure(keys=[self.keys.sampler], args=[config]))
+        except redis.exceptions.ResponseError as e:
+            raise StoreError(str(e)) from None
+
+    @redis_errors
+    async def replace(self, old: str, new: str) -> None:
+        """Swaps the run's config ``old`` for ``new``, its position kept (a schedule that only grows).
+
+        Raises:
+            StoreError: the run's config is not ``old`` (any more).
+        """
+        try:
+            await self._replace(keys=[self.keys.sampler], args=[old, new])
         except redis.exceptions.ResponseError as e:
             raise StoreError(str(e)) from None
 

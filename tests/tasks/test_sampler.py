@@ -119,12 +119,15 @@ def test_config_round_trips_and_rejects_nonsense():
 CALC_A, CALC_B = calc_suite(60, seed=21), calc_suite(40, seed=22)
 
 
-async def configured(url: str, run: str, *, epochs: int | None = 2, seed: int = 1) -> SamplerConfig:
+async def configured(
+    url: str, run: str, *, epochs: int | None = 2, seed: int = 1, grow: bool = False
+) -> SamplerConfig:
     suites = SuiteStore(url)
     try:
         return await suites.configure_sampler(
-            run, [WeightedSuite(CALC_A, 1.0), WeightedSuite(CALC_B, 2.0)], epochs=epochs, seed=seed
-        )
+            run, [WeightedSuite(CALC_A, 1.0), WeightedSuite(CALC_B, 2.0)], epochs=epochs, seed=seed,
+            grow_epochs=grow,
+        )  # fmt: skip
     finally:
         await suites.aclose()
 
@@ -254,4 +257,25 @@ async def test_a_task_without_signal_gives_up_its_next_draws_and_returns(redis_s
         assert seen == TaskOutcome(flat=2, skipped=1), "flat twice in a row; one draw given up since"
     finally:
         await suites.aclose()
+        await store.close()
+
+
+async def test_derived_epochs_grow_on_resume_and_keep_the_schedule(redis_server):
+    """A job whose epochs come from its step budget may resume with a larger budget: the sampler
+    keeps its position and gains the epochs; nothing else may change, and set epochs never do."""
+    await configured(redis_server.url, "grow", epochs=1, grow=True)
+    store = TrajectoryStore(redis_server.url, "grow")
+    try:
+        sampler = await RunSampler.load(store)
+        first = (await sampler.claim("rollout", "m")).task
+        assert (await configured(redis_server.url, "grow", epochs=3, grow=True)).epochs == 3
+        assert (await configured(redis_server.url, "grow", epochs=2, grow=True)).epochs == 3, "never shrinks"
+        grown = await RunSampler.load(store)
+        assert named(grown, 299)[2] == 2 and await store.sampler.position() == 1
+        assert (await grown.claim("rollout", "m")).task["slot"] == 1 != first["slot"]
+        with pytest.raises(StoreError, match="another task sampler"):
+            await configured(redis_server.url, "grow", epochs=3, seed=2, grow=True)
+        with pytest.raises(StoreError, match="another task sampler"):
+            await configured(redis_server.url, "grow", epochs=4)  # epochs the user set: as given
+    finally:
         await store.close()
