@@ -43,7 +43,7 @@ def require(report_to: Sequence[str]) -> None:
         except ImportError:
             raise UsageError(
                 f"train.report_to names {name} but the {name} package is not installed",
-                fix=f"pip install 'pqrl[{name}]' (or leave {name} out of train.report_to)",
+                fix=f"pip install 'pqrl[{name}]', or leave {name} out of train.report_to",
             ) from None
 
 

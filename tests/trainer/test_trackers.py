@@ -110,3 +110,24 @@ def test_no_tracker_writes_nothing(tmp_path):
     trackers.log(1, {"rollout/reward_mean": 1.0})
     trackers.close()
     assert not (tmp_path / "wandb").exists()
+
+
+def test_pqrl_train_without_the_package_stops_with_one_line_before_anything_runs(tmp_path):
+    config = tmp_path / "job.yaml"
+    config.write_text(
+        f"run: r1\noutput_dir: {tmp_path}\ntasks: {{suites: [{{generate: calc, level: 1, n: 2}}]}}\n"
+        "train: {report_to: [wandb]}\n"
+    )
+    # what ``import wandb`` meets where the package is not installed
+    block = (
+        "import runpy, sys; "
+        "sys.modules['wandb'] = None; runpy.run_module('launcher.cli', run_name='__main__')"
+    )
+    out = subprocess.run([sys.executable, "-c", block, "train", str(config)], capture_output=True, text=True)
+    assert out.returncode == 2 and out.stderr.strip().count("\n") == 0, out.stderr
+    assert "pqrl[wandb]" in out.stderr and not (tmp_path / "r1").exists()
+    config.write_text(config.read_text().replace("[wandb]", "[mlflow]"))  # not a tracker pqrl has
+    out = subprocess.run(
+        [sys.executable, "-m", "launcher.cli", "train", str(config)], capture_output=True, text=True
+    )
+    assert out.returncode == 2 and "report_to" in out.stderr
