@@ -70,7 +70,10 @@ class Trackers:
             (self.dir / "wandb").mkdir(parents=True, exist_ok=True)
             self._wandb = wandb.init(
                 mode="offline", dir=str(self.dir), project="pqrl", name=name, config=config,
-                settings=wandb.Settings(silent=True, console="off", x_disable_stats=True),
+                # no host metadata, git or code: the command line can hold a Redis password, and
+                # the manifest (secrets redacted) is already the run's record of how it was made
+                settings=wandb.Settings(silent=True, console="off", x_disable_stats=True, x_disable_meta=True,
+                                        disable_git=True, disable_code=True),
             )  # fmt: skip
 
     def log(self, step: int, metrics: dict[str, float]) -> None:

@@ -61,7 +61,10 @@ def wandb_history(path: Path) -> dict[int, dict]:
     return history
 
 
-async def test_offline_wandb_holds_every_steps_metrics_the_manifest_and_episodes(redis_server, tmp_path, tok):
+async def test_offline_wandb_holds_every_steps_metrics_the_manifest_and_episodes(
+    redis_server, tmp_path, tok, monkeypatch
+):
+    monkeypatch.setattr(sys, "argv", [*sys.argv, "--redis-url", "redis://:SECRETPW@localhost"])
     metrics = await _run(redis_server.url, tmp_path, tok, stream=False, steps=2)
     manifest = {"run": "tiny", "train": {"lr": 0.001, "report_to": ["wandb"]}}
     run_dir = tmp_path / "run"
@@ -88,6 +91,7 @@ async def test_offline_wandb_holds_every_steps_metrics_the_manifest_and_episodes
     parquet = {(r["step"], r["task_id"], r["reward"]) for s in (1, 2)
                for r in pq.read_table(step_file(tmp_path / "rollouts", s)).to_pylist()}  # fmt: skip
     assert {(r[0], r[1], r[4]) for r in logged} <= parquet and {r[0] for r in logged} == {1, 2}
+    assert b"SECRETPW" not in next(offline.glob("*.wandb")).read_bytes()  # the command line is not kept
     children = subprocess.run(
         ["ps", "-o", "args=", "--ppid", str(os.getpid())], capture_output=True, text=True
     )
