@@ -295,6 +295,9 @@ class _TrainBase(_Section):
     rollout_log: RolloutLogSection = Field(
         default_factory=RolloutLogSection, description="the durable log of every trajectory read"
     )
+    report_to: list[Literal["wandb"]] = Field(
+        [], description="trackers mirroring metrics, manifest, sampled episodes: wandb (offline, pqrl[wandb])"
+    )
 
 
 # the job's own training settings, the trainer loop's and the step's; where weights and

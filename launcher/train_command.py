@@ -116,6 +116,10 @@ def train_command(args: argparse.Namespace) -> int:
     if not os.path.isfile(args.config):
         raise UsageError(f"{args.config}: no such file", fix="check the path")
     cfg = load_config(args.config, _overrides(args.set) | _service_overrides(args))  # ConfigInvalid: status 2
+    from trainer.trackers import require
+
+    if args.role != "rollout":  # the trainer logs; a missing package: one line now, not after loading
+        require(cfg.train.report_to)
     if cfg.services.redis_url:
         checked_redis_url(cfg.services.redis_url)
     if cfg.embedded and args.role != "all":

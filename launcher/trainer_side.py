@@ -80,6 +80,13 @@ async def _weight_sync(job: Job, engine: Any, model: Any) -> Any:
     return sync
 
 
+def open_trackers(cfg: Any, manifest: dict[str, Any]) -> Any:
+    from trainer.trackers import Trackers
+
+    rollouts = cfg.run_dir / "rollouts" if cfg.train.rollout_log.enabled else None
+    return Trackers(cfg.run_dir, cfg.train.report_to, name=cfg.run, config=manifest, rollout_dir=rollouts)
+
+
 class _Run:
     def __init__(self, job: Job, trainer: Any, leader: Any) -> None:
         from trainer.metrics import MetricsWriter
@@ -128,6 +135,7 @@ class _Run:
             if after is not None:
                 evals["after"] = after
         self.writer.close()
+        self.trackers.close()
         png = plot_curves(self.writer.path, self.cfg.run_dir / "curves.png")
         await self.store.status.set({"phase": "finished", "finished_at": time.time()})
         summary: dict[str, Any] = {
@@ -166,6 +174,7 @@ class _Run:
 
         manifest = await asyncio.to_thread(run_manifest, self.cfg, self.job.suites, self.eval_suite)
         (self.cfg.run_dir / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+        self.trackers = open_trackers(self.cfg, manifest)
         await self.store.status.set({"phase": "starting", "manifest": manifest_gist(manifest)})
 
     async def _resume_or_open_gate(self, *, resumed: bool) -> None:
@@ -206,6 +215,7 @@ class _Run:
                 last.setdefault("perf/tokens_per_s", 0.0)  # the step's own figure when it trained
                 step = trainer.state.step
                 self.writer.log(step, last)
+                self.trackers.log(step, last)
                 if "rollout/reward_mean" in last:
                     self.rewards.append(last["rollout/reward_mean"])
                 timeout = deadline is not None and time.monotonic() > deadline
@@ -317,6 +327,7 @@ class _Run:
             bar.close()
         metrics = result.metrics | {"perf/eval_s": time.monotonic() - t0}
         self.writer.log(step, metrics)
+        self.trackers.log(step, metrics)
         log.info("eval at step %d: %s", step, {k: round(v, 3) for k, v in metrics.items()})
         for name, why in result.refused.items():  # a rate over tasks that never ran would mislead
             log.warning("eval at step %d: NO %s reported: %s", step, name.removeprefix("eval/"), why)

@@ -95,6 +95,9 @@ if [ "$(cat "$LOCAL/.pqrl-shared" 2>/dev/null)" != "$SHARED" ] || [ ! -x "$LOCAL
     | { grep -v "^WARNING: Location '.*' is ignored" || true; } >&2
   echo "$SHARED" > "$LOCAL/.pqrl-shared"
 fi
+# the wandb extra (train.report_to): about 4 s into this venv, skipped once it imports
+"$LOCAL/bin/python" -c 'import wandb' 2>/dev/null || "$LOCAL/bin/python" -m pip install -q 'wandb>=0.31' 2>&1 \
+  | { grep -v "^WARNING: Location '.*' is ignored" || true; } >&2
 log "venv ready: $LOCAL (packages from $SHARED)"
 
 # ---------------------------------------------------------------- 3. Docker engine

@@ -49,6 +49,7 @@ CHECKED = [
     "launcher/quiet.py",
     "launcher/tasks_import.py",
     "trainer/rollout_log.py",
+    "trainer/trackers.py",
     "launcher/view_data.py",
     "launcher/view_command.py",
     "launcher/generate_command.py",

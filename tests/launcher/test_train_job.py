@@ -19,6 +19,7 @@ from launcher.jobconfig import load_config
 from launcher.ram_weights import ram_weights_dir
 from launcher.trainer_build import build_trainer
 from pqrl.store import TrajectoryStore
+from tests.trainer.test_trackers import wandb_history
 from trainer.distributed import DistContext
 
 
@@ -31,7 +32,8 @@ def _job(tmp_path: Path) -> Path:
         "tasks": {"suites": [{"generate": "calc", "level": 1, "n": 16, "shots": 2, "format_reward": 0.2}]},
         "rollout": {"group_size": 4, "max_turns": 2, "max_new_tokens": 48, "max_total_tokens": 1024,
                     "max_concurrent_groups": 2, "temperature": 0.7},
-        "train": {"steps": 1, "groups_per_step": 1, "lr": 1e-5, "read_timeout_s": 600, "max_extra_reads": 15},
+        "train": {"steps": 1, "groups_per_step": 1, "lr": 1e-5, "read_timeout_s": 600, "max_extra_reads": 15,
+                  "report_to": ["wandb"]},
         "checkpoint": {"every": 1},
         "eval": {"k": 2, "suite": {"generate": "calc", "level": 1, "n": 2, "seed": 99}},
     }  # fmt: skip
@@ -65,6 +67,10 @@ def test_embedded_job_trains_checkpoints_evaluates_and_resumes(tmp_path):
     assert [r["step"] for r in rows if "eval/pass@1" in r] == [0, 1]
     assert (run / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert list((run / "tensorboard").glob("events.out.tfevents.*"))
+    (wandb_run,) = (run / "wandb").glob("offline-run-*")  # train.report_to: the same numbers, offline
+    history = wandb_history(next(wandb_run.glob("*.wandb")))
+    assert history[1]["rollout/reward_mean"] == pytest.approx(trained["rollout/reward_mean"])
+    assert 0 in history and "eval/pass@1" in history[0]
     assert (run / "checkpoints" / "latest").read_text() == "step-000001"
     manifest = json.loads((run / "manifest.json").read_text())
     assert (run / "checkpoints" / "step-000001" / "manifest.json").read_text() == (
