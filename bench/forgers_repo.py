@@ -48,15 +48,9 @@ BUGS = [
 
 def _project(into: Path) -> Path:
     """The sdist, downloaded once into pqrl's cache, unpacked into ``into``."""
-    cache = Path.home() / ".cache" / "pqrl" / "sdists"
-    cache.mkdir(parents=True, exist_ok=True)
-    found = sorted(cache.glob("more_itertools-10.5.0.tar.gz")) + sorted(
-        cache.glob("more-itertools-10.5.0.tar.gz")
-    )
-    if not found:
-        pip = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "-q", "-d"]
-        subprocess.run([*pip, str(cache), PROJECT], check=True)
-        found = sorted(cache.glob("more*itertools-10.5.0.tar.gz"))
+    from tasks.repo.project import fetch_sdist
+
+    found = [fetch_sdist(PROJECT)]
     with tarfile.open(found[0]) as tar:
         tar.extractall(into, filter="data")
     return next(into.iterdir())

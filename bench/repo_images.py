@@ -1,6 +1,6 @@
 """A repository version's image from a real PyPI sdist that ships its tests, and its sandboxes.
 
-Downloads the sdist on the host (``pip download --no-binary``), builds its recipe (plus one
+Downloads the sdist on the host (``tasks.repo.project.fetch_sdist``), builds its recipe (plus one
 dependency, installed on the host for the image's Python) cold and then cached, and measures the
 image's size, a cold sandbox start (a new pool's first acquire) against warm ones, and the
 project's own test suite run in the sandbox with no network. Prints one JSON line; append it to
@@ -36,21 +36,10 @@ WARM_RUNS = 5
 
 
 def _sdist(spec: str, into: Path) -> Path:
-    cmd = [
-        sys.executable,
-        "-m",
-        "pip",
-        "download",
-        "--no-deps",
-        "--no-binary",
-        ":all:",
-        "-q",
-        "-d",
-        str(into),
-    ]
-    subprocess.run([*cmd, spec], check=True)
-    (archive,) = [p for p in into.iterdir() if p.name.endswith((".tar.gz", ".zip"))]
-    return archive
+    """The sdist from pqrl's cache (downloaded there once, no project code run on the host)."""
+    from tasks.repo.project import fetch_sdist
+
+    return fetch_sdist(spec)
 
 
 def _size_mb(tag: str) -> float:

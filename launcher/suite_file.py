@@ -16,6 +16,8 @@ def check_output(output: str | Path) -> Path:
     out = Path(output)
     if not out.parent.is_dir():
         raise UsageError(f"-o {output}: the folder {out.parent} does not exist")
+    if out.is_dir():
+        raise UsageError(f"-o {output} is a folder", fix="give the suite file's path")
     return out
 
 

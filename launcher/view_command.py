@@ -85,7 +85,10 @@ def _handler(data: RunLog, bound: str) -> type[BaseHTTPRequestHandler]:
             log.debug(format, *args)
 
         def do_GET(self) -> None:  # noqa: N802 - http.server's name
-            host = urlsplit("//" + (self.headers.get("Host") or "")).hostname or ""
+            try:
+                host = urlsplit("//" + (self.headers.get("Host") or "")).hostname or ""
+            except ValueError:  # "[abc": not a host at all
+                return self._send(400, {"error": "malformed Host header"})
             if not any_host and host not in names:
                 return self._send(421, {"error": f"host {host!r} is not the one served"})
             url = urlsplit(self.path)
@@ -95,6 +98,8 @@ def _handler(data: RunLog, bound: str) -> type[BaseHTTPRequestHandler]:
                     return self._send(200, PAGE, "text/html; charset=utf-8")
                 if url.path == "/api/run":
                     return self._send(200, data.run())
+                if url.path not in ("/api/step", "/api/episode", "/api/group"):
+                    return self._send(404, {"error": f"no page {url.path}"})  # /favicon.ico, say
                 step = int(query.get("step", ""))
                 if url.path == "/api/step":
                     return self._send(200, data.step(step))

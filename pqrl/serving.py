@@ -17,6 +17,8 @@ __all__ = ["listening_socket", "serve"]
 
 def listening_socket(host: str, port: int) -> socket.socket:
     """A socket bound to ``host``:``port`` (not yet listening); ``UsageError`` when it cannot be."""
+    if not 0 <= port <= 65535:  # the socket layer would take it modulo 65536
+        raise UsageError(f"--port {port} is not a port (0 to 65535)")
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as e:

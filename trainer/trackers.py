@@ -8,6 +8,7 @@ step's episodes are tabled once its Parquet file is finished, at a later step or
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,8 @@ from typing import Any
 from pqrl.errors import UsageError
 
 __all__ = ["TRACKERS", "Trackers", "episode_rows", "require"]
+
+log = logging.getLogger(__name__)
 
 TRACKERS = ("wandb",)
 # the columns of the episode table: the rollout log's scalars a reader scans first
@@ -77,10 +80,14 @@ class Trackers:
             )  # fmt: skip
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
+        """Logs ``metrics`` at ``step``; never raises: a tracker's failure must not end training."""
         if self._wandb is None:
             return
         self._last = max(self._last, step)
-        self._wandb.log(dict(metrics) | self._episode_tables(), step=self._last)
+        try:
+            self._wandb.log(dict(metrics) | self._episode_tables(), step=self._last)
+        except Exception as e:  # noqa: BLE001 - metrics.jsonl and TensorBoard still have the step
+            log.warning("the experiment tracker could not log step %d: %r", step, e)
 
     def _episode_tables(self) -> dict[str, Any]:
         """One table of the episodes of every rollout-log step not yet tabled (its file finished)."""
@@ -93,7 +100,10 @@ class Trackers:
         rows = []
         for s in logged_steps(self.rollout_dir):
             if s > self._tabled:
-                rows += episode_rows(step_file(self.rollout_dir, s), per_step=self.per_step)
+                try:  # the log's retention may remove an old step's file while it is read here
+                    rows += episode_rows(step_file(self.rollout_dir, s), per_step=self.per_step)
+                except Exception as e:  # noqa: BLE001 - a table row less, never a failed step
+                    log.warning("no episode table for step %d: %r", s, e)
                 self._tabled = s
         return {"rollout/episodes": wandb.Table(columns=list(EPISODE_COLUMNS), data=rows)} if rows else {}
 

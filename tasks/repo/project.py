@@ -14,20 +14,24 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import json
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
+import urllib.error
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from pqrl.cache import cache_dir
 from pqrl.errors import PermanentFault, UsageError
-from sandboxes.repo_source import ARCHIVE_SUFFIXES, last_line, stage_repository
+from sandboxes.repo_source import ARCHIVE_SUFFIXES, stage_repository
 
 __all__ = ["Project", "fetch_sdist", "infer_requirements", "load_project"]
 
+PYPI_SIMPLE = "https://pypi.org/simple"
+_MAX_DOWNLOAD = 256 << 20  # an sdist larger than this is not a project to mutate here
 _SPEC = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([A-Za-z0-9][A-Za-z0-9.+!_-]*)$")
 _NOT_SOURCE = {"tests", "test", "testing", "docs", "doc", "examples", "example", "benchmarks", "bench",
                "scripts", "tools", "build", "dist", ".tox", ".nox", "venv", ".venv"}  # fmt: skip
@@ -73,8 +77,13 @@ def _prefixes(name: str) -> list[str]:
     return [".".join(parts[: i + 1]) for i in range(len(parts))]
 
 
-def fetch_sdist(spec: str) -> Path:
-    """The sdist of ``NAME==VERSION`` from pqrl's cache, downloaded there the first time."""
+def fetch_sdist(spec: str, *, index: str = PYPI_SIMPLE) -> Path:
+    """The sdist of ``NAME==VERSION`` from pqrl's cache, downloaded there the first time.
+
+    The file comes straight from the index's simple API (PEP 691 JSON), its sha256 checked: no
+    pip, because ``pip download`` of an sdist builds its metadata, which runs the project's
+    ``setup.py`` or build backend on the host. The host only ever reads the archive.
+    """
     m = _SPEC.match(spec.strip())
     if m is None:
         raise UsageError(f"--from-sdist {spec!r} is not NAME==VERSION", fix="e.g. --from-sdist toolz==0.12.1")
@@ -82,16 +91,56 @@ def fetch_sdist(spec: str) -> Path:
     found = [p for p in folder.iterdir() if p.name.endswith(ARCHIVE_SUFFIXES)]
     if found:
         return found[0]
+    name, version = _normal(m.group(1)), m.group(2)
+    listing = _get(f"{index.rstrip('/')}/{name}/", accept="application/vnd.pypi.simple.v1+json", spec=spec)
+    try:
+        files = json.loads(listing)["files"]
+    except (ValueError, KeyError, TypeError):
+        raise PermanentFault(f"{spec}: the index's answer for {name} is not its JSON file list") from None
+    sdists = [f for f in files if _is_sdist_of(str(f.get("filename", "")), name, version)]
+    if not sdists:
+        raise UsageError(
+            f"{spec}: the index has no sdist of version {version}", fix="pick a version that ships one"
+        )
+    chosen = sdists[0]
+    data = _get(str(chosen["url"]), accept="*/*", spec=spec)
+    want = (chosen.get("hashes") or {}).get("sha256")
+    if want and hashlib.sha256(data).hexdigest() != want:
+        raise PermanentFault(f"{spec}: {chosen['filename']} does not match the index's sha256")
     with tempfile.TemporaryDirectory(dir=folder) as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "-q",
-               "--disable-pip-version-check", "-d", tmp, spec]  # fmt: skip
-        r = subprocess.run(cmd, capture_output=True, text=True)
-        got = [p for p in Path(tmp).iterdir() if p.name.endswith(ARCHIVE_SUFFIXES)]
-        if r.returncode != 0 or len(got) != 1:
-            raise PermanentFault(
-                f"pip download {spec} failed: {last_line(r.stderr or r.stdout) or 'no archive'}"
-            )
-        return got[0].rename(folder / got[0].name)  # the same file system: atomic, whole or absent
+        got = Path(tmp, Path(str(chosen["filename"])).name)
+        got.write_bytes(data)
+        return got.rename(folder / got.name)  # the same file system: atomic, whole or absent
+
+
+def _normal(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()  # PEP 503
+
+
+def _is_sdist_of(filename: str, name: str, version: str) -> bool:
+    stem = next((filename[: -len(s)] for s in ARCHIVE_SUFFIXES if filename.endswith(s)), None)
+    if stem is None or "-" not in stem:
+        return False
+    dist, _, ver = stem.rpartition("-")
+    return _normal(dist) == name and ver == version
+
+
+def _get(url: str, *, accept: str, spec: str) -> bytes:
+    request = urllib.request.Request(url, headers={"Accept": accept, "User-Agent": "pqrl"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as reply:
+            data = bytes(reply.read(_MAX_DOWNLOAD + 1))
+    except urllib.error.HTTPError as e:
+        if e.code == 404:
+            raise UsageError(f"{spec}: the index has no such project ({url}: 404)") from None
+        raise PermanentFault(f"{spec}: {url} answered HTTP {e.code}") from None
+    except (urllib.error.URLError, OSError) as e:
+        raise PermanentFault(
+            f"{spec}: cannot reach {url}: {e}", fix="check the network to the package index"
+        ) from None
+    if len(data) > _MAX_DOWNLOAD:
+        raise UsageError(f"{spec}: {url} is larger than {_MAX_DOWNLOAD >> 20} MiB")
+    return data
 
 
 def load_project(source: str | Path, name: str, origin: str, dest: Path) -> Project:

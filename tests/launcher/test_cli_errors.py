@@ -249,3 +249,5 @@ def test_a_server_on_a_taken_port_says_so_in_one_line_before_loading_anything():
             assert out.returncode == 2 and len(lines) == 1, (argv, out.stderr[-600:])
             assert lines[0].startswith(f"pqrl {argv[0]}"), lines[0]
             assert f"port {port} on 127.0.0.1 is in use" in lines[0]
+    wrapped = _pqrl("env-server", "--insecure-local", "--port", "70000", timeout=60)  # not served on 4464
+    assert wrapped.returncode == 2 and "--port 70000 is not a port" in wrapped.stderr, wrapped.stderr

@@ -216,3 +216,14 @@ def test_a_sandbox_a_run_left_unusable_is_replaced_not_reused(tmp_path, monkeypa
     assert replaced and got is not None and len(got) == 5, got
     assert {o.outcome for o in got.values()} == {"passed"}
     assert left == []
+
+
+def test_an_sdist_is_named_by_the_index_filename_rules():
+    """The file the simple API lists for NAME==VERSION: PEP 503 names, either separator, no wheel."""
+    from tasks.repo.project import _is_sdist_of
+
+    assert _is_sdist_of("more_itertools-10.5.0.tar.gz", "more-itertools", "10.5.0")
+    assert _is_sdist_of("Toolz-0.12.1.zip", "toolz", "0.12.1")
+    assert not _is_sdist_of("toolz-0.12.1-py3-none-any.whl", "toolz", "0.12.1")
+    assert not _is_sdist_of("toolz-0.12.10.tar.gz", "toolz", "0.12.1")
+    assert not _is_sdist_of("toolzx-0.12.1.tar.gz", "toolz", "0.12.1")
