@@ -19,9 +19,10 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from env_server.sessions import EnvServerError, SessionManager
+from env_server.types import RewardResult, SessionInfo, StepResult
 from env_server.wire import CreateSession, StepRequest, env_error_reply
 
 __all__ = ["SessionRoutes", "is_session_route"]
@@ -29,18 +30,23 @@ __all__ = ["SessionRoutes", "is_session_route"]
 _Handler = Callable[[SessionManager, str, Any], Awaitable[tuple[int, bytes]]]
 
 
+# Serialised as the route's declared type, as FastAPI does: an environment's subclass of a reply
+# record cannot add fields to what the client receives.
+_INFO, _RESULT, _REWARD = TypeAdapter(SessionInfo), TypeAdapter(StepResult), TypeAdapter(RewardResult)
+
+
 async def _create(sessions: SessionManager, _: str, body: CreateSession) -> tuple[int, bytes]:
     info = await sessions.create(body.env_id, body.task, body.seed, body.env_kwargs, body.request_id)
-    return 201, info.model_dump_json().encode()
+    return 201, _INFO.dump_json(info)
 
 
 async def _step(sessions: SessionManager, session_id: str, body: StepRequest) -> tuple[int, bytes]:
     result = await sessions.step(session_id, [c.to_call() for c in body.tool_calls], body.request_id)
-    return 200, result.model_dump_json().encode()
+    return 200, _RESULT.dump_json(result)
 
 
 async def _evaluate(sessions: SessionManager, session_id: str, _: None) -> tuple[int, bytes]:
-    return 200, (await sessions.evaluate(session_id)).model_dump_json().encode()
+    return 200, _REWARD.dump_json(await sessions.evaluate(session_id))
 
 
 async def _close(sessions: SessionManager, session_id: str, _: None) -> tuple[int, bytes]:

@@ -17,7 +17,9 @@ import pytest
 from fastapi import FastAPI
 
 from env_server.registry import register_environment
+from env_server.types import RewardResult
 from tests.env_server.conftest import ECHO_TASK, NO_SESSION, TOKEN, serve_in_thread
+from tests.env_server.envs import CounterEnv
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -87,6 +89,9 @@ REQUESTS: list[tuple[str, str, dict[str, str], Any]] = [
     ("DELETE", "/sessions/{s}", AUTH, None),  # closed already
     ("POST", "/sessions/{s}/step", JSON, STEP),  # closed
     ("DELETE", "/sessions/{s}", {}, None),
+    ("POST", "/sessions", JSON, {"env_id": "pytest-fast-extra-v1", "task": {}}),
+    ("POST", "/sessions/{s}/evaluate", AUTH, None),  # the reward's extra field is not sent
+    ("DELETE", "/sessions/{s}", AUTH, None),
     ("POST", "/sessions", JSON, {"env_id": "pytest-fast-broken-v1", "task": {}}),
     ("POST", "/sessions/{s}/step", JSON, {"tool_calls": [{"name": "count"}]}),  # its step raises
     ("POST", "/sessions", JSON, CREATE),
@@ -130,9 +135,21 @@ def replay(url: str) -> list[tuple[int, str]]:
     return out
 
 
+class _RewardWithExtra(RewardResult):
+    secret: str = "not for the client"
+
+
+class ExtraFieldEnv(CounterEnv):
+    """Its evaluate returns a subclass of RewardResult with a field the route does not declare."""
+
+    async def evaluate(self) -> RewardResult:
+        return _RewardWithExtra(reward=1.0)
+
+
 @pytest.fixture
 def broken_env(restore_registry: None) -> None:
     register_environment("pytest-fast-broken-v1", "tests.env_server.envs:BrokenStep")
+    register_environment("pytest-fast-extra-v1", f"{__name__}:ExtraFieldEnv")
 
 
 def test_direct_path_answers_as_fastapi(broken_env: None) -> None:
@@ -144,6 +161,7 @@ def test_direct_path_answers_as_fastapi(broken_env: None) -> None:
     assert {200, 201, 204, 307, 401, 403, 404, 405, 409, 413, 422, 429, 500} <= statuses, statuses
     for request, a, b in zip(REQUESTS, fast, slow, strict=True):
         assert a == b, f"{request[0]} {request[1]}: direct {a} != FastAPI {b}"
+    assert not any("not for the client" in text for _, text in fast)
 
 
 def test_direct_path_is_taken() -> None:
