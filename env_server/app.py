@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hmac
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -37,14 +38,15 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import generate_latest
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from env_server.sessions import EnvServerError, SessionManager, TooManySessions
-from env_server.types import ErrorBody, RewardResult, SessionInfo, StepResult, ToolCallRequest
-from pqrl.finite import nonfinite_path
+from env_server.fast_path import SessionRoutes, is_session_route
+from env_server.sessions import EnvServerError, SessionManager
+from env_server.types import ErrorBody, RewardResult, SessionInfo, StepResult
+from env_server.wire import CreateSession, StepRequest, env_error_reply
 
 __all__ = ["ServerSettings", "create_app"]
 
@@ -80,51 +82,6 @@ class ServerSettings(BaseSettings):
 # Module level: FastAPI resolves these (string) annotations in the module's namespace.
 _bearer = HTTPBearer(auto_error=False)
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
-
-
-def _utf8_only(value: Any) -> Any:
-    """Rejects strings that cannot be encoded (lone surrogates): they could never be replied to."""
-    if isinstance(value, str):
-        value.encode("utf-8")
-    elif isinstance(value, dict):
-        for k, v in value.items():
-            _utf8_only(k)
-            _utf8_only(v)
-    elif isinstance(value, list):
-        for v in value:
-            _utf8_only(v)
-    return value
-
-
-class _In(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _encodable(cls, data: Any) -> Any:
-        try:
-            _utf8_only(data)
-        except UnicodeEncodeError as e:
-            raise ValueError(f"text must be valid UTF-8 (found {e.reason})") from None
-        # the JSON parser reads NaN, Infinity and 1e999 as floats; in a dict[str, Any] field (a tool
-        # call's arguments, a task) no float field's check would see them
-        where = nonfinite_path(data)
-        if where is not None:
-            raise ValueError(f"{where or 'body'}: numbers must be finite (no NaN or Infinity)")
-        return data
-
-
-class CreateSession(_In):
-    env_id: str = Field(min_length=1, max_length=128)
-    task: dict[str, Any] = Field(default_factory=dict)
-    seed: int | None = None
-    env_kwargs: dict[str, Any] = Field(default_factory=dict, description="over the registered defaults")
-    request_id: str | None = Field(default=None, max_length=128, description="retry-safe id of this create")
-
-
-class StepRequest(_In):
-    tool_calls: list[ToolCallRequest] = Field(max_length=64)
-    request_id: str | None = Field(default=None, max_length=128, description="retry-safe id of this step")
 
 
 class _BodyLimit:
@@ -225,7 +182,7 @@ def create_app(settings: ServerSettings | None = None, manager: SessionManager |
         run=settings.run,
     )
     # The OpenAPI spec is served (behind the token, like every route but the probes); no HTML docs.
-    app = FastAPI(
+    app = _EnvServerApp(
         title="pqrl env server",
         version="1",
         lifespan=_lifespan(settings, sessions),
@@ -236,6 +193,10 @@ def create_app(settings: ServerSettings | None = None, manager: SessionManager |
     app.add_middleware(_Unexpected)  # added first: the innermost of these, around the routes
     app.add_middleware(_BodyLimit, limit=settings.max_body_bytes)
     app.add_middleware(_TokenGate, token=settings.token)  # added last: runs first
+    # the same three around the session routes' direct path; what it does not answer goes to FastAPI
+    fallback = functools.partial(FastAPI.__call__, app)
+    direct = SessionRoutes(fallback, sessions)
+    app.direct = _TokenGate(_BodyLimit(_Unexpected(direct), settings.max_body_bytes), settings.token)
     app.state.sessions = sessions
     _add_error_handlers(app)
     # Every route on this router needs the token; the probes sit on the app itself.
@@ -244,6 +205,18 @@ def create_app(settings: ServerSettings | None = None, manager: SessionManager |
     _add_session_routes(api, sessions)
     app.include_router(api)
     return app
+
+
+class _EnvServerApp(FastAPI):
+    """FastAPI, but a request for a session route goes to ``direct`` (env_server.fast_path behind
+    the same guards): FastAPI's own middleware and routing cost more CPU than a no-op step."""
+
+    direct: ASGIApp
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if is_session_route(scope):
+            return await self.direct(scope, receive, send)
+        await super().__call__(scope, receive, send)
 
 
 def _lifespan(
@@ -290,8 +263,8 @@ def _add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(EnvServerError)
     async def env_error(request: Request, exc: EnvServerError) -> JSONResponse:
-        headers = {"Retry-After": f"{exc.retry_after:g}"} if isinstance(exc, TooManySessions) else None
-        return JSONResponse({"error": exc.code, "detail": str(exc)}, status_code=exc.status, headers=headers)
+        status, body, headers = env_error_reply(exc)
+        return JSONResponse(body, status_code=status, headers=headers)
 
     @app.exception_handler(_AuthError)
     async def auth_error(request: Request, exc: _AuthError) -> JSONResponse:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import hashlib
 import json
 import logging
@@ -235,7 +234,8 @@ class SessionManager:
         async with s.lock:
             fingerprint = ""
             if request_id is not None:
-                fingerprint = _fingerprint([dataclasses.asdict(c) for c in tool_calls])
+                calls = [(c.name, c.arguments, c.status, c.id, c.error) for c in tool_calls]  # asdict copies
+                fingerprint = _fingerprint(calls)
                 if request_id in s.replies:  # a retry: applied once, answered again
                     return _replayed(request_id, s.replies[request_id], fingerprint)
             if s.done:
