@@ -153,9 +153,13 @@ class _TokenGate:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or self.token is None or scope["path"] in _OPEN_PATHS:
             return await self.app(scope, receive, send)
-        header = dict(scope.get("headers") or []).get(b"authorization", b"").decode("latin-1")
-        scheme, _, given = header.partition(" ")
-        if scheme.lower() != "bearer" or not given:
+        # exactly one header: with two, which one counts would depend on who reads them
+        headers = [v for k, v in scope.get("headers") or [] if k == b"authorization"]
+        scheme, _, given = (headers[0] if len(headers) == 1 else b"").decode("latin-1").partition(" ")
+        if len(headers) > 1:
+            body = {"error": "unauthorized", "detail": "more than one Authorization header"}
+            response = JSONResponse(body, status_code=401, headers={"WWW-Authenticate": "Bearer"})
+        elif scheme.lower() != "bearer" or not given:
             body = {"error": "unauthorized", "detail": "missing bearer token"}
             response = JSONResponse(body, status_code=401, headers={"WWW-Authenticate": "Bearer"})
         elif not hmac.compare_digest(given.encode(), self.token.encode()):

@@ -37,16 +37,16 @@ _INFO, _RESULT, _REWARD = TypeAdapter(SessionInfo), TypeAdapter(StepResult), Typ
 
 async def _create(sessions: SessionManager, _: str, body: CreateSession) -> tuple[int, bytes]:
     info = await sessions.create(body.env_id, body.task, body.seed, body.env_kwargs, body.request_id)
-    return 201, _INFO.dump_json(info)
+    return 201, _INFO.dump_json(info, by_alias=True)
 
 
 async def _step(sessions: SessionManager, session_id: str, body: StepRequest) -> tuple[int, bytes]:
     result = await sessions.step(session_id, [c.to_call() for c in body.tool_calls], body.request_id)
-    return 200, _RESULT.dump_json(result)
+    return 200, _RESULT.dump_json(result, by_alias=True)
 
 
 async def _evaluate(sessions: SessionManager, session_id: str, _: None) -> tuple[int, bytes]:
-    return 200, _REWARD.dump_json(await sessions.evaluate(session_id))
+    return 200, _REWARD.dump_json(await sessions.evaluate(session_id), by_alias=True)
 
 
 async def _close(sessions: SessionManager, session_id: str, _: None) -> tuple[int, bytes]:

@@ -12,7 +12,7 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -30,6 +30,8 @@ from sandboxes.docker_api import DockerAPI
 from sandboxes.hardening import SandboxSettings
 from sandboxes.pool import SandboxPool
 from sandboxes.protocol import ImageMissing, SandboxCallFailed, SandboxError, SandboxUnavailable
+
+_CALL_FIELDS = tuple(f.name for f in fields(ToolCall))  # every field a retry must repeat
 
 __all__ = [
     "BackendDown",
@@ -234,7 +236,7 @@ class SessionManager:
         async with s.lock:
             fingerprint = ""
             if request_id is not None:
-                calls = [(c.name, c.arguments, c.status, c.id, c.error) for c in tool_calls]  # asdict copies
+                calls = [[getattr(c, f) for f in _CALL_FIELDS] for c in tool_calls]  # asdict copies
                 fingerprint = _fingerprint(calls)
                 if request_id in s.replies:  # a retry: applied once, answered again
                     return _replayed(request_id, s.replies[request_id], fingerprint)

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import httpx
+import pydantic
 import pytest
 from fastapi import FastAPI
 
@@ -139,11 +140,16 @@ class _RewardWithExtra(RewardResult):
     secret: str = "not for the client"
 
 
+class _Aliased(pydantic.BaseModel):
+    internal_name: int = pydantic.Field(serialization_alias="publicName")
+
+
 class ExtraFieldEnv(CounterEnv):
-    """Its evaluate returns a subclass of RewardResult with a field the route does not declare."""
+    """Its evaluate returns a subclass of RewardResult with a field the route does not declare, and
+    a model whose wire name differs from its attribute's in ``info``."""
 
     async def evaluate(self) -> RewardResult:
-        return _RewardWithExtra(reward=1.0)
+        return _RewardWithExtra(reward=1.0, info={"d": _Aliased(internal_name=7)})
 
 
 @pytest.fixture
@@ -162,6 +168,32 @@ def test_direct_path_answers_as_fastapi(broken_env: None) -> None:
     for request, a, b in zip(REQUESTS, fast, slow, strict=True):
         assert a == b, f"{request[0]} {request[1]}: direct {a} != FastAPI {b}"
     assert not any("not for the client" in text for _, text in fast)
+    assert any('"publicName":7' in text for _, text in fast), "a model's wire name, as FastAPI writes it"
+
+
+JSON_TYPE = "application/json"
+
+
+def test_two_authorization_headers_are_refused_on_every_route() -> None:
+    """Which of two headers counts would depend on who reads them (a dict keeps the last, the
+    framework's bearer check the first): a proxy appending its own would be judged differently."""
+    with serve_in_thread() as live, httpx.Client(base_url=live.url, timeout=30) as http:
+        sid = http.post("/sessions", json=CREATE, headers=AUTH).json()["session_id"]
+        token = AUTH["Authorization"]
+        for first, second in [("Bearer wrong", token), (token, token), ("Basic eA==", token)]:
+            twice = [
+                ("Authorization", first),
+                ("Authorization", second),
+                ("Content-Type", "application/json"),
+            ]
+            for method, path, body in [
+                ("POST", f"/sessions/{sid}/step", STEP),
+                ("GET", "/environments", None),
+            ]:
+                content = json.dumps(body).encode() if body else None
+                r = http.request(method, path, headers=twice, content=content)
+                assert r.status_code == 401 and "more than one" in r.text, (first, path, r.text)
+        assert http.post(f"/sessions/{sid}/step", json=STEP, headers=AUTH).status_code == 200
 
 
 def test_direct_path_is_taken() -> None:
