@@ -306,8 +306,7 @@ def prompt_messages(
     """
     messages = [_written(m.model_dump(exclude_none=True, exclude={"status"}), renderer, parser)
                 for m in observation.messages]  # fmt: skip
-    # worked examples are assistant turns: a task's own text that looks like a call shows nothing
-    shown = any(c.pending for m in messages if m["role"] == "assistant" for c in parser.parse(m["content"]))
+    shown = any(c.pending for m in messages for c in parser.parse(m["content"]))
     tools = observation.tools
     if not renderer.supports_tools and tools and not shown:
         messages = _with_tools_in_system(messages, describe_tools(tools, parser.instructions()))
