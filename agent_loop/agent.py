@@ -323,7 +323,7 @@ def _written(message: dict[str, Any], renderer: ChatRenderer, parser: ToolFormat
     if renderer.renders_tool_calls:
         return {**message, "tool_calls": as_openai_calls(calls)}
     content = message["content"]
-    glue = "\n" if content and not content[-1].isspace() else ""
+    glue = "\n" if content and not content.endswith("\n") else ""  # a call opens a line of its own
     return {**message, "content": content + glue + parser.render(calls)}
 
 

@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pqrl.finite import FINITE_JSON, loads_finite, nonfinite_path
+from pqrl.finite import loads_finite, nonfinite_path, raw_decode_finite
 from pqrl.tool_calls import MAX_NAME_CHARS, ToolCall
 
 __all__ = ["BUILTIN_FORMATS", "Calls", "ToolFormat"]
@@ -93,11 +93,6 @@ class Calls:
         except ValueError as e:  # NaN, Infinity, 1e999: no bound or comparison can hold them
             return self.malformed(body, f"{e}; numbers must be finite")
         self.json_object(body, obj, keys)
-
-
-def _raw_decode(text: str, at: int) -> tuple[Any, int]:
-    """The JSON value starting at ``text[at]`` and where it ends (JSONDecodeError, ValueError)."""
-    return FINITE_JSON.raw_decode(text, at)
 
 
 @dataclass(frozen=True)
@@ -176,6 +171,9 @@ _PARAMETER = re.compile(r"<parameter=([^>\n]*)>(.*?)(</parameter>|(?=<parameter=
 
 
 def _find_qwen3_coder(text: str, calls: Calls, tools: Schemas) -> None:
+    for block in _HERMES.finditer(text):  # Qwen3-Coder models fall back to Hermes JSON at times
+        if "<function=" not in block.group(1) and block.group(1).strip().startswith("{"):
+            calls.malformed(block.group(1).strip(), "this is the hermes format; write <function=...>")
     for match in _FUNCTION.finditer(text):
         name, body, closing = match.group(1).strip(), match.group(2), match.group(3)
         raw = match.group(0)
@@ -197,7 +195,8 @@ def _qwen3_call(raw: str, name: str, body: str, calls: Calls, props: Mapping[str
             return calls.malformed(raw, "a <parameter=...> without a name")
         value = value.removeprefix("\n").removesuffix("\n")
         try:
-            arguments[key] = _typed(value, (props.get(key) or {}).get("type"))
+            spec = props.get(key)  # a schema may be a bare true/false, not an object
+            arguments[key] = _typed(value, spec.get("type") if isinstance(spec, dict) else None)
         except ValueError as e:
             return calls.malformed(raw, f"parameter {key!r}: {e}")
     if _PARAMETER.sub("", body).strip():
@@ -230,8 +229,9 @@ def _typed(value: str, kind: Any) -> Any:
 def _properties(tools: Schemas, name: str) -> Mapping[str, Any]:
     for t in tools or ():
         fn = t.get("function", t)
-        if fn.get("name") == name:
-            return (fn.get("parameters") or {}).get("properties") or {}
+        if isinstance(fn, dict) and fn.get("name") == name:
+            props = (fn.get("parameters") or {}).get("properties")
+            return props if isinstance(props, dict) else {}
     return {}
 
 
@@ -247,25 +247,33 @@ def _write_qwen3_coder(name: str, arguments: Mapping[str, Any]) -> str:
 
 _PYTHON_TAG = "<|python_tag|>"
 _JSON_CALL = re.compile(r'\{\s*"name"\s*:')
+_LINE_JSON_CALL = re.compile(r'^[ \t]*\{\s*"name"\s*:', re.MULTILINE)
+_NEXT_CALL = re.compile(r'\s*;?\s*(?=\{\s*"name"\s*:)')
 
 
 def _find_llama3_json(text: str, calls: Calls, tools: Schemas) -> None:
+    """Calls after ``<|python_tag|>``, or calls that open a line: JSON inside prose ("the record is
+    {"name": ...}") is an answer, not a call. Calls follow one another, ``;`` between them."""
     tagged = _PYTHON_TAG in text
     region = text.split(_PYTHON_TAG, 1)[1] if tagged else text
-    pos, found = 0, False
-    while (match := _JSON_CALL.search(region, pos)) is not None and not calls.full:
-        found = True
+    first = (_JSON_CALL if tagged else _LINE_JSON_CALL).search(region)
+    if first is None:
+        if tagged:
+            calls.malformed(region, f"no JSON call after {_PYTHON_TAG}")
+        return
+    pos = region.index("{", first.start())
+    while not calls.full:
         try:
-            obj, pos = _raw_decode(region, match.start())
+            obj, end = raw_decode_finite(region, pos)
         except json.JSONDecodeError as e:
-            calls.malformed(region[match.start() :], f"invalid JSON: {e.msg}")
-            return
+            return calls.malformed(region[pos:], f"invalid JSON: {e.msg}")
         except ValueError as e:
-            calls.malformed(region[match.start() :], f"{e}; numbers must be finite")
+            return calls.malformed(region[pos:], f"{e}; numbers must be finite")
+        calls.json_object(region[pos:end], obj, ("parameters", "arguments"))
+        following = _NEXT_CALL.match(region, end)
+        if following is None:
             return
-        calls.json_object(region[match.start() : pos], obj, ("parameters", "arguments"))
-    if tagged and not found:
-        calls.malformed(region, f"no JSON call after {_PYTHON_TAG}")
+        pos = following.end()
 
 
 def _write_llama3_json(name: str, arguments: Mapping[str, Any]) -> str:
@@ -285,7 +293,7 @@ def _find_mistral(text: str, calls: Calls, tools: Schemas) -> None:
         elif "[ARGS]" in body:  # the newer form: NAME[ARGS]{...} (maybe NAME[CALL_ID]id[ARGS]{...})
             name, args = body.split("[ARGS]", 1)
             try:
-                arguments, _ = _raw_decode(args.strip(), 0)
+                arguments, _ = raw_decode_finite(args.strip(), 0)
             except ValueError as e:
                 calls.malformed(body, f"invalid JSON after [ARGS]: {e}")
             else:
@@ -298,7 +306,7 @@ def _find_mistral(text: str, calls: Calls, tools: Schemas) -> None:
 
 def _mistral_json(body: str, calls: Calls) -> None:
     try:
-        value, _ = _raw_decode(body, 0)
+        value, _ = raw_decode_finite(body, 0)
     except json.JSONDecodeError as e:
         return calls.malformed(body, f"invalid JSON: {e.msg} at column {e.colno}")
     except ValueError as e:
@@ -311,20 +319,24 @@ def _mistral_json(body: str, calls: Calls) -> None:
 
 # -- pythonic and gemma ---------------------------------------------------------------------------
 
-_PY_LIST = re.compile(r"\[\s*[A-Za-z_][\w.]*\s*\(")
+_PY_LIST = re.compile(r"^[ \t]*(\[\s*[A-Za-z_][\w.]*\s*\()", re.MULTILINE)
 
 
 def _find_pythonic(text: str, calls: Calls, tools: Schemas) -> None:
+    """Lists of calls that stand on their own lines: ``use [len(x)]`` or ``x = [f(v) for v in s]``
+    in prose or code is not a call."""
     pos = 0
     while (match := _PY_LIST.search(text, pos)) is not None and not calls.full:
-        start = match.start()
+        start = match.start(1)
         end = _closing_bracket(text, start)
         tree = _python(text[start:end], "eval") if end > 0 else None
         if not isinstance(tree, ast.Expression):
             calls.malformed(text[start:], "not a Python list of calls: f(a=1)")
             return
-        for node in tree.body.elts if isinstance(tree.body, ast.List) else [tree.body]:
-            _python_call(ast.unparse(node), node, calls)
+        rest = text[end:].split("\n", 1)[0]
+        if isinstance(tree.body, ast.List) and not rest.strip():
+            for node in tree.body.elts:
+                _python_call(ast.unparse(node), node, calls)
         pos = end
 
 
@@ -371,10 +383,22 @@ def _python_call(raw: str, node: ast.expr, calls: Calls) -> None:
         if kw.arg is None:
             return calls.malformed(raw, "no **arguments: name every argument")
         try:
-            arguments[kw.arg] = ast.literal_eval(kw.value)
+            arguments[kw.arg] = _json_value(ast.literal_eval(kw.value))
         except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
             return calls.malformed(raw, f"argument {kw.arg!r} is not a literal value")
     calls.named(raw, ast.unparse(node.func), arguments)
+
+
+def _json_value(value: Any) -> Any:
+    """A Python literal as the JSON value it means (tuples as lists); sets, bytes, complex numbers
+    and non-string keys have no JSON form (TypeError), so no tool could be given them."""
+    if value is None or isinstance(value, str | bool | int | float):
+        return value
+    if isinstance(value, list | tuple):
+        return [_json_value(v) for v in value]
+    if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+        return {k: _json_value(v) for k, v in value.items()}
+    raise TypeError(type(value).__name__)
 
 
 def _write_python(name: str, arguments: Mapping[str, Any]) -> str:

@@ -33,7 +33,7 @@ def add_template_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--template-kwargs",
         type=_kwargs,
-        default={},
+        default=None,
         help="template variables as a JSON object, e.g. '{\"enable_thinking\": false}'",
     )
     p.add_argument(
@@ -50,7 +50,7 @@ def renderer_from_args(args: argparse.Namespace, model: str, run_model: Any = No
     return _load(
         model,
         args.chat_template or base.get("chat_template"),
-        args.template_kwargs or base.get("template_kwargs") or {},
+        args.template_kwargs if args.template_kwargs is not None else base.get("template_kwargs") or {},
         args.template_history or base.get("template_history") or "strict",
     )
 

@@ -53,9 +53,12 @@ async def train(job: Job) -> dict[str, Any]:
         scheduler=parts.scheduler, state=parts.state, ref_model=parts.ref_model, critic=parts.critic,
         leader=leader, sync=sync,
     )  # fmt: skip
+    run = _Run(job, trainer, leader)
     try:
-        return await _Run(job, trainer, leader).run(resumed=parts.latest is not None)
+        return await run.run(resumed=parts.latest is not None)
     finally:
+        if run.trackers is not None:  # closed already unless the run failed; then its service too
+            run.trackers.close()
         await asyncio.to_thread(trainer.close)  # the rollout log's last step
         if sync is not None:
             await sync.close()
@@ -101,6 +104,7 @@ class _Run:
         self.plan_end: str | None = None  # why the job ended before its step budget
         self.fault: PqrlError | None = None  # a permanent fault that ended it
         self.stopped_by: str | None = None  # "time budget" when max_time_min ended it
+        self.trackers: Any = None  # opened with the manifest
 
     async def run(self, *, resumed: bool) -> dict[str, Any]:
         from trainer.metrics import plot_curves

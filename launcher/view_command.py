@@ -1,8 +1,9 @@
 """``pqrl view RUN_DIR``: the run's rollout log as a local web page (standard library server).
 
 Loopback by default: the episodes are the run's data, and the server has no login. Requests whose
-``Host`` is not the address served are refused, so a web page elsewhere cannot reach it through
-DNS rebinding. Everything is read on request, so the page follows a running job.
+``Host`` is a name other than ``localhost``, ``--host`` or this machine's own are refused (addresses
+are answered), so a web page elsewhere cannot reach it through DNS rebinding. Everything is read
+on request, so the page follows a running job.
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ import argparse
 import ipaddress
 import json
 import logging
+import socket
 import sys
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -76,9 +79,24 @@ def _netloc(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+def _host_allowed(bound: str) -> Callable[[str], bool]:
+    """Which ``Host`` names the page answers: any address literal (DNS rebinding needs a name the
+    attacker controls, which an address is not), ``localhost``, the ``--host`` name and this
+    machine's own names. Any other name is refused, whatever address is served."""
+    names = {bound.strip("[]").lower(), "localhost", socket.gethostname().lower()}
+
+    def allowed(host: str) -> bool:
+        try:
+            ipaddress.ip_address(host)
+        except ValueError:
+            return host.lower() in names
+        return True
+
+    return allowed
+
+
 def _handler(data: RunLog, bound: str) -> type[BaseHTTPRequestHandler]:
-    any_host = bound in ("0.0.0.0", "::", "")
-    names = {bound.strip("[]"), "localhost", "127.0.0.1", "::1"}
+    allowed = _host_allowed(bound)
 
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
@@ -89,10 +107,15 @@ def _handler(data: RunLog, bound: str) -> type[BaseHTTPRequestHandler]:
                 host = urlsplit("//" + (self.headers.get("Host") or "")).hostname or ""
             except ValueError:  # "[abc": not a host at all
                 return self._send(400, {"error": "malformed Host header"})
-            if not any_host and host not in names:
+            if not allowed(host):
                 return self._send(421, {"error": f"host {host!r} is not the one served"})
             url = urlsplit(self.path)
             query = {k: v[0] for k, v in parse_qs(url.query).items()}
+            if url.path in ("/api/step", "/api/episode", "/api/group"):
+                try:
+                    step = int(query.get("step", ""))
+                except ValueError:
+                    return self._send(400, {"error": "step must be an integer"})
             try:
                 if url.path == "/":
                     return self._send(200, PAGE, "text/html; charset=utf-8")
@@ -100,15 +123,12 @@ def _handler(data: RunLog, bound: str) -> type[BaseHTTPRequestHandler]:
                     return self._send(200, data.run())
                 if url.path not in ("/api/step", "/api/episode", "/api/group"):
                     return self._send(404, {"error": f"no page {url.path}"})  # /favicon.ico, say
-                step = int(query.get("step", ""))
                 if url.path == "/api/step":
                     return self._send(200, data.step(step))
                 if url.path == "/api/episode":
                     return self._send(200, data.episode(step, query["id"]))
                 if url.path == "/api/group":
                     return self._send(200, data.group(step, query["group"]))
-            except ValueError:
-                return self._send(400, {"error": "step must be an integer"})
             except KeyError as e:
                 return self._send(404, {"error": str(e.args[0]) if e.args else "not found"})
             except Exception as e:  # noqa: BLE001 - an unreadable file: said on the page, the server goes on

@@ -64,10 +64,14 @@ class RunLog:
         """Per step: trajectories, how many trained, drops by reason, mean reward, pass rate (reward
         1), tool error rate; the run's staleness histogram; the metrics file's series."""
         per_step, staleness, dropped = [], Counter[int](), Counter[str]()
+        unreadable: list[dict[str, Any]] = []
         for step in self.steps():
             try:
                 rows = self._figures(step)
             except (KeyError, FileNotFoundError):  # removed by retention meanwhile
+                continue
+            except Exception as e:  # noqa: BLE001 - one damaged file must not hide the others
+                unreadable.append({"step": step, "error": f"{type(e).__name__}: {e}"})
                 continue
             reasons = Counter(r["drop_reason"] for r in rows if r["drop_reason"])
             dropped.update(reasons)
@@ -84,6 +88,7 @@ class RunLog:
             "steps": per_step,
             "staleness": {str(k): v for k, v in sorted(staleness.items())},
             "dropped": dict(dropped),
+            "unreadable": unreadable,
             "metrics": self._metrics(),
         }
 
@@ -98,15 +103,10 @@ class RunLog:
         return self._cache[step][1]
 
     def _metrics(self) -> dict[str, list[list[float]]]:
-        path = self.run_dir / "metrics.jsonl"
+        from trainer.metrics import read_metrics
+
         out: dict[str, list[list[float]]] = {k: [] for k in SERIES}
-        if not path.is_file():
-            return out
-        for line in path.read_text().splitlines():
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:  # a line being appended
-                continue
+        for row in read_metrics(self.run_dir / "metrics.jsonl"):  # a resumed run's repeats once
             for key in SERIES:
                 if isinstance(row.get(key), int | float) and math.isfinite(row[key]):
                     out[key].append([row["step"], row[key]])

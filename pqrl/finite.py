@@ -15,7 +15,7 @@ import sys
 from decimal import Decimal
 from typing import Any
 
-__all__ = ["FINITE_JSON", "bounded", "finite", "loads_finite", "nonfinite_path"]
+__all__ = ["bounded", "finite", "loads_finite", "nonfinite_path", "raw_decode_finite"]
 
 
 def finite(value: Any, name: str = "value") -> float:
@@ -88,12 +88,28 @@ def _int(text: str) -> int:
 
 def loads_finite(text: str | bytes) -> Any:
     """``json.loads`` that refuses ``NaN``, ``Infinity``, ``-Infinity`` and numbers beyond a
-    float's range (ValueError; ``json.JSONDecodeError`` for text that is not JSON)."""
-    return json.loads(text, parse_constant=_constant, parse_float=_float, parse_int=_int)
+    float's range (ValueError; ``json.JSONDecodeError`` for text that is not JSON, nesting too deep
+    for the decoder included)."""
+    try:
+        return json.loads(text, parse_constant=_constant, parse_float=_float, parse_int=_int)
+    except RecursionError:  # "[[[[...": the C scanner recurses per level
+        raise json.JSONDecodeError("nested too deeply", _text(text), 0) from None
 
 
-# the same rules as a decoder, for ``raw_decode`` of JSON embedded in longer text
-FINITE_JSON = json.JSONDecoder(parse_constant=_constant, parse_float=_float, parse_int=_int)
+_FINITE_JSON = json.JSONDecoder(parse_constant=_constant, parse_float=_float, parse_int=_int)
+
+
+def raw_decode_finite(text: str, at: int = 0) -> tuple[Any, int]:
+    """The finite JSON value starting at ``text[at]`` and where it ends, for JSON embedded in longer
+    text; the same errors as ``loads_finite``."""
+    try:
+        return _FINITE_JSON.raw_decode(text, at)
+    except RecursionError:
+        raise json.JSONDecodeError("nested too deeply", text, at) from None
+
+
+def _text(text: str | bytes) -> str:
+    return text if isinstance(text, str) else text.decode("utf-8", "replace")
 
 
 def _short(value: Any) -> str:

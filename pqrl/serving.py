@@ -16,7 +16,11 @@ __all__ = ["listening_socket", "serve"]
 
 
 def listening_socket(host: str, port: int) -> socket.socket:
-    """A socket bound to ``host``:``port`` (not yet listening); ``UsageError`` when it cannot be."""
+    """A socket bound to ``host``:``port`` and listening; ``UsageError`` when it cannot be.
+
+    Listening at once holds the port: a bound socket that does not listen yet can be bound again by
+    another ``SO_REUSEADDR`` socket. Connections made during a slow start wait in the backlog.
+    """
     if not 0 <= port <= 65535:  # the socket layer would take it modulo 65536
         raise UsageError(f"--port {port} is not a port (0 to 65535)")
     try:
@@ -36,6 +40,7 @@ def listening_socket(host: str, port: int) -> socket.socket:
             ) from None
         why = f"cannot listen on {host}:{port}: {e.strerror}"
         raise UsageError(why, fix="check --host and --port") from None
+    sock.listen(128)
     return sock
 
 

@@ -169,6 +169,7 @@ class RunSampler:
 
     def __init__(self, store: TrajectoryStore, schedule: Schedule, suites: dict[str, Suite]) -> None:
         self.store, self.schedule, self.suites = store, schedule, suites
+        self._config_text = schedule.config.to_json()
 
     @classmethod
     async def load(cls, store: TrajectoryStore) -> RunSampler | None:
@@ -196,6 +197,7 @@ class RunSampler:
     async def claim(self, consumer_group: str, consumer: str) -> TaskEntry | None:
         """Claims the next slot and leases a task to ``consumer``; None once the schedule is over.
         Slots whose task gives them up (``tasks.sampler.skips``) are passed over."""
+        await self._refresh()
         k = await self.position()
         skip_flat = self.schedule.config.skip_flat
         while not self.schedule.exhausted(k):
@@ -211,6 +213,14 @@ class RunSampler:
                 return got.entry
             k = got.position  # another manager claimed slot k first
         return None
+
+    async def _refresh(self) -> None:
+        """Takes the run's sampler config again when a resumed trainer has grown its epochs since
+        this instance loaded it: a running worker draws the slots as the trainer's plan does, and
+        does not end at the old plan's end."""
+        text = (await self.store.sampler.get()).config
+        if text is not None and text != self._config_text:
+            self.schedule, self._config_text = Schedule(SamplerConfig.from_json(text)), text
 
     async def record(self, task: dict[str, Any], rewards: list[float]) -> None:
         """A group of ``task`` ran with these rewards (kept only when the sampler skips flat tasks)."""

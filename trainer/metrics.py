@@ -74,14 +74,18 @@ class MetricsWriter:
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """The logged lines; where a resumed run logged a step again, the later line wins."""
+    """The logged lines; where a resumed run logged a step again, the later line wins. A line that
+    is not a whole record (the one a running job is appending) is skipped."""
     by_step: dict[tuple[int, bool], dict[str, Any]] = {}
     p = Path(path)
     if not p.is_file():
         return []
     for line in p.read_text().splitlines():
-        if line.strip():
+        try:
             row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict) and isinstance(row.get("step"), int):
             by_step[(row["step"], any(k.startswith("eval/") for k in row))] = row
     return [by_step[k] for k in sorted(by_step)]
 

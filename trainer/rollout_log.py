@@ -79,6 +79,8 @@ def note_advantages(batch: Any) -> None:
     for i, t in enumerate(batch.trajs):
         entry = batch.record.setdefault(t.id, {})
         if batch.token_advantages:
+            # a trajectory with no trained token gets no logprob pass, so its positions come here too
+            entry.setdefault("positions", batch.positions[i])
             entry["token_advantages"] = batch.token_advantages[i].detach()
         else:
             entry["advantage"] = float(batch.advantages[i])
@@ -144,6 +146,8 @@ class RolloutLog:
         final = step_file(self.dir, step)
         tmp = final.with_name(f".{final.name}.tmp")
         pq.write_table(table, tmp, compression="zstd")
+        with open(tmp, "rb") as f:  # on disk before the rename: a power loss leaves no cut file
+            os.fsync(f.fileno())
         os.replace(tmp, final)  # a reader sees the whole file or none
         self._trim(step)
         self.write_s.append(time.perf_counter() - start)

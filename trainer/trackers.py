@@ -83,6 +83,8 @@ class Trackers:
         """Logs ``metrics`` at ``step``; never raises: a tracker's failure must not end training."""
         if self._wandb is None:
             return
+        if self._tabled < 0:  # a resumed run tables from here on, not every step the log kept
+            self._tabled = step - 1
         self._last = max(self._last, step)
         try:
             self._wandb.log(dict(metrics) | self._episode_tables(), step=self._last)
@@ -108,11 +110,18 @@ class Trackers:
         return {"rollout/episodes": wandb.Table(columns=list(EPISODE_COLUMNS), data=rows)} if rows else {}
 
     def close(self) -> None:
-        if self._wandb is not None:
+        """Finishes the runs (idempotent); never raises: training is done by now, and its summary,
+        curves and status must still be written."""
+        if self._wandb is None:
+            return
+        run, self._wandb = self._wandb, None
+        try:
             if tables := self._episode_tables():  # the steps whose files finished after the last log
-                self._wandb.log(tables, step=self._last)
-            self._wandb.finish()
-            self._wandb = None
+                run.log(tables, step=self._last)
+            run.finish()
+        except Exception as e:  # noqa: BLE001 - the offline run may be cut short; the job is not
+            log.warning("the experiment tracker could not finish its run: %r", e)
+        finally:
             import wandb
 
             wandb.teardown()  # its wandb-core service would otherwise live as long as this process

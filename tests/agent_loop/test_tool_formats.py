@@ -31,7 +31,7 @@ WELL_FORMED = {
     '{"name": "answer", "parameters": {"value": "84"}}',
     "mistral": 'Sure. [TOOL_CALLS][{"name": "calculator", "arguments": {"expression": "12 * (3 + 4)"}}, '
     '{"name": "answer", "arguments": {"value": "84"}}]',
-    "pythonic": 'I will call: [calculator(expression="12 * (3 + 4)"), answer(value="84")] and wait.',
+    "pythonic": 'I will call:\n[calculator(expression="12 * (3 + 4)"), answer(value="84")]\nand wait.',
     "gemma": 'Computing now.\n```tool_code\ncalculator(expression="12 * (3 + 4)")\n'
     'print(answer(value="84"))\n```\n',
 }
@@ -191,3 +191,54 @@ def test_qwen3_coder_values_follow_the_tools_schema():
         "<function=f>\n<parameter=n>\nNaN\n</parameter>\n</function>", tools=schemas
     )
     assert bad.name == MALFORMED and "NaN is not a finite number" in (bad.error or ""), bad.error
+
+
+@pytest.mark.parametrize("fmt", sorted(PARSERS))
+def test_nesting_too_deep_for_the_decoder_is_a_malformed_call_not_a_crash(fmt):
+    parser = get_parser(fmt)
+    deep = "[" * 5000 + "]" * 5000
+    texts = [parser.render([ToolCall("run", {"opts": 1})]).replace("1", deep)]
+    texts.append(f"<tool_call>{deep}</tool_call>")
+    for text in texts:
+        for call in parser.parse(text, tools=SCHEMAS):  # no RecursionError escapes
+            assert call.pending or call.name == MALFORMED
+
+
+def test_a_qwen3_coder_schema_with_a_boolean_property_parses():
+    tools = [{"function": {"name": "run", "parameters": {"properties": {"x": True}}}}]
+    text = "<function=run>\n<parameter=x>\n[1]\n</parameter>\n</function>"
+    assert get_parser("qwen3_coder").parse(text, tools=tools) == [ToolCall("run", {"x": [1]})]
+
+
+def test_qwen3_coder_names_hermes_json_as_a_malformed_call():
+    (call,) = get_parser("qwen3_coder").parse('<tool_call>{"name": "answer", "arguments": {}}</tool_call>')
+    assert call.name == MALFORMED and "hermes format" in (call.error or "")
+
+
+@pytest.mark.parametrize(
+    ("fmt", "prose"),
+    [
+        ("llama3_json", 'The person is {"name": "Alice", "age": 3}.'),
+        ("llama3_json", 'Use {"name": x} in code'),
+        ("pythonic", "x = [int(v) for v in s.split()]"),
+        ("pythonic", "use [len(x)] here"),
+        ("pythonic", "[len(x)] is the length"),
+        ("pythonic", "[int(v) for v in s]"),
+    ],
+)
+def test_calls_written_inside_prose_or_code_are_no_calls(fmt, prose):
+    assert get_parser(fmt).parse(prose, tools=SCHEMAS) == []
+
+
+def test_llama3_json_reads_calls_that_open_a_line_and_follow_each_other():
+    text = 'Here:\n{"name": "calculator", "parameters": {"expression": "12 * (3 + 4)"}};\n' + (
+        '{"name": "answer", "parameters": {"value": "84"}} trailing words {"name": "x"}'
+    )
+    assert get_parser("llama3_json").parse(text) == [CALC, ANSWER]
+
+
+@pytest.mark.parametrize("value", ["{1, 2}", "b'x'", "1j", "{1: 2}"])
+def test_python_literals_without_a_json_form_are_malformed(value):
+    (call,) = get_parser("pythonic").parse(f"[run(opts={value})]")
+    assert call.name == MALFORMED and "not a literal" in (call.error or "")
+    assert get_parser("pythonic").parse("[run(opts=(1, 2))]") == [ToolCall("run", {"opts": [1, 2]})]

@@ -251,3 +251,17 @@ def test_a_server_on_a_taken_port_says_so_in_one_line_before_loading_anything():
             assert f"port {port} on 127.0.0.1 is in use" in lines[0]
     wrapped = _pqrl("env-server", "--insecure-local", "--port", "70000", timeout=60)  # not served on 4464
     assert wrapped.returncode == 2 and "--port 70000 is not a port" in wrapped.stderr, wrapped.stderr
+
+
+def test_a_port_bound_for_a_slow_start_cannot_be_bound_again():
+    """Bound but not listening, a port can be bound again by another SO_REUSEADDR socket (Linux):
+    the first server would then fail after its minutes of loading."""
+    from pqrl.errors import UsageError
+    from pqrl.serving import listening_socket
+
+    first = listening_socket("127.0.0.1", 0)
+    try:
+        with pytest.raises(UsageError, match="is in use"):
+            listening_socket("127.0.0.1", first.getsockname()[1])
+    finally:
+        first.close()

@@ -236,3 +236,44 @@ def test_the_command_serves_on_loopback_and_refuses_a_missing_run(run_dir, tmp_p
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_a_damaged_step_file_and_a_resumed_metrics_file_leave_the_rest_readable(run_dir, tmp_path):
+    import shutil
+
+    from trainer.rollout_log import step_file
+
+    copy = tmp_path / "r"
+    shutil.copytree(run_dir, copy)
+    step_file(copy / "rollouts", 7).write_bytes(b"")  # a file cut short (a power loss before its rename)
+    metrics = copy / "metrics.jsonl"
+    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    again = {**rows[-1], "rollout/reward_mean": 0.123}  # the step redone after a resume: the later line wins
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in [*rows, again]) + '{"step": 9, "rew')
+    server = make_server(str(copy))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        run = httpx.get(url + "/api/run").json()
+        assert [s["step"] for s in run["steps"]] == [1], run["steps"]
+        assert run["unreadable"][0]["step"] == 7, run["unreadable"]
+        assert httpx.get(url + "/api/step?step=7").status_code == 500, "a damaged file is not a bad request"
+        reward = run["metrics"]["rollout/reward_mean"]
+        assert [p[0] for p in reward] == sorted({p[0] for p in reward}), "each step once"
+        assert reward[-1][1] == 0.123
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_wildcard_bind_still_refuses_other_host_names(run_dir):
+    server = make_server(str(run_dir), host="0.0.0.0")
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/api/run"
+    try:
+        assert httpx.get(url, headers={"Host": "rebound.example"}).status_code == 421
+        assert httpx.get(url).status_code == 200, "an address is answered"
+        assert httpx.get(url, headers={"Host": "localhost"}).status_code == 200
+    finally:
+        server.shutdown()
+        server.server_close()

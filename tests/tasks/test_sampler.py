@@ -273,6 +273,11 @@ async def test_derived_epochs_grow_on_resume_and_keep_the_schedule(redis_server)
         grown = await RunSampler.load(store)
         assert named(grown, 299)[2] == 2 and await store.sampler.position() == 1
         assert (await grown.claim("rollout", "m")).task["slot"] == 1 != first["slot"]
+        # a worker that loaded the first plan (a rollout worker outliving its trainer) follows the
+        # grown one: it goes on past the first plan's 100 slots, drawing what the trainer draws
+        await store.sampler.set_position(99)
+        assert (await sampler.claim("rollout", "m")).task == grown.task(99)
+        assert (await sampler.claim("rollout", "m")).task["slot"] == 100
         with pytest.raises(StoreError, match="another task sampler"):
             await configured(redis_server.url, "grow", epochs=3, seed=2, grow=True)
         with pytest.raises(StoreError, match="another task sampler"):
