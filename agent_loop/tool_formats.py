@@ -14,6 +14,11 @@ format spelled out for the model (in its instructions and in every malformed-cal
 
 A block a parser recognises but cannot read is a ``ToolCall.malformed`` whose error tells the model
 what was wrong and how to write the call; text that holds no call at all is no call.
+
+Calls inside reasoning (``<think>...</think>``, Qwen3 and DeepSeek-R1 style) are not calls: as with
+SGLang's and vLLM's reasoning parsers, only the text outside reasoning is parsed. A ``</think>``
+with no ``<think>`` before it closes a block the template opened in the prompt (everything before
+it is reasoning); a ``<think>`` never closed runs to the end of the turn.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from typing import Any
 from pqrl.finite import FINITE_JSON, loads_finite, nonfinite_path
 from pqrl.tool_calls import MAX_NAME_CHARS, ToolCall
 
-__all__ = ["BUILTIN_FORMATS", "Calls", "ToolFormat"]
+__all__ = ["BUILTIN_FORMATS", "Calls", "ToolFormat", "outside_reasoning"]
 
 Schemas = Sequence[Mapping[str, Any]] | None
 
@@ -111,6 +116,10 @@ class ToolFormat:
         join: what goes between the written calls of one turn; ``wrap`` puts the result inside
             the format's outer markers.
         example: the format spelled out for the model.
+        reasoning: the tags around reasoning, whose text is never parsed for calls; None: no reasoning.
+        call_id: the id of the n-th call of a conversation (0-based), as the format's templates
+            accept ids: the tool message of each result carries it (Mistral's templates refuse
+            any id but 9 letters or digits).
     """
 
     name: str
@@ -119,11 +128,13 @@ class ToolFormat:
     example: str
     join: str = "\n"
     wrap: str = "{}"
+    call_id: Callable[[int], str] = lambda n: f"call_{n}"
+    reasoning: tuple[str, str] | None = ("<think>", "</think>")
 
     def parse(self, text: str, *, max_calls: int = 8, tools: Schemas = None) -> list[ToolCall]:
         """Every call of ``text``, in order (``max_calls`` at most, then a note)."""
         calls = Calls(self.example, max_calls)
-        self.find(text, calls, tools)
+        self.find(text if self.reasoning is None else outside_reasoning(text, *self.reasoning), calls, tools)
         return calls.out
 
     def __call__(self, text: str, *, max_calls: int = 8, tools: Schemas = None) -> list[ToolCall]:
@@ -139,6 +150,21 @@ class ToolFormat:
         return (
             f"To call a tool, write exactly\n{self.example}\nEach result comes back in a message of its own."
         )
+
+
+def outside_reasoning(text: str, start: str = "<think>", end: str = "</think>") -> str:
+    """``text`` without its reasoning: each ``start ... end`` block, everything before an ``end``
+    that no ``start`` opened, and an unclosed block to the end."""
+    head, tail = text.find(start), text.find(end)
+    if tail != -1 and (head == -1 or tail < head):  # opened by the template in the prompt
+        text = text[tail + len(end) :]
+    kept, pos = [], 0
+    while (i := text.find(start, pos)) != -1:
+        kept.append(text[pos:i])
+        j = text.find(end, i + len(start))
+        pos = len(text) if j == -1 else j + len(end)
+    kept.append(text[pos:])
+    return "".join(kept)
 
 
 def _name_args(call: ToolCall | Mapping[str, Any]) -> tuple[str, Mapping[str, Any]]:
@@ -436,6 +462,7 @@ BUILTIN_FORMATS: dict[str, ToolFormat] = {
             '[TOOL_CALLS][{"name": "TOOL", "arguments": {...}}] with valid JSON.',
             join=", ",
             wrap=_TOOL_CALLS + "[{}]",
+            call_id=lambda n: f"call{n % 100000:05d}",  # 9 letters or digits, as its templates demand
         ),
         ToolFormat(
             "pythonic",

@@ -45,11 +45,13 @@ def test_a_turns_calls_are_recorded_as_they_ended(renderer):
     t = asyncio.run(episode())
     assert t.status is Status.COMPLETED and t.reward == 1.0, t.reward_info
     malformed, calculator, unknown = t.turns[0].tool_calls
-    assert malformed.name == MALFORMED and malformed.status is ToolStatus.INVALID and malformed.id is None
-    assert calculator == ToolCall("calculator", {"expression": task.expression}, ToolStatus.OK, id="call-0-1")
-    assert unknown == ToolCall("nope", {"x": 1}, ToolStatus.INVALID, id="call-0-2")
+    # ids number the conversation's calls after the worked example's (calculator, answer): every
+    # call has one, the malformed one too, so each tool message answers to its call
+    assert malformed.name == MALFORMED and malformed.status is ToolStatus.INVALID and malformed.id == "call_2"
+    assert calculator == ToolCall("calculator", {"expression": task.expression}, ToolStatus.OK, id="call_3")
+    assert unknown == ToolCall("nope", {"x": 1}, ToolStatus.INVALID, id="call_4")
     (answer,) = t.turns[1].tool_calls
-    assert answer == ToolCall("answer", {"value": task.answer}, ToolStatus.OK, id="call-1-0")
+    assert answer == ToolCall("answer", {"value": task.answer}, ToolStatus.OK, id="call_5")
     # the malformed call's error is its tool message, word for word, before the calculator's result
     observation = renderer.decode(t.tokens[t.turns[0].end : t.turns[1].start])
     assert malformed.error is not None and malformed.error.startswith("Error: malformed tool call (invalid")

@@ -191,3 +191,18 @@ def test_qwen3_coder_values_follow_the_tools_schema():
         "<function=f>\n<parameter=n>\nNaN\n</parameter>\n</function>", tools=schemas
     )
     assert bad.name == MALFORMED and "NaN is not a finite number" in (bad.error or ""), bad.error
+
+
+@pytest.mark.parametrize("fmt", sorted(WELL_FORMED))
+def test_calls_inside_reasoning_are_not_calls(fmt):
+    """As SGLang and vLLM do with a reasoning parser: a call written while thinking never runs;
+    the one after the reasoning does. A ``</think>`` the model never opened closes the block its
+    template opened in the prompt; a block never closed holds the rest of the turn."""
+    parser = get_parser(fmt)
+    thought, call = parser.render([ANSWER]), parser.render([CALC])
+    assert parser.parse(thought) == [ANSWER]  # each alone is a call: only where it stands differs
+    assert parser.parse(f"<think>\nmaybe {thought}\n</think>\n\n{call}") == [CALC]
+    assert parser.parse(f"maybe {thought}\n</think>\n\n{call}") == [CALC]
+    assert parser.parse(f"<think>\nfirst {thought}\n</think>{call}<think>{thought}</think>") == [CALC]
+    assert parser.parse(f"<think>\nI will write {thought} and then") == []
+    assert parser.parse(f"{call}\n<think>{thought}") == [CALC]
