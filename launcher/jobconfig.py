@@ -395,6 +395,8 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Tr
         raise ConfigInvalid(f"{path}: {e}") from None
     if not isinstance(data, dict):
         raise ConfigInvalid(f"{path}: the top level must be a mapping of sections")
+    if isinstance(data.get("model"), str):  # the shorthand, so that --set model.X finds a section
+        data["model"] = {"name": data["model"]}
     for dotted, value in (overrides or {}).items():
         node = data
         *parents, leaf = dotted.split(".")
