@@ -179,6 +179,8 @@ class _Episode:
             return "context budget"
         params = self._sampling(budget, turn)
         t0 = time.perf_counter()
+        # a template that opens the reasoning block in the prompt: the turn starts inside it
+        thinking = self.parser.thinking_after(self.renderer.decode(builder.input_ids[-8:]))
         gen = await self.engine.generate(builder.input_ids, params, rollout_id=self.rollout_id)
         self.record("generate_s", t0)
         info = builder.add_turn(
@@ -186,7 +188,7 @@ class _Episode:
         )
         text = self.renderer.decode(info.content_ids)
         self.texts.append(text)
-        calls = self.parser.parse(text, tools=self.tools)
+        calls = self.parser.parse(text, tools=self.tools, thinking=thinking)
         if info.budget_hit or builder.stopped:
             return "context budget"
         if not calls:

@@ -53,6 +53,8 @@ __all__ = [
 # Demonstration tasks are drawn from this seed unless told otherwise; evaluations use other seeds.
 DEFAULT_CALC_SEED = 1000
 
+_INFRA_TRIES = 3  # runs of one demonstration whose session or sandbox failed (failed_infra)
+
 # A script maps (turn index, text the expert has not seen yet) to the next assistant turn's text.
 Script = Callable[[int, str], str]
 
@@ -142,15 +144,18 @@ async def _expert_episodes(
     try:
         for k, script in enumerate(scripts):
             task = suite.tasks[k]
-            t = await run_episode(
-                queued_task(suite, k),
-                engine=ExpertEngine(renderer, script),
-                env=client,
-                renderer=renderer,
-                run_id="demonstrations",
-                group_id=f"demo-{task.id}",
-                cfg=cfg,
-            )
+            for _ in range(_INFRA_TRIES):  # a sandbox that would not open is no verdict on the expert
+                t = await run_episode(
+                    queued_task(suite, k),
+                    engine=ExpertEngine(renderer, script),
+                    env=client,
+                    renderer=renderer,
+                    run_id="demonstrations",
+                    group_id=f"demo-{task.id}",
+                    cfg=cfg,
+                )
+                if t.status is not Status.FAILED_INFRA:
+                    break
             if t.status is not Status.COMPLETED or t.reward != 1.0:
                 raise RuntimeError(f"expert on {task.id}: reward {t.reward} ({t.status}), {t.reward_info}")
             out.append(t)

@@ -16,9 +16,9 @@ A block a parser recognises but cannot read is a ``ToolCall.malformed`` whose er
 what was wrong and how to write the call; text that holds no call at all is no call.
 
 Calls inside reasoning (``<think>...</think>``, Qwen3 and DeepSeek-R1 style) are not calls: as with
-SGLang's and vLLM's reasoning parsers, only the text outside reasoning is parsed. A ``</think>``
-with no ``<think>`` before it closes a block the template opened in the prompt (everything before
-it is reasoning); a ``<think>`` never closed runs to the end of the turn.
+SGLang's and vLLM's reasoning parsers, only the text after the reasoning block is parsed. The block
+opens the turn, or the template opened it at the end of the prompt (the parse is told); one never
+closed holds the whole turn. A ``<think>`` anywhere else is text, a file's content say.
 """
 
 from __future__ import annotations
@@ -131,14 +131,23 @@ class ToolFormat:
     call_id: Callable[[int], str] = lambda n: f"call_{n}"
     reasoning: tuple[str, str] | None = ("<think>", "</think>")
 
-    def parse(self, text: str, *, max_calls: int = 8, tools: Schemas = None) -> list[ToolCall]:
-        """Every call of ``text``, in order (``max_calls`` at most, then a note)."""
+    def parse(
+        self, text: str, *, max_calls: int = 8, tools: Schemas = None, thinking: bool = False
+    ) -> list[ToolCall]:
+        """Every call of ``text`` outside its reasoning, in order (``max_calls`` at most, then a
+        note); ``thinking``: the prompt ended inside a reasoning block the template opened."""
         calls = Calls(self.example, max_calls)
-        self.find(text if self.reasoning is None else outside_reasoning(text, *self.reasoning), calls, tools)
+        if self.reasoning is not None:
+            text = outside_reasoning(text, *self.reasoning, opened=thinking)
+        self.find(text, calls, tools)
         return calls.out
 
     def __call__(self, text: str, *, max_calls: int = 8, tools: Schemas = None) -> list[ToolCall]:
         return self.parse(text, max_calls=max_calls, tools=tools)
+
+    def thinking_after(self, prompt: str) -> bool:
+        """Whether a prompt ends inside a reasoning block (the template opened it for the model)."""
+        return self.reasoning is not None and prompt.rstrip().endswith(self.reasoning[0])
 
     def render(self, calls: Sequence[ToolCall | Mapping[str, Any]]) -> str:
         """The text a model in this format writes for ``calls`` (records or ``{"name", "arguments"}``)."""
@@ -152,19 +161,18 @@ class ToolFormat:
         )
 
 
-def outside_reasoning(text: str, start: str = "<think>", end: str = "</think>") -> str:
-    """``text`` without its reasoning: each ``start ... end`` block, everything before an ``end``
-    that no ``start`` opened, and an unclosed block to the end."""
-    head, tail = text.find(start), text.find(end)
-    if tail != -1 and (head == -1 or tail < head):  # opened by the template in the prompt
-        text = text[tail + len(end) :]
-    kept, pos = [], 0
-    while (i := text.find(start, pos)) != -1:
-        kept.append(text[pos:i])
-        j = text.find(end, i + len(start))
-        pos = len(text) if j == -1 else j + len(end)
-    kept.append(text[pos:])
-    return "".join(kept)
+def outside_reasoning(
+    text: str, start: str = "<think>", end: str = "</think>", *, opened: bool = False
+) -> str:
+    """``text`` without its reasoning block, as SGLang's reasoning parsers read it: a block that
+    opens the turn (``opened``: the template opened it in the prompt) ends at the first ``end``, and
+    one never closed holds the whole turn; a ``start`` anywhere else is text (a file's content)."""
+    rest = text.lstrip()
+    if not opened and not rest.startswith(start):
+        return text
+    rest = rest if opened else rest[len(start) :]
+    _, closed, after = rest.partition(end)
+    return after if closed else ""
 
 
 def _name_args(call: ToolCall | Mapping[str, Any]) -> tuple[str, Mapping[str, Any]]:

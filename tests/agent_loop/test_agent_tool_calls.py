@@ -58,3 +58,45 @@ def test_a_turns_calls_are_recorded_as_they_ended(renderer):
     assert malformed.error in observation and "unknown tool 'nope'" in observation
     assert observation.index(malformed.error) < observation.index(str(task.answer))
     assert codec.decode(codec.encode(t)) == t  # ids and errors are stored with the calls
+
+
+def test_a_call_inside_reasoning_is_never_run(tmp_path):
+    """A template that opens ``<think>`` in the prompt (Qwen3-Thinking, DeepSeek-R1): the turn starts
+    inside the block, so a call before ``</think>`` is a thought, not a call; the one after runs."""
+    from loss_masking.chat_templates import renderer_for, resolve_template
+
+    opening = resolve_template("chatml").replace(
+        "{%- if add_generation_prompt %}<|im_start|>assistant\n",
+        "{%- if add_generation_prompt %}<|im_start|>assistant\n<think>\n",
+    )
+    assert opening != resolve_template("chatml")
+    (tmp_path / "thinking.jinja").write_text(opening)
+    renderer = renderer_for(
+        load_tokenizer(), chat_template=str(tmp_path / "thinking.jinja"), history="as_generated"
+    )
+    task = calc_suite(1, seed=7).tasks[0]
+    thought = f"I could just answer {tool_call_text('answer', value='-1')}.\n</think>\n"
+    turns = [
+        thought + tool_call_text("calculator", expression=task.expression),
+        "</think>\n" + tool_call_text("answer", value=task.answer),
+    ]
+
+    async def episode():
+        client = LocalEnvClient()
+        try:
+            engine = ExpertEngine(renderer, lambda turn, _: turns[turn])
+            return await run_episode(
+                queued_task(calc_suite(1, seed=7), 0),
+                engine=engine,
+                env=client,
+                renderer=renderer,
+                run_id="r",
+                group_id="g",
+            )
+        finally:
+            await client.aclose()
+
+    t = asyncio.run(episode())
+    # every turn starts inside the block the template opens: the second closes it at once
+    assert [[c.name for c in turn.tool_calls] for turn in t.turns] == [["calculator"], ["answer"]]
+    assert t.reward == 1.0, t.reward_info  # the answer of -1 in the reasoning was never submitted
