@@ -93,6 +93,7 @@ class _Episode:
         self.invalid_streak = 0
         self.texts: list[str] = []  # each turn's decoded text, for reward functions
         self.calls: list[ToolStatus] = []  # every call's status, likewise
+        self.numbered = 0  # calls of the conversation so far (worked examples included): their ids
 
     def record(self, kind: str, t0: float) -> None:
         self.timings[kind] = self.timings.get(kind, 0.0) + time.perf_counter() - t0
@@ -120,6 +121,7 @@ class _Episode:
         self.record("open_s", t0)
         self.tools = session.observation.tools
         builder = _new_builder(self.renderer, session.observation, self.cfg, self.parser)
+        self.numbered = _calls_in(session.observation)
         await self._play(session.session_id, builder)
         return self._build(builder)
 
@@ -177,6 +179,8 @@ class _Episode:
             return "context budget"
         params = self._sampling(budget, turn)
         t0 = time.perf_counter()
+        # a template that opens the reasoning block in the prompt: the turn starts inside it
+        thinking = self.parser.thinking_after(self.renderer.decode(builder.input_ids[-8:]))
         gen = await self.engine.generate(builder.input_ids, params, rollout_id=self.rollout_id)
         self.record("generate_s", t0)
         info = builder.add_turn(
@@ -184,7 +188,7 @@ class _Episode:
         )
         text = self.renderer.decode(info.content_ids)
         self.texts.append(text)
-        calls = self.parser.parse(text, tools=self.tools)
+        calls = self.parser.parse(text, tools=self.tools, thinking=thinking)
         if info.budget_hit or builder.stopped:
             return "context budget"
         if not calls:
@@ -209,7 +213,9 @@ class _Episode:
     ) -> str | None:
         """Runs a turn's calls and appends their results (loss mask 0) unless the episode stops here."""
         t0 = time.perf_counter()
-        results, records, done = await _run_calls(self.env, session_id, calls, turn)
+        ids = [self.parser.call_id(self.numbered + i) for i in range(len(calls))]
+        self.numbered += len(calls)
+        results, records, done = await _run_calls(self.env, session_id, calls, ids)
         self.record("tools_s", t0)
         builder.set_tool_calls(records)
         self.calls += [r.status for r in records]
@@ -269,11 +275,12 @@ def _new_builder(
 
 
 async def _run_calls(
-    env: EnvClient, session_id: str, calls: list[ToolCall], turn: int
+    env: EnvClient, session_id: str, calls: list[ToolCall], ids: list[str]
 ) -> tuple[list[dict[str, Any]], list[ToolCall], bool]:
     """Tool messages in call order, the calls as they ended (for the Trajectory), and whether the
-    env is done. The calls still to run go to the environment in one step, numbered by turn."""
-    calls = [replace(c, id=c.id or f"call-{turn}-{i}") if c.pending else c for i, c in enumerate(calls)]
+    env is done. The calls still to run go to the environment in one step. Every call, a malformed
+    one too, gets its id from ``ids`` (the format's: its tool message answers to it)."""
+    calls = [replace(c, id=i) for c, i in zip(calls, ids, strict=True)]
     pending = [c for c in calls if c.pending]
     replies: list[Message] = []
     done = False
@@ -286,11 +293,14 @@ async def _run_calls(
     messages, records = [], []
     for call in calls:
         if not call.pending:  # never ran: its error is the answer
-            messages.append({"role": "tool", "content": call.error or f"Error: {call.name} was not run"})
+            error = call.error or f"Error: {call.name} was not run"
+            messages.append({"role": "tool", "content": error, "tool_call_id": call.id})
             records.append(call)
             continue
         reply = next(answers)
-        messages.append({"role": "tool", "name": call.name, "content": reply.content})
+        messages.append(
+            {"role": "tool", "name": call.name, "content": reply.content, "tool_call_id": call.id}
+        )
         records.append(call.ended(reply.status or ToolStatus.OK))
     return messages, records, done
 
@@ -304,13 +314,32 @@ def prompt_messages(
     message instead, unless the prompt already shows calls in that format (worked examples); worked
     examples' calls are written as the template or the parser writes them.
     """
-    messages = [_written(m.model_dump(exclude_none=True, exclude={"status"}), renderer, parser)
-                for m in observation.messages]  # fmt: skip
+    dumped = [m.model_dump(exclude_none=True, exclude={"status"}) for m in observation.messages]
+    messages = [_written(m, renderer, parser) for m in _numbered(dumped, parser)]
     shown = any(c.pending for m in messages for c in parser.parse(m["content"]))
     tools = observation.tools
     if not renderer.supports_tools and tools and not shown:
         messages = _with_tools_in_system(messages, describe_tools(tools, parser.instructions()))
     return messages, tools if renderer.supports_tools else None
+
+
+def _calls_in(observation: Observation) -> int:
+    return sum(len(m.tool_calls or ()) for m in observation.messages)
+
+
+def _numbered(messages: list[dict[str, Any]], parser: ToolFormat) -> list[dict[str, Any]]:
+    """The worked examples' calls with the format's ids, in conversation order, and each tool
+    message after them answering the next of those ids (a template may check that they match)."""
+    n, waiting, out = 0, list[str](), []
+    for m in messages:
+        if m.get("tool_calls"):
+            calls = [{**c, "id": parser.call_id(n + i)} for i, c in enumerate(m["tool_calls"])]
+            n, waiting = n + len(calls), [c["id"] for c in calls]
+            m = {**m, "tool_calls": calls}
+        elif m["role"] == "tool":
+            m = {**m, "tool_call_id": waiting.pop(0) if waiting else parser.call_id(n)}
+        out.append(m)
+    return out
 
 
 def _written(message: dict[str, Any], renderer: ChatRenderer, parser: ToolFormat) -> dict[str, Any]:
@@ -321,7 +350,7 @@ def _written(message: dict[str, Any], renderer: ChatRenderer, parser: ToolFormat
     if not calls:
         return message
     if renderer.renders_tool_calls:
-        return {**message, "tool_calls": as_openai_calls(calls)}
+        return {**message, "tool_calls": as_openai_calls(calls, parser)}
     content = message["content"]
     glue = "\n" if content and not content.endswith("\n") else ""  # a call opens a line of its own
     return {**message, "content": content + glue + parser.render(calls)}

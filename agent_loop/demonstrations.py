@@ -21,7 +21,6 @@ import asyncio
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 from agent_loop.agent import EpisodeConfig, run_episode
 from agent_loop.tool_parser import DEFAULT_PARSER, get_parser, tool_call_text
@@ -53,6 +52,8 @@ __all__ = [
 
 # Demonstration tasks are drawn from this seed unless told otherwise; evaluations use other seeds.
 DEFAULT_CALC_SEED = 1000
+
+_INFRA_TRIES = 3  # runs of one demonstration whose session or sandbox failed (failed_infra)
 
 # A script maps (turn index, text the expert has not seen yet) to the next assistant turn's text.
 Script = Callable[[int, str], str]
@@ -143,15 +144,18 @@ async def _expert_episodes(
     try:
         for k, script in enumerate(scripts):
             task = suite.tasks[k]
-            t = await run_episode(
-                queued_task(suite, k),
-                engine=ExpertEngine(renderer, script),
-                env=client,
-                renderer=renderer,
-                run_id="demonstrations",
-                group_id=f"demo-{task.id}",
-                cfg=cfg,
-            )
+            for _ in range(_INFRA_TRIES):  # a sandbox that would not open is no verdict on the expert
+                t = await run_episode(
+                    queued_task(suite, k),
+                    engine=ExpertEngine(renderer, script),
+                    env=client,
+                    renderer=renderer,
+                    run_id="demonstrations",
+                    group_id=f"demo-{task.id}",
+                    cfg=cfg,
+                )
+                if t.status is not Status.FAILED_INFRA:
+                    break
             if t.status is not Status.COMPLETED or t.reward != 1.0:
                 raise RuntimeError(f"expert on {task.id}: reward {t.reward} ({t.status}), {t.reward_info}")
             out.append(t)
@@ -252,24 +256,28 @@ def read_demonstrations(path: str | Path) -> list[Trajectory]:
     return codec.decode_many(Path(path).read_bytes())
 
 
-def resolve_demonstrations(spec: str, tokenizer: Any) -> list[Trajectory]:
+def resolve_demonstrations(
+    spec: str, renderer: ChatRenderer, tool_parser: str = DEFAULT_PARSER
+) -> list[Trajectory]:
     """Demonstrations from a spec: ``calc:N`` or ``calc:N:SEED`` built in place, ``suite:PATH[:N]``
     (the worked examples of a suite file's first N tasks), else a file path.
 
-    ``calc:N`` uses ``DEFAULT_CALC_SEED``. Pass this to ``trainer.sft.sft_command`` as its loader.
+    Built ones are rendered by ``renderer`` (the model's template and kwargs) with every call
+    written in ``tool_parser``'s format: the format the RL job parses. ``calc:N`` uses
+    ``DEFAULT_CALC_SEED``. Pass this to ``launcher.sft_command.sft_command`` as its loader.
     """
     if spec.startswith("suite:"):  # suite:PATH or suite:PATH:N (the first N tasks; all by default)
         path, _, n = spec[len("suite:") :].rpartition(":")
         path, n = (path, n) if n.isdigit() and path else (spec[len("suite:") :], "")
         # a worked example writes whole files (a gold patch, say): no turn limit of a sampled policy
-        cfg = EpisodeConfig(max_new_tokens=8192, max_total_tokens=32768, max_turns=32)
-        return asyncio.run(
-            asuite_demonstrations(path, int(n) if n else 1 << 30, ChatRenderer(tokenizer), cfg=cfg)
+        cfg = EpisodeConfig(
+            max_new_tokens=8192, max_total_tokens=32768, max_turns=32, tool_parser=tool_parser
         )
+        return asyncio.run(asuite_demonstrations(path, int(n) if n else 1 << 30, renderer, cfg=cfg))
     if spec.startswith("calc:"):
         parts = spec.split(":")
         if len(parts) not in (2, 3) or not all(p.isdigit() for p in parts[1:]):
             raise ValueError(f"demonstrations {spec!r}: expected calc:N or calc:N:SEED")
         seed = int(parts[2]) if len(parts) == 3 else DEFAULT_CALC_SEED
-        return calc_demonstrations(int(parts[1]), seed, ChatRenderer(tokenizer))
+        return calc_demonstrations(int(parts[1]), seed, renderer, cfg=EpisodeConfig(tool_parser=tool_parser))
     return read_demonstrations(spec)

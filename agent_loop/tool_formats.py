@@ -14,6 +14,11 @@ format spelled out for the model (in its instructions and in every malformed-cal
 
 A block a parser recognises but cannot read is a ``ToolCall.malformed`` whose error tells the model
 what was wrong and how to write the call; text that holds no call at all is no call.
+
+Calls inside reasoning (``<think>...</think>``, Qwen3 and DeepSeek-R1 style) are not calls: as with
+SGLang's and vLLM's reasoning parsers, only the text after the reasoning block is parsed. The block
+opens the turn, or the template opened it at the end of the prompt (the parse is told); one never
+closed holds the whole turn. A ``<think>`` anywhere else is text, a file's content say.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from typing import Any
 from pqrl.finite import loads_finite, nonfinite_path, raw_decode_finite
 from pqrl.tool_calls import MAX_NAME_CHARS, ToolCall
 
-__all__ = ["BUILTIN_FORMATS", "Calls", "ToolFormat"]
+__all__ = ["BUILTIN_FORMATS", "Calls", "ToolFormat", "outside_reasoning"]
 
 Schemas = Sequence[Mapping[str, Any]] | None
 
@@ -106,6 +111,10 @@ class ToolFormat:
         join: what goes between the written calls of one turn; ``wrap`` puts the result inside
             the format's outer markers.
         example: the format spelled out for the model.
+        reasoning: the tags around reasoning, whose text is never parsed for calls; None: no reasoning.
+        call_id: the id of the n-th call of a conversation (0-based), as the format's templates
+            accept ids: the tool message of each result carries it (Mistral's templates refuse
+            any id but 9 letters or digits).
     """
 
     name: str
@@ -114,15 +123,26 @@ class ToolFormat:
     example: str
     join: str = "\n"
     wrap: str = "{}"
+    call_id: Callable[[int], str] = lambda n: f"call_{n}"
+    reasoning: tuple[str, str] | None = ("<think>", "</think>")
 
-    def parse(self, text: str, *, max_calls: int = 8, tools: Schemas = None) -> list[ToolCall]:
-        """Every call of ``text``, in order (``max_calls`` at most, then a note)."""
+    def parse(
+        self, text: str, *, max_calls: int = 8, tools: Schemas = None, thinking: bool = False
+    ) -> list[ToolCall]:
+        """Every call of ``text`` outside its reasoning, in order (``max_calls`` at most, then a
+        note); ``thinking``: the prompt ended inside a reasoning block the template opened."""
         calls = Calls(self.example, max_calls)
+        if self.reasoning is not None:
+            text = outside_reasoning(text, *self.reasoning, opened=thinking)
         self.find(text, calls, tools)
         return calls.out
 
     def __call__(self, text: str, *, max_calls: int = 8, tools: Schemas = None) -> list[ToolCall]:
         return self.parse(text, max_calls=max_calls, tools=tools)
+
+    def thinking_after(self, prompt: str) -> bool:
+        """Whether a prompt ends inside a reasoning block (the template opened it for the model)."""
+        return self.reasoning is not None and prompt.rstrip().endswith(self.reasoning[0])
 
     def render(self, calls: Sequence[ToolCall | Mapping[str, Any]]) -> str:
         """The text a model in this format writes for ``calls`` (records or ``{"name", "arguments"}``)."""
@@ -134,6 +154,20 @@ class ToolFormat:
         return (
             f"To call a tool, write exactly\n{self.example}\nEach result comes back in a message of its own."
         )
+
+
+def outside_reasoning(
+    text: str, start: str = "<think>", end: str = "</think>", *, opened: bool = False
+) -> str:
+    """``text`` without its reasoning block, as SGLang's reasoning parsers read it: a block that
+    opens the turn (``opened``: the template opened it in the prompt) ends at the first ``end``, and
+    one never closed holds the whole turn; a ``start`` anywhere else is text (a file's content)."""
+    rest = text.lstrip()
+    if not opened and not rest.startswith(start):
+        return text
+    rest = rest if opened else rest[len(start) :]
+    _, closed, after = rest.partition(end)
+    return after if closed else ""
 
 
 def _name_args(call: ToolCall | Mapping[str, Any]) -> tuple[str, Mapping[str, Any]]:
@@ -460,6 +494,7 @@ BUILTIN_FORMATS: dict[str, ToolFormat] = {
             '[TOOL_CALLS][{"name": "TOOL", "arguments": {...}}] with valid JSON.',
             join=", ",
             wrap=_TOOL_CALLS + "[{}]",
+            call_id=lambda n: f"call{n % 100000:05d}",  # 9 letters or digits, as its templates demand
         ),
         ToolFormat(
             "pythonic",

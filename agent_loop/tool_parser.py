@@ -15,6 +15,7 @@ point names a ``ToolFormat`` (or a callable returning one) registered under the 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Mapping
 from importlib.metadata import entry_points
@@ -71,7 +72,7 @@ def _load_plugins() -> None:
             obj: Any = ep.load()
             fmt = obj if isinstance(obj, ToolFormat) else obj()
             if fmt.name != ep.name:  # the name a config gives is the entry point's
-                fmt = ToolFormat(ep.name, fmt.find, fmt.write, fmt.example, fmt.join, fmt.wrap)
+                fmt = dataclasses.replace(fmt, name=ep.name)
             register_parser(fmt)
         except Exception as e:  # one broken plug-in must not take the built-in parsers down
             log.warning("tool parser plug-in %s (%s) failed to load: %s", ep.name, ep.value, e)
@@ -99,13 +100,19 @@ def tool_call_text(name: str, /, **arguments: Any) -> str:
     return get_parser(DEFAULT_PARSER).render([ToolCall(name, arguments)])
 
 
-def as_openai_calls(calls: list[ToolCall | Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """``calls`` as the ``tool_calls`` field chat templates render (OpenAI's shape)."""
+def as_openai_calls(
+    calls: list[ToolCall | Mapping[str, Any]], parser: ToolFormat | None = None, first: int = 0
+) -> list[dict[str, Any]]:
+    """``calls`` as the ``tool_calls`` field chat templates render (OpenAI's shape); a call without
+    an id gets ``parser``'s id of call number ``first + i`` of the conversation."""
+    fmt = parser or get_parser(DEFAULT_PARSER)
     out = []
     for i, c in enumerate(calls):
-        name, arguments = (
-            (c.name, c.arguments) if isinstance(c, ToolCall) else (c["name"], c.get("arguments"))
+        name, arguments, given = (
+            (c.name, c.arguments, c.id)
+            if isinstance(c, ToolCall)
+            else (c["name"], c.get("arguments"), c.get("id"))
         )
-        out.append({"id": f"call{i:05d}", "type": "function",
+        out.append({"id": given or fmt.call_id(first + i), "type": "function",
                     "function": {"name": name, "arguments": dict(arguments or {})}})  # fmt: skip
     return out

@@ -245,7 +245,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 def _cmd_sft(args: argparse.Namespace) -> int:
     from agent_loop.demonstrations import resolve_demonstrations
-    from trainer.sft import sft_command
+    from launcher.sft_command import sft_command
 
     return sft_command(args, load_demonstrations=resolve_demonstrations)
 
@@ -439,7 +439,9 @@ def _add_train(sub: _SubParsers, group: Callable[[str, str], _SubParsers]) -> No
     add_view_parser(sub)
 
     sft = sub.add_parser("sft", help="cold start: fine-tune on demonstration trajectories (mask-1 tokens)")
-    sft.add_argument("config", help="YAML file with the SFTConfig fields (trainer/sft.py)")
+    sft.add_argument(
+        "config", help="YAML file: the SFTConfig fields (trainer/sft.py) and the model section of pqrl train"
+    )
     sft.add_argument("--output-dir", help="override output_dir")
     sft.add_argument(
         "--demonstrations", help="override demonstrations (a file, calc:N[:SEED] or suite:FILE[:N])"

@@ -70,8 +70,8 @@ _PROBE: tuple[dict[str, str], ...] = (
     {"role": "system", "content": "You are a probe."},
     {"role": "user", "content": "First question?"},
     {"role": "assistant", "content": "<think>first thought</think>First answer."},
-    {"role": "tool", "content": "first result"},
-    {"role": "tool", "content": "second result"},
+    {"role": "tool", "content": "first result", "tool_call_id": "call00000"},  # ids 9 long: Mistral's
+    {"role": "tool", "content": "second result", "tool_call_id": "call00001"},
     {"role": "assistant", "content": "<think>second thought</think>Second answer."},
     {"role": "user", "content": "Second question?"},
     {"role": "assistant", "content": "<think>third thought</think>Third answer."},

@@ -6,10 +6,10 @@ with the gradient norm clipped. Demonstrations are ordinary Trajectory records (
 the agent loop by ``agent_loop.demonstrations``), so SFT trains on exactly the token layout RL
 produces: prompts and observations are mask 0 and get no loss.
 
-``pqrl sft CONFIG.yaml`` runs ``sft_command``: it loads an ``SFTConfig``, trains with a progress
-bar, logs every step to ``metrics.jsonl`` and saves the model and tokenizer in Hugging Face format
-to ``output_dir`` (load it with ``pqrl.model_cache.load_model(output_dir)``, serve it with the
-built-in engine's ``--model output_dir``).
+``pqrl sft CONFIG.yaml`` (``launcher.sft_command``) reads an ``SFTConfig`` plus the job config's
+``model`` section, trains with a progress bar, logs every step to ``metrics.jsonl`` and saves the
+model and tokenizer in Hugging Face format to ``output_dir`` (load it with
+``pqrl.model_cache.load_model(output_dir)``, train from it with ``model.name: output_dir``).
 
 Deliberately left out: packing several demonstrations into one row, evaluation during training,
 checkpoints with optimizer state and resume, mixed precision, and FSDP; a cold start on a small
@@ -18,22 +18,17 @@ model is a few minutes on one device.
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import random
-import sys
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from pqrl.heap import bound_kernel_cache, trimming
-from pqrl.model_cache import DEFAULT_MODEL
 from pqrl.trajectory import Trajectory
 from trainer.layers import trim_before_optimizer_step, trims_before_layer_backward
 from trainer.optim import adamw
@@ -41,29 +36,23 @@ from trainer.tied_embedding import rows_into_grad
 
 __all__ = [
     "SFTConfig",
-    "load_config",
     "lr_factor",
     "masked_logprobs",
-    "sft_command",
     "sft_step",
     "train_sft",
 ]
 
-Loader = Callable[[str, Any], list[Trajectory]]
-
 
 class SFTConfig(BaseModel):
-    """One SFT run, as written in its YAML file; unknown keys are errors that name them."""
+    """One SFT run's settings, as written in its YAML file (with the job config's ``model`` section,
+    ``launcher.sft_command.SFTJobConfig``); unknown keys are errors that name them."""
 
     model_config = ConfigDict(extra="forbid")
 
-    model: str = Field(
-        DEFAULT_MODEL, description="The model to fine-tune: the built-in name or a model directory."
-    )
     demonstrations: str = Field(
         description="A file written by agent_loop.demonstrations.write_demonstrations, calc:N[:SEED] "
         "to record N calc demonstrations in place, or suite:FILE[:N] for the worked examples of a "
-        "suite's first N tasks (both need the CLI's loader)."
+        "suite's first N tasks, rendered with the model section's template and tool parser."
     )
     output_dir: str = Field(description="Where the fine-tuned model, tokenizer and metrics.jsonl go.")
     epochs: int = Field(3, ge=1, description="Passes over the demonstrations.")
@@ -217,69 +206,3 @@ def train_sft(
     bar.close()
     model.eval()
     return history
-
-
-def _read_file(spec: str, tokenizer: Any) -> list[Trajectory]:
-    from pqrl import codec
-
-    path = Path(spec)
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"demonstrations {spec!r}: no such file (calc:N specs need the CLI's demonstrations loader)"
-        )
-    return codec.decode_many(path.read_bytes())
-
-
-def load_config(path: str | Path, **overrides: Any) -> SFTConfig:
-    """The config in a YAML file, with the non-None ``overrides`` applied."""
-    import yaml
-
-    data = yaml.safe_load(Path(path).read_text()) or {}
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a mapping of SFTConfig fields")
-    data |= {k: v for k, v in overrides.items() if v is not None}
-    return SFTConfig.model_validate(data)
-
-
-def sft_command(args: argparse.Namespace, *, load_demonstrations: Loader | None = None) -> int:
-    """Runs ``pqrl sft``; returns the exit status (2 for a bad config).
-
-    Args:
-        args: parsed ``add_sft_arguments`` arguments.
-        load_demonstrations: ``(spec, tokenizer) -> Trajectories``; the CLI passes
-            ``agent_loop.demonstrations.resolve_demonstrations`` (the trainer may not import
-            agent_loop), which also builds ``calc:N`` in place. Without it, only files are read.
-    """
-    from pqrl.model_cache import load_model, load_tokenizer
-
-    try:
-        cfg = load_config(
-            args.config,
-            output_dir=args.output_dir,
-            demonstrations=args.demonstrations,
-            max_steps=args.max_steps,
-            device=args.device,
-        )
-    except (ValidationError, ValueError, OSError) as e:
-        print(f"pqrl sft: {args.config}: {e}", file=sys.stderr)
-        return 2
-    torch.manual_seed(cfg.seed)
-    device = cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    tokenizer = load_tokenizer(cfg.model)
-    demos = (load_demonstrations or _read_file)(cfg.demonstrations, tokenizer)
-    model = load_model(cfg.model, dtype=torch.float32).to(device)
-    out = Path(cfg.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "sft_config.json").write_text(cfg.model_dump_json(indent=2))
-    with (out / "metrics.jsonl").open("w") as f:
-
-        def log(row: dict[str, Any]) -> None:
-            f.write(json.dumps(row) + "\n")
-            f.flush()
-
-        history = train_sft(cfg, model, demos, log=log, progress=not getattr(args, "quiet", False))
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    first, last = history[0]["losses/sft_loss"], history[-1]["losses/sft_loss"]
-    print(f"sft: {len(history)} steps on {len(demos)} demonstrations, loss {first:.4f} -> {last:.4f}; {out}")
-    return 0

@@ -28,7 +28,8 @@ LLAMA3 = (
     "{%- if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
 )
 
-# Mistral's layout: tools before the first instruction, calls after [TOOL_CALLS], results in [TOOL_RESULTS]
+# Mistral's layout: tools before the first instruction, calls after [TOOL_CALLS], results in
+# [TOOL_RESULTS]; like Mistral's own templates, it refuses a call id or a result's that is not 9 long
 MISTRAL = (
     "<s>{%- set ns = namespace(system='') %}{%- if messages[0].role == 'system' %}"
     "{%- set ns.system = messages[0].content + '\n\n' %}{%- set messages = messages[1:] %}{%- endif %}"
@@ -36,8 +37,13 @@ MISTRAL = (
     "{%- for m in messages %}{%- if m.role == 'user' %}[INST]{{ ns.system if loop.first }}{{ m.content }}"
     "[/INST]{%- elif m.role == 'assistant' %}{{ m.content }}{%- if m.tool_calls %}[TOOL_CALLS]["
     '{%- for tc in m.tool_calls %}{{ ", " if not loop.first }}'
+    "{%- if tc.id is not defined or tc.id is not string or tc.id|length != 9 %}"
+    "{{ raise_exception('Tool call IDs should be alphanumeric strings with length 9!') }}{%- endif %}"
     '{"name": "{{ tc.function.name }}", "arguments": {{ tc.function.arguments | tojson }}}{%- endfor %}]'
-    "{%- endif %}</s>{%- elif m.role == 'tool' %}[TOOL_RESULTS]{{ m.content }}[/TOOL_RESULTS]{%- endif %}"
+    "{%- endif %}</s>{%- elif m.role == 'tool' %}"
+    "{%- if m.tool_call_id is not defined or m.tool_call_id is not string or m.tool_call_id|length != 9 %}"
+    "{{ raise_exception('Tool call IDs should be alphanumeric strings with length 9!') }}{%- endif %}"
+    "[TOOL_RESULTS]{{ m.content }}[/TOOL_RESULTS]{%- endif %}"
     "{%- endfor %}"
 )
 

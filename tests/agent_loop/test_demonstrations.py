@@ -115,11 +115,11 @@ def test_write_read_round_trip_and_specs(renderer, demos, tmp_path):
         for name in ("tokens", "generated", "loss_mask", "behavior_logprobs", "versions"):
             assert np.array_equal(getattr(a, name), getattr(b, name))
         assert a.turns == b.turns and a.reward == b.reward and a.prompt_len == b.prompt_len
-    assert [t.id for t in resolve_demonstrations(str(path), renderer.tokenizer)] == [t.id for t in demos]
-    built = resolve_demonstrations("calc:2:5", renderer.tokenizer)
+    assert [t.id for t in resolve_demonstrations(str(path), renderer)] == [t.id for t in demos]
+    built = resolve_demonstrations("calc:2:5", renderer)
     assert [t.task_id for t in built] == ["calc-5-0", "calc-5-1"]
     with pytest.raises(ValueError, match="calc:N"):
-        resolve_demonstrations("calc:two", renderer.tokenizer)
+        resolve_demonstrations("calc:two", renderer)
 
 
 @pytest.mark.parametrize("shots", [0, 1])
@@ -146,7 +146,7 @@ def test_a_suite_files_worked_examples_are_demonstrations_run_in_sandboxes(rende
     from tasks.coding.generate import SUITE_PATH
 
     assert Path(SUITE_PATH).is_file()
-    demos = demonstrations.resolve_demonstrations(f"suite:{SUITE_PATH}:2", renderer.tokenizer)
+    demos = demonstrations.resolve_demonstrations(f"suite:{SUITE_PATH}:2", renderer)
     assert len(demos) == 2 and all(t.status is Status.COMPLETED and t.reward == 1.0 for t in demos)
     for t in demos:
         made = [c for turn in t.turns for c in turn.tool_calls]

@@ -78,7 +78,10 @@ def _expected(renderer, observation, parser, turns, results):
         tokens += out + missing
         mask += [1] * len(out) + [0] * len(missing)
         if k < len(results):
-            delta = renderer.delta([{"role": "tool", "name": results[k][0], "content": results[k][1]}])
+            name, content, call_id = results[k]
+            delta = renderer.delta(
+                [{"role": "tool", "name": name, "content": content, "tool_call_id": call_id}]
+            )
             tokens += delta
             mask += [0] * len(delta)
     return tokens, mask
@@ -92,7 +95,12 @@ def _check(t, observation, renderer, family_name, turns, task):
         [("answer", ToolStatus.OK)],
     ]
     assert t.turns[0].tool_calls[0].arguments == {"expression": task.expression}
-    tokens, mask = _expected(renderer, observation, parser, turns, [("calculator", task.answer)])
+    ids = [c.id for turn in t.turns for c in turn.tool_calls]
+    # the format's ids, after the worked example's two calls: Mistral's are 9 letters or digits
+    assert ids == [parser.call_id(2), parser.call_id(3)] and len(set(ids)) == 2, ids
+    if family_name == "mistral":
+        assert all(len(i) == 9 and i.isalnum() for i in ids), ids
+    tokens, mask = _expected(renderer, observation, parser, turns, [("calculator", task.answer, ids[0])])
     assert t.tokens.tolist() == tokens
     assert t.loss_mask.tolist() == mask and t.generated.tolist() == mask
     prompt = renderer.decode(t.tokens[: t.prompt_len])
@@ -165,6 +173,9 @@ def test_what_a_template_writes_for_tool_calls_its_parser_reads_back(family_name
     ]
     user = [{"role": "user", "content": "go"}]
     before = r.render(user, add_generation_prompt=True)
-    written = r.render([*user, {"role": "assistant", "content": "", "tool_calls": as_openai_calls(calls)}])
+    parser = get_parser(family.parser)
+    written = r.render(
+        [*user, {"role": "assistant", "content": "", "tool_calls": as_openai_calls(calls, parser)}]
+    )
     assert written.startswith(before)
-    assert get_parser(family.parser).parse(written[len(before) :]) == calls
+    assert parser.parse(written[len(before) :]) == calls

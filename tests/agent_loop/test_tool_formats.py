@@ -242,3 +242,28 @@ def test_python_literals_without_a_json_form_are_malformed(value):
     (call,) = get_parser("pythonic").parse(f"[run(opts={value})]")
     assert call.name == MALFORMED and "not a literal" in (call.error or "")
     assert get_parser("pythonic").parse("[run(opts=(1, 2))]") == [ToolCall("run", {"opts": [1, 2]})]
+
+
+@pytest.mark.parametrize("fmt", sorted(WELL_FORMED))
+def test_calls_inside_reasoning_are_not_calls(fmt):
+    """As SGLang and vLLM do with a reasoning parser: a call written while thinking never runs;
+    the one after the reasoning does. The block opens the turn, or the template opened it in the
+    prompt (``thinking``); a block never closed holds the whole turn; a ``<think>`` elsewhere (in a
+    file the model writes) is text."""
+    parser = get_parser(fmt)
+    thought, call = parser.render([ANSWER]), parser.render([CALC])
+    assert parser.parse(thought) == [ANSWER]  # each alone is a call: only where it stands differs
+    assert parser.parse(f"<think>\nmaybe {thought}\n</think>\n\n{call}") == [CALC]
+    assert parser.parse(f"\n<think>\nI will write {thought} and then") == []
+    assert parser.parse(f"maybe {thought}\n</think>\n\n{call}", thinking=True) == [CALC]
+    assert parser.parse(f"still thinking {thought}", thinking=True) == []
+    assert parser.parse(f"{call}\nand <think> is how a thought begins") == [CALC]
+    assert parser.thinking_after("<|im_start|>assistant\n<think>\n") and not parser.thinking_after(
+        "assistant\n"
+    )
+
+
+def test_a_think_tag_in_a_calls_arguments_is_the_calls_text():
+    parser = get_parser("hermes")
+    write = ToolCall("write_file", {"path": "p.py", "content": "s = '<think>'\nt = '</think>'\n"})
+    assert parser.parse(parser.render([write])) == [write]

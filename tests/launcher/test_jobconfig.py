@@ -76,6 +76,16 @@ def test_overrides_use_dotted_paths_and_yaml_values(tmp_path):
         load_config(tmp_path / "missing.yaml")
 
 
+def test_model_name_is_shorthand_for_the_model_section(tmp_path):
+    """``model: NAME`` names the model alone, in pqrl train as in pqrl sft; --set still reaches the
+    section's other fields, and the section's checks still hold."""
+    path = _write(tmp_path, "run: x\nmodel: some/dir\ntasks:\n  suites: [{generate: calc}]\n")
+    cfg = load_config(path, {"model.tool_parser": "mistral"})
+    assert (cfg.model.name, cfg.model.tool_parser) == ("some/dir", "mistral")
+    with pytest.raises(ConfigInvalid, match="model.tool_parser"):
+        load_config(path, {"model.tool_parser": "nope"})
+
+
 def test_each_setting_has_one_default_the_components_own(tmp_path):
     """A job that sets nothing gets exactly the defaults the components declare."""
     cfg = load_config(_write(tmp_path, "run: x\ntasks:\n  suites: [{generate: calc}]\n"))

@@ -18,18 +18,13 @@ from pydantic import ValidationError
 from agent_loop.demonstrations import calc_demonstrations, resolve_demonstrations, write_demonstrations
 from agent_loop.tool_parser import parse_tool_calls
 from launcher.cli import build_parser
+from launcher.sft_command import SFTJobConfig, sft_command
+from launcher.sft_command import load_sft_config as load_config
 from loss_masking import ChatRenderer
 from pqrl.model_cache import load_model, load_tokenizer
 from pqrl.trajectory import Trajectory
 from trainer.logprobs import token_logprobs
-from trainer.sft import (
-    SFTConfig,
-    load_config,
-    lr_factor,
-    masked_logprobs,
-    sft_command,
-    sft_step,
-)
+from trainer.sft import lr_factor, masked_logprobs, sft_step
 
 
 @pytest.fixture(scope="module")
@@ -159,8 +154,8 @@ def test_lr_schedule_warms_up_then_decays():
 
 
 def test_config_names_unknown_and_invalid_fields(tmp_path):
-    for name, field in SFTConfig.model_fields.items():
-        assert field.description, f"SFTConfig.{name} has no description"
+    for name, field in SFTJobConfig.model_fields.items():
+        assert field.description, f"SFTJobConfig.{name} has no description"
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump({"demonstrations": "calc:8", "output_dir": "x", "learning_rate": 1e-4}))
     with pytest.raises(ValidationError, match="learning_rate"):
@@ -204,6 +199,47 @@ def test_sft_command_trains_logs_and_saves_a_loadable_model(demos, tokenizer, tm
     args = _parse([str(tmp_path / "calc.yaml"), "--no-progress", "--max-steps", "1"])
     assert sft_command(args, load_demonstrations=resolve_demonstrations) == 0
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 1
+
+
+def test_sft_reads_the_model_section_of_pqrl_train_and_renders_demonstrations_with_it(
+    tokenizer, tmp_path, capsys
+):
+    """The model section is one class in both configs; calc:N demonstrations built in place are
+    written in its tool parser's format and rendered with its template, which the output keeps."""
+    from launcher.jobconfig import TrainConfig
+    from loss_masking.chat_templates import resolve_template
+
+    assert SFTJobConfig.model_fields["model"].annotation is TrainConfig.model_fields["model"].annotation
+    base = tmp_path / "base"
+    tiny_model().save_pretrained(base)
+    tokenizer.save_pretrained(base)
+    seen: list[tuple[list[Trajectory], object]] = []
+
+    def loader(spec, renderer, tool_parser):  # the CLI's loader, its result kept to look at
+        demos = resolve_demonstrations(spec, renderer, tool_parser)
+        seen.append((demos, renderer))
+        return demos
+
+    model = {"name": str(base), "tool_parser": "pythonic", "chat_template": "gemma"}
+    cfg = {"model": model, "demonstrations": "calc:2", "output_dir": str(tmp_path / "out"), "batch_size": 2}
+    (tmp_path / "sft.yaml").write_text(yaml.safe_dump(cfg))
+    assert (
+        sft_command(
+            _parse([str(tmp_path / "sft.yaml"), "--no-progress", "--max-steps", "1"]),
+            load_demonstrations=loader,
+        )
+        == 0
+    )
+    ((demos, renderer),) = seen
+    for d in demos:
+        first = renderer.decode(d.tokens[d.turns[0].start : d.turns[0].end])
+        assert first.startswith("[calculator(") and "<tool_call>" not in first, first
+        assert "<start_of_turn>" in renderer.decode(d.tokens[: d.prompt_len])
+    assert load_tokenizer(str(tmp_path / "out")).chat_template == resolve_template("gemma")
+    # the section's own checks hold in pqrl sft too: an unknown parser is status 2 naming it
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump({**cfg, "model": {**model, "tool_parser": "nope"}}))
+    assert sft_command(_parse([str(tmp_path / "bad.yaml")])) == 2
+    assert "tool_parser" in capsys.readouterr().err
 
 
 # -- learning on the real model -------------------------------------------------------------------
