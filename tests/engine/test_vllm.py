@@ -41,7 +41,8 @@ def _why_not() -> str | None:
     return None
 
 
-pytestmark = [pytest.mark.skipif(_why_not() is not None, reason=_why_not() or ""), pytest.mark.timeout(1200)]
+needs_vllm = pytest.mark.skipif(_why_not() is not None, reason=_why_not() or "")
+pytestmark = pytest.mark.timeout(1200)
 
 
 def _vllm_pids() -> set[int]:
@@ -67,6 +68,31 @@ def _changed_checkpoint(src: Path, dst: Path) -> Path:
     tensors["model.norm.weight"] = tensors["model.norm.weight"] * 1.5
     save_file(tensors, weights, metadata={"format": "pt"})
     return dst
+
+
+def _job(tmp_path: Path) -> Path:
+    cfg = {
+        "run": "vllm", "output_dir": str(tmp_path / "runs"),
+        "tasks": {"suites": [{"generate": "calc", "level": 1, "n": 8, "shots": 2, "format_reward": 0.2}]},
+        "rollout": {"group_size": 4, "max_turns": 1, "max_new_tokens": 32, "max_total_tokens": 1024,
+                    "max_concurrent_groups": 2, "temperature": 0.7},
+        "train": {"steps": 1, "groups_per_step": 1, "lr": 1e-5, "read_timeout_s": 900, "max_extra_reads": 15},
+        "services": {"engine": "vllm"},
+    }  # fmt: skip
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(cfg))
+    return tmp_path / "job.yaml"
+
+
+def test_a_vllm_engine_that_cannot_start_ends_the_job_with_its_cause(tmp_path):
+    """No vLLM where PQRL_VLLM_PYTHON points: the engine process exits 2 saying so, and the job ends
+    with that line and status 2 (bad input), not with a health timeout."""
+    cmd = [sys.executable, "-m", "launcher.cli", "train", str(_job(tmp_path)), "--quiet"]
+    env = os.environ | {"PQRL_VLLM_PYTHON": str(tmp_path / "no-such-python")}
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    assert out.returncode == 2, out.stderr[-3000:]
+    assert "vLLM is not installed" in out.stderr and "PQRL_SETUP_ENGINES=vllm" in out.stderr, out.stderr[
+        -3000:
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -104,6 +130,7 @@ async def _healthy(url: str, proc: subprocess.Popen, log: Path) -> None:
             await asyncio.sleep(1)
 
 
+@needs_vllm
 def test_generation_weight_update_mid_generation_and_abort(vllm_url, tmp_path):
     changed = _changed_checkpoint(prepare_model(), tmp_path / "v1")
     prompt = [1, 504, 3458, 314, 260, 1345, 30]
@@ -157,18 +184,10 @@ def test_generation_weight_update_mid_generation_and_abort(vllm_url, tmp_path):
     asyncio.run(run())
 
 
+@needs_vllm
 def test_a_job_with_a_vllm_engine_trains_and_updates_it(tmp_path):
     before = _vllm_pids()
-    cfg = {
-        "run": "vllm", "output_dir": str(tmp_path / "runs"),
-        "tasks": {"suites": [{"generate": "calc", "level": 1, "n": 8, "shots": 2, "format_reward": 0.2}]},
-        "rollout": {"group_size": 4, "max_turns": 1, "max_new_tokens": 32, "max_total_tokens": 1024,
-                    "max_concurrent_groups": 2, "temperature": 0.7},
-        "train": {"steps": 1, "groups_per_step": 1, "lr": 1e-5, "read_timeout_s": 900, "max_extra_reads": 15},
-        "services": {"engine": "vllm"},
-    }  # fmt: skip
-    (tmp_path / "job.yaml").write_text(yaml.safe_dump(cfg))
-    cmd = [sys.executable, "-m", "launcher.cli", "train", str(tmp_path / "job.yaml"), "--quiet"]
+    cmd = [sys.executable, "-m", "launcher.cli", "train", str(_job(tmp_path)), "--quiet"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=1100)
     run = tmp_path / "runs" / "vllm"
     log = (run / "engine.log").read_text() if (run / "engine.log").exists() else ""
@@ -178,8 +197,11 @@ def test_a_job_with_a_vllm_engine_trains_and_updates_it(tmp_path):
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     (trained,) = [r for r in rows if "rollout/groups" in r]
     assert trained.get("rollout/trajectories_used", 0) > 0 and "losses/pg_loss" in trained, trained
-    # the trainer scored vLLM's tokens: their logprobs disagree a little (other kernels, bfloat16)
-    assert 0 <= trained["offpolicy/mismatch_kl"] < 0.5, trained
+    # the trainer scored vLLM's tokens: its logprobs disagree a little (other kernels, bfloat16); the
+    # built-in engine's agree to about 1e-7. A k1 estimate: either sign.
+    assert 1e-6 < abs(trained["offpolicy/mismatch_kl"]) < 0.5, {
+        k: v for k, v in trained.items() if "offpolicy" in k
+    }
     assert "V1 LLM engine (v0.32.0)" in log, "the engine was vLLM"
     assert "Reloading weights inplace" in log, "the trained weights were pushed to vLLM"
     manifest = json.loads((run / "manifest.json").read_text())
