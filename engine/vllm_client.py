@@ -8,8 +8,9 @@ every token (``weight_versions`` spans). No detokenize/retokenize round trip; on
 strings asks for text too (vLLM matches stop strings on text).
 
 Weights from disk, per server: ``/pause?mode=abort`` (in-flight requests end with finish reason
-abort, their tokens so far returned; new ones wait), ``/collective_rpc`` ``reload_weights`` from the
-checkpoint directory (in place, same architecture), ``/update_weight_version``, ``/resume``. The
+abort, their tokens so far returned; new ones wait), ``/collective_rpc`` ``pqrl_reload``
+(``engine.vllm_worker``: in place, same architecture, tied embeddings kept tied),
+``/update_weight_version``, ``/resume``. The
 client resumes aborted generations on the new weights, so a token's version is the weights that
 sampled it. Versions are integer strings; a server that never had one set counts as 0.
 
@@ -138,7 +139,10 @@ class VLLMClient(EngineClient):
         except EngineError as e:
             return {"success": False, "message": f"pause: {e}"}
         try:
-            rpc = {"method": "reload_weights", "kwargs": {"weights_path": request.model_path}}
+            rpc = {
+                "method": "pqrl_reload",
+                "kwargs": {"weights_path": request.model_path},
+            }  # engine.vllm_worker
             await self._control(server, "POST", "/collective_rpc", rpc)
             await self._control(
                 server, "POST", "/update_weight_version", {"new_version": request.weight_version}
