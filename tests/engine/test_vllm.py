@@ -14,6 +14,7 @@ import contextlib
 import json
 import os
 import platform
+import re
 import shutil
 import signal
 import subprocess
@@ -45,21 +46,22 @@ needs_vllm = pytest.mark.skipif(_why_not() is not None, reason=_why_not() or "")
 pytestmark = pytest.mark.timeout(1200)
 
 
-def _vllm_pids() -> set[int]:
-    """Processes running the vLLM venv's interpreter: the server and the engine core and workers it
-    spawns (they rename themselves, but keep their interpreter as the first word)."""
-    python = vllm_python()
-    assert python is not None
-    venv = bytes(python.parent.parent)
-    pids = set()
-    for d in Path("/proc").iterdir():
-        try:
-            first = (d / "cmdline").read_bytes().split(b"\0")[0]
-        except OSError:
-            continue
-        if d.name.isdigit() and first.startswith(venv):
-            pids.add(int(d.name))
-    return pids
+def _assert_gone(log: str) -> None:
+    """Every process vLLM's log names (its API server, engine core and workers) has exited."""
+    pids = {int(p) for p in re.findall(r"\((?:APIServer|EngineCore|\w*Worker[-\w]*) pid=(\d+)\)", log)}
+    assert pids, "vLLM's log names no process"
+
+    def alive() -> set[int]:
+        return {
+            p
+            for p in pids
+            if Path(f"/proc/{p}").exists() and " Z " not in Path(f"/proc/{p}/stat").read_text()
+        }
+
+    deadline = time.monotonic() + 30
+    while alive() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not alive(), f"vLLM processes left behind: {alive()}"
 
 
 def _changed_checkpoint(src: Path, dst: Path) -> Path:
@@ -121,7 +123,6 @@ def test_a_vllm_engine_that_cannot_start_ends_the_job_with_its_cause(tmp_path):
 
 @pytest.fixture(scope="module")
 def vllm_url(tmp_path_factory):
-    before = _vllm_pids()
     port = free_port()
     log = tmp_path_factory.mktemp("vllm") / "engine.log"
     cmd = [sys.executable, "-m", "launcher.cli", "engine", "serve", "--backend", "vllm", "--port", str(port)]
@@ -135,14 +136,7 @@ def vllm_url(tmp_path_factory):
         stop_process(proc)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)  # as the job stops its engine: the whole group
-        _assert_none_left(before)
-
-
-def _assert_none_left(before: set[int]) -> None:
-    deadline = time.monotonic() + 30
-    while _vllm_pids() - before and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert not (_vllm_pids() - before), "vLLM processes are left behind"
+        _assert_gone(log.read_text())
 
 
 async def _healthy(url: str, proc: subprocess.Popen, log: Path) -> None:
@@ -212,7 +206,6 @@ def test_generation_weight_update_mid_generation_and_abort(vllm_url, tmp_path):
 
 @needs_vllm
 def test_a_job_with_a_vllm_engine_trains_and_updates_it(tmp_path):
-    before = _vllm_pids()
     cmd = [sys.executable, "-m", "launcher.cli", "train", str(_job(tmp_path)), "--quiet"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=1100)
     run = tmp_path / "runs" / "vllm"
@@ -232,4 +225,4 @@ def test_a_job_with_a_vllm_engine_trains_and_updates_it(tmp_path):
     assert "Reloading weights inplace" in log, "the trained weights were pushed to vLLM"
     manifest = json.loads((run / "manifest.json").read_text())
     assert manifest["packages"]["vllm"] == "0.32.0" and manifest["config"]["services"]["engine"] == "vllm"
-    _assert_none_left(before)
+    _assert_gone(log)
