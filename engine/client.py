@@ -199,7 +199,7 @@ class EngineClient(WeightUpdates):
         self, req: GenerateRequest, key: str | None
     ) -> tuple[Server, GenerateResponse, int | None]:
         """One ``/generate``; returns the server, its response and the version known when sending."""
-        body = req.model_dump(mode="json", exclude_unset=True, exclude_none=True)
+        body = self._generate_body(req)
         last: Exception | None = None
         for attempt in range(self.connect_retries + 1):
             server = self._pick(key)
@@ -208,24 +208,37 @@ class EngineClient(WeightUpdates):
                 self._rid_server[req.rid] = server
             server.in_flight += 1
             try:
-                r = await self._http.post(f"{server.url}/generate", json=body, timeout=self._gen_timeout)
+                r = await self._http.post(
+                    f"{server.url}{self.generate_path}", json=body, timeout=self._gen_timeout
+                )
             except (httpx.ConnectError, httpx.ConnectTimeout) as e:
                 last = e  # the connection never opened: nothing was sent, so trying again is safe
                 await self._mark_down(server, attempt)
                 continue
             except httpx.TransportError as e:
+                where = f"{server.url}{self.generate_path}"
                 raise EngineRequestFailed(
-                    f"{server.url}/generate: {type(e).__name__}: {e}; not retried: the request may have run"
+                    f"{where}: {type(e).__name__}: {e}; not retried: the request may have run"
                 ) from e
             finally:
                 server.in_flight -= 1
             if r.status_code >= 400:
-                raise EngineHTTPError(f"{server.url}/generate", r.status_code, r.text)
-            resp = GenerateResponse.model_validate(r.json())
+                raise EngineHTTPError(f"{server.url}{self.generate_path}", r.status_code, r.text)
+            resp = self._generate_response(r.json(), req)
             self._saw(server, resp)
             return server, resp, sent_at_version
         urls = ", ".join(s.url for s in self.servers)
         raise EngineUnavailable(f"no engine accepted a connection ({urls}): {last}")
+
+    generate_path = "/generate"
+
+    def _generate_body(self, req: GenerateRequest) -> dict[str, Any]:
+        """The generate route's request body (another engine's client translates)."""
+        return req.model_dump(mode="json", exclude_unset=True, exclude_none=True)
+
+    def _generate_response(self, answer: Any, req: GenerateRequest) -> GenerateResponse:
+        """The generate route's answer as SGLang's ``GenerateResponse``."""
+        return GenerateResponse.model_validate(answer)
 
     def _pick(self, key: str | None) -> Server:
         now = time.monotonic()

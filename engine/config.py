@@ -50,8 +50,9 @@ class EngineConfig(Settings):
 class ServeConfig(Settings):
     """How to serve the engine: which backend, where, and who may call it."""
 
-    backend: Literal["builtin", "sglang"] = setting(
-        "builtin", "builtin: this package's engine; sglang: replace this process with an SGLang server"
+    backend: Literal["builtin", "sglang", "vllm"] = setting(
+        "builtin",
+        "builtin: this package's engine; sglang / vllm: replace this process with an SGLang / vLLM server",
     )
     host: str = setting("127.0.0.1", "address to listen on")
     port: int = setting(30000, "port to listen on", ge=1, le=65535)
@@ -59,7 +60,9 @@ class ServeConfig(Settings):
     log_level: Literal["critical", "error", "warning", "info", "debug", "trace"] = setting(
         "warning", "the HTTP server's log level"
     )
-    sglang_args: tuple[str, ...] = setting((), "sglang: more launch_server arguments, e.g. --tp-size=2")
+    sglang_args: tuple[str, ...] = setting(
+        (), "sglang / vllm: more arguments of the server's launcher, e.g. --tp-size=2"
+    )
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:

@@ -1,4 +1,4 @@
-"""``pqrl engine serve``: build the built-in engine and serve it, or hand over to SGLang.
+"""``pqrl engine serve``: build the built-in engine and serve it, or hand over to SGLang or vLLM.
 
 Importing this module is cheap; torch, transformers, FastAPI and uvicorn load when a command runs.
 """
@@ -49,17 +49,24 @@ def build_engine(config: EngineConfig) -> BatchEngine:
 
 
 def run(engine: EngineConfig, options: ServeConfig) -> int:
-    """Serves until stopped; returns an exit status (2: SGLang asked for but not installed).
+    """Serves until stopped; returns an exit status (2: SGLang or vLLM asked for but not installed).
 
     Without an ``api_key`` the server takes ``$PQRL_ENGINE_API_KEY`` when set.
     """
     from engine.sglang import SGLangNotInstalled, launch_sglang
+    from engine.vllm import VLLMNotInstalled, launch_vllm
 
     options = dataclasses.replace(options, api_key=options.api_key or setting("PQRL_ENGINE_API_KEY"))
     if options.backend == "sglang":
         try:
             launch_sglang(engine, options)
         except SGLangNotInstalled as e:
+            print(f"pqrl engine serve: {e}", file=sys.stderr)
+            return 2
+    if options.backend == "vllm":
+        try:
+            launch_vllm(engine, options)
+        except (VLLMNotInstalled, ValueError) as e:
             print(f"pqrl engine serve: {e}", file=sys.stderr)
             return 2
     from engine.http_app import create_app

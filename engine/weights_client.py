@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 from engine.errors import EngineUnavailable, WeightUpdateFailed
-from engine.pool import ServerPool
+from engine.pool import Server, ServerPool
 from engine.types import (
     DestroyWeightsUpdateGroupRequest,
     InitWeightsUpdateGroupRequest,
@@ -70,23 +70,33 @@ class WeightUpdates(ServerPool):
             flush_cache=flush_cache,
             load_format=load_format,
         )
-        return await self._push_weights("/update_weights_from_disk", request, version, skip_unreachable)
+        results = await asyncio.gather(*(self._load_from_disk(s, request) for s in self.servers),
+                                       return_exceptions=True)  # fmt: skip
+        return self._settle("weight update", list(results), version, skip_unreachable)
+
+    async def _load_from_disk(self, server: Server, request: UpdateWeightsFromDiskRequest) -> Any:
+        """One server loads a checkpoint directory: its answer (``success``, ``message``)."""
+        return await self._control(server, "POST", "/update_weights_from_disk", _body(request))
+
+    async def _served_versions(self) -> list[int | BaseException]:
+        """The weight version each server serves, or why it did not say."""
+        infos = await self._on_all("GET", "/model_info", None)
+        return [r if isinstance(r, BaseException) else _served_version(r) for r in infos]
 
     async def catch_up_from_disk(self, model_path: str, version: int) -> list[str]:
         """Loads ``model_path`` as ``version`` on each server that serves an older version (an engine
         restarted with its base weights); returns the URLs updated. A server that does not answer, or
         fails to load, is left for the next call: it is down, and catching up is retried."""
-        infos = await self._on_all("GET", "/model_info", None)
+        served = await self._served_versions()
         behind = [
             s
-            for s, r in zip(self.servers, infos, strict=True)
-            if not isinstance(r, BaseException) and _served_version(r) < version
+            for s, v in zip(self.servers, served, strict=True)
+            if not isinstance(v, BaseException) and v < version
         ]
         request = UpdateWeightsFromDiskRequest(model_path=model_path, weight_version=str(version),
                                                abort_all_requests=True, flush_cache=True)  # fmt: skip
         results = await asyncio.gather(
-            *(self._control(s, "POST", "/update_weights_from_disk", _body(request)) for s in behind),
-            return_exceptions=True,
+            *(self._load_from_disk(s, request) for s in behind), return_exceptions=True
         )
         updated = []
         for s, r in zip(behind, results, strict=True):
@@ -187,9 +197,14 @@ class WeightUpdates(ServerPool):
         self, path: str, request: Any, version: int, skip_unreachable: bool = False
     ) -> list[dict[str, Any]]:
         """Every server takes the new weights as ``version``, or the call fails naming each that did not."""
-        results = await self._on_all("POST", path, _body(request))
+        return self._settle("weight update", await self._on_all("POST", path, _body(request)), version,
+                            skip_unreachable)  # fmt: skip
+
+    def _settle(self, what: str, results: list[Any], version: int, skip_unreachable: bool) -> list[Any]:
+        """Raises unless every server (but those unreachable, with ``skip_unreachable``) took ``version``;
+        records it as each one's known version."""
         reached = [not (skip_unreachable and isinstance(r, EngineUnavailable)) for r in results]
-        self._raise_failed("weight update", [r for r, ok in zip(results, reached, strict=True) if ok],
+        self._raise_failed(what, [r for r, ok in zip(results, reached, strict=True) if ok],
                            [s for s, ok in zip(self.servers, reached, strict=True) if ok])  # fmt: skip
         for s, ok in zip(self.servers, reached, strict=True):
             if ok:
@@ -204,8 +219,11 @@ class WeightUpdates(ServerPool):
 
     async def get_weight_version(self) -> dict[str, int]:
         """The weight version of every server (from ``/model_info``, where SGLang reports it)."""
-        results = await self._on_all("GET", "/model_info", None, raise_first=True)
-        return {s.url: _served_version(r) for s, r in zip(self.servers, results, strict=True)}
+        served = await self._served_versions()
+        for v in served:
+            if isinstance(v, BaseException):
+                raise v
+        return {s.url: int(v) for s, v in zip(self.servers, served, strict=True)}  # type: ignore[arg-type]
 
     async def pause_generation(self, mode: Literal["abort", "retract", "in_place"] = "abort") -> None:
         await self._on_all("POST", "/pause_generation", _body(PauseRequest(mode=mode)), raise_first=True)

@@ -85,6 +85,7 @@ class ServicesSection(_Section):
         ge=0,
         description="embedded: warm sandboxes of the private env server; 0 = group_size x concurrent groups",
     )
+    engine: Literal["builtin", "vllm"] = Field("builtin", description="builtin or vllm (its weights: disk)")
     engine_threads: int = Field(1, ge=1, description="embedded: CPU threads of the engine process")
     trainer_threads: int = Field(1, ge=1, description="embedded: CPU threads of the trainer")
     weight_sync: WeightSyncSection = Field(

@@ -90,6 +90,15 @@ def _versions() -> dict[str, str | None]:
     return {p: version(p) for p in _PACKAGES}
 
 
+def _engine_versions(cfg: TrainConfig) -> dict[str, str | None]:
+    """The version of a vLLM engine the job starts (it runs from a venv of its own)."""
+    if cfg.services.engine != "vllm":
+        return {}
+    from engine.vllm import vllm_version
+
+    return {"vllm": vllm_version()}
+
+
 def _devices() -> dict[str, Any]:
     import torch
 
@@ -113,7 +122,7 @@ def run_manifest(cfg: TrainConfig, suites: list[Any], eval_suite: Any = None) ->
         "eval_suite": described(eval_suite) if eval_suite is not None else None,
         "base_model": model_digest(cfg.model.name),
         "python": sys.version.split()[0],
-        "packages": _versions(),
+        "packages": _versions() | _engine_versions(cfg),
         "devices": _devices(),
     }
 

@@ -48,6 +48,7 @@ class Job:
     async def __aenter__(self) -> Job:
         """Connects the run's store, engine and environments and loads its suites."""
         from engine.client import EngineClient
+        from engine.vllm_client import VLLMClient
         from env_server.client import HttpEnvClient, LocalEnvClient
         from pqrl.store import TrajectoryStore
 
@@ -56,7 +57,8 @@ class Job:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self._on_signal)
         self.store = TrajectoryStore(self.services["redis_url"], cfg.run)
-        self.engine = EngineClient(self.services["engines"]) if self.services["engines"] else None
+        client = VLLMClient if cfg.services.engine == "vllm" else EngineClient
+        self.engine = client(self.services["engines"]) if self.services["engines"] else None
         servers = self.services["env_servers"]
         self.env = HttpEnvClient(servers, token=self.services["env_token"]) if servers else LocalEnvClient()
         try:

@@ -10,6 +10,7 @@ import contextlib
 import json
 import os
 import secrets
+import signal
 import subprocess
 import sys
 import time
@@ -37,6 +38,12 @@ def job_services(cfg: TrainConfig, *, quiet: bool = False) -> Iterator[dict[str,
     """Redis, engine and env-server URLs: the configured ones, or private ones started (and stopped) here,
     with ``children``: those processes, watched (see ``launcher.children``)."""
     env_token = cfg.services.env_token or setting("PQRL_ENV_TOKEN")
+    if cfg.services.engine == "vllm" and cfg.services.weight_sync.method != "disk":
+        from pqrl.errors import UsageError
+
+        raise UsageError(
+            "services.engine vllm takes new weights from disk: set services.weight_sync.method: disk"
+        )
     if not cfg.embedded:
         yield {"redis_url": cfg.services.redis_url, "engines": cfg.services.engines,
                "env_servers": cfg.services.env_servers, "env_token": env_token}  # fmt: skip
@@ -49,7 +56,8 @@ def job_services(cfg: TrainConfig, *, quiet: bool = False) -> Iterator[dict[str,
         engines = list(cfg.services.engines)
         if not engines:
             port = free_port()
-            how = {"seed": cfg.seed, "threads": cfg.services.engine_threads, "dtype": cfg.model.dtype}
+            how = {"seed": cfg.seed, "threads": cfg.services.engine_threads, "dtype": cfg.model.dtype,
+                   "backend": cfg.services.engine}  # fmt: skip
             engine = stack.enter_context(
                 engine_process(cfg.model.name, port, cfg.run_dir / "engine.log", **how)
             )
@@ -154,17 +162,29 @@ def wait_for_health(
 
 @contextlib.contextmanager
 def engine_process(
-    model: str, port: int, log: Path, *, seed: int = 0, threads: int = 1, dtype: Dtype = "auto"
+    model: str,
+    port: int,
+    log: Path,
+    *,
+    seed: int = 0,
+    threads: int = 1,
+    dtype: Dtype = "auto",
+    backend: str = "builtin",
 ) -> Iterator[subprocess.Popen[bytes]]:
-    """The built-in engine serving ``model`` on ``port``; the caller awaits its health (the job in
-    ``Job.__aenter__``), watching it."""
+    """The engine (``backend``: builtin or vllm) serving ``model`` on ``port``; the caller awaits its
+    health (the job in ``Job.__aenter__``), watching it. Stopping it stops its whole process group
+    (vLLM runs its engine core and workers in processes of their own)."""
     env = os.environ | {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
-    cmd = [sys.executable, "-m", "launcher.cli", "engine", "serve", "--backend", "builtin",
+    cmd = [sys.executable, "-m", "launcher.cli", "engine", "serve", "--backend", backend,
            "--model", model, "--port", str(port), "--seed", str(seed)]  # fmt: skip
-    if cpu_bfloat16(dtype):  # sample from the products the trainer's autocast scores with
+    if backend == "builtin" and cpu_bfloat16(
+        dtype
+    ):  # sample from the products the trainer's autocast scores with
         cmd += ["--matmul-dtype", "bfloat16"]
     proc = _service_process(log, cmd, env)
     try:
         yield proc
     finally:
         stop_process(proc)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # what it left behind (its own session, see above)

