@@ -31,8 +31,6 @@ from sandboxes.hardening import SandboxSettings
 from sandboxes.pool import SandboxPool
 from sandboxes.protocol import ImageMissing, SandboxCallFailed, SandboxError, SandboxUnavailable
 
-_CALL_FIELDS = tuple(f.name for f in fields(ToolCall))  # every field a retry must repeat
-
 __all__ = [
     "BackendDown",
     "BadTask",
@@ -235,9 +233,8 @@ class SessionManager:
         s = self._get(session_id)
         async with s.lock:
             fingerprint = ""
-            if request_id is not None:
-                calls = [[getattr(c, f) for f in _CALL_FIELDS] for c in tool_calls]  # asdict copies
-                fingerprint = _fingerprint(calls)
+            if request_id is not None:  # every field of every call (asdict would deep-copy them)
+                fingerprint = _fingerprint([[getattr(c, f.name) for f in fields(c)] for c in tool_calls])
                 if request_id in s.replies:  # a retry: applied once, answered again
                     return _replayed(request_id, s.replies[request_id], fingerprint)
             if s.done:
