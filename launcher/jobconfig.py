@@ -29,6 +29,7 @@ from pydantic import (
 )
 
 from agent_loop.config import MAX_FAILED_INFRA, EpisodeConfig, ManagerConfig
+from launcher.lora_config import LoraSection, check_lora_job
 from launcher.precision import Dtype, cpu_bfloat16
 from pqrl.model_cache import DEFAULT_MODEL
 from pqrl.settings import fields_of, type_name
@@ -79,7 +80,6 @@ class ModelSection(_Section):
         description="a template that rewrites earlier turns (thinking stripped): strict = refused; "
         "as_generated = every turn kept as the model generated it, so training sees exactly what it saw",
     )
-
     dtype: Dtype = Field(
         "auto",
         description="trainer precision (weights and optimizer stay float32): auto = bfloat16 autocast "
@@ -88,6 +88,7 @@ class ModelSection(_Section):
         "them); float32 = never. Where a CPU job autocasts, an embedded job's engine multiplies in "
         "bfloat16 as well (--matmul-dtype bfloat16)",
     )
+    lora: LoraSection = LoraSection()
 
     @field_validator("tool_parser")
     @classmethod
@@ -260,8 +261,7 @@ def _composed(name: str, base: type[_Section], *parts: dict[str, Any]) -> Any:
     return create_model(name, __base__=base, __module__=__name__, **fields)
 
 
-# the rollout manager's settings and each episode's, side by side in one section (the tool parser
-# is the model section's)
+# the rollout manager's and each episode's settings in one section (the tool parser is the model's)
 RolloutSection = _composed(
     "RolloutSection",
     _Section,
@@ -366,6 +366,7 @@ class TrainConfig(_Section):
         if self.rollout.temperature <= 0:  # greedy episodes have no logprobs for the trainer to correct
             raise ValueError("rollout.temperature must be > 0 for training (0 is for greedy evaluation)")
         algorithm_config(self)  # combinations the step cannot run are config errors, named here
+        check_lora_job(self)
         return self
 
     @property
