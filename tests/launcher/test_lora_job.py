@@ -47,6 +47,7 @@ def _final(out: Path) -> tuple[Path, dict[str, torch.Tensor]]:
     return final, load_file(final / "model" / "adapter_model.safetensors")
 
 
+@pytest.mark.timeout(900)  # three trainer processes: about 30 s each on 2 idle cores, minutes on a busy one
 def test_a_lora_run_checkpoints_the_adapter_only_and_resumes_identically(tiny_model_dir, tmp_path):
     from pqrl.redis_server import RedisServer
 
