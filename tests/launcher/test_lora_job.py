@@ -148,3 +148,42 @@ def test_targets_the_model_lacks_are_one_line_and_exit_2(tiny_model_dir, tmp_pat
     assert len(lines) <= 2 and "'c_attn' matches no layer" in out.stderr and "Embedding" in out.stderr, (
         out.stderr
     )
+
+
+@pytest.mark.timeout(1800)  # two whole embedded jobs on SmolLM2: minutes on 2 idle cores, more on a busy one
+def test_embedded_lora_job_syncs_adapters_to_its_engine_and_resumes(tmp_path):
+    """Every real part: a private Redis, an engine process that merges each published adapter, the
+    calc environment, the rollout manager and the trainer; then resumed, the engine process starting
+    from the base weights again and served the checkpoint's adapter."""
+    from tests.launcher.test_train_job import _job
+    from tests.launcher.test_train_job import _train as train_job
+
+    config = _job(tmp_path)
+    lora = [
+        "--set",
+        'model.lora={"rank": 8, "alpha": 16}',
+        "--set",
+        "train.lr=1e-3",
+        "--set",
+        "train.report_to=[]",
+    ]
+    first = train_job(config, *lora)
+    run = tmp_path / "runs" / "e2e"
+    assert first["steps"] == 1 and first["policy_version"] >= 1 and "eval_after" in first
+    model_dir = run / "checkpoints" / "step-000001" / "model"
+    files = sorted(p.name for p in model_dir.iterdir())
+    assert {"adapter_config.json", "adapter_model.safetensors"} <= set(files)
+    assert not [f for f in files if f.startswith("model") or f == "config.json"], (
+        f"base weights saved: {files}"
+    )
+    assert not (run / "services.json").exists(), "the private services are gone after the job"
+
+    second = train_job(config, *lora, "--set", "train.steps=2")
+    assert second["steps"] == 2 and second["policy_version"] > first["policy_version"]
+    from safetensors.torch import load_file
+
+    a, b = (
+        load_file(run / "checkpoints" / f"step-00000{s}" / "model" / "adapter_model.safetensors")
+        for s in (1, 2)
+    )
+    assert any(not torch.equal(a[k], b[k]) for k in a), "the resumed run trained the adapter further"
