@@ -187,3 +187,15 @@ def test_embedded_lora_job_syncs_adapters_to_its_engine_and_resumes(tmp_path):
         for s in (1, 2)
     )
     assert any(not torch.equal(a[k], b[k]) for k in a), "the resumed run trained the adapter further"
+
+
+def test_pqrl_eval_takes_a_lora_checkpoint(tmp_path):
+    from launcher.eval_command import resolve_checkpoint
+
+    ckpt = tmp_path / "checkpoints" / "step-000002"
+    (ckpt / "model").mkdir(parents=True)
+    (ckpt / "model" / "adapter_config.json").write_text("{}")
+    assert resolve_checkpoint(str(ckpt))[0] == ckpt
+    (ckpt / "model" / "adapter_config.json").unlink()
+    with pytest.raises(Exception, match="neither a checkpoint nor a run directory"):
+        resolve_checkpoint(str(ckpt))
