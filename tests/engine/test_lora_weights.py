@@ -159,3 +159,12 @@ def test_an_adapter_on_a_tied_head_is_refused(tiny, tmp_path):
     with pytest.raises(ValueError, match="tied"):
         engine.load_weights(tmp_path)
     assert torch.equal(before, tied.model.embed_tokens.weight) and not engine.adapters.base
+
+
+async def test_the_built_in_engine_refuses_a_named_adapter(tiny):
+    from engine.client import EngineHTTPError
+
+    url, _, tok, _ = tiny
+    async with EngineClient(url, lora_name="policy") as client:  # SGLang's way; here it would be ignored
+        with pytest.raises(EngineHTTPError, match="lora_path"):
+            await client.generate(chat_prompt(tok, "Hi"), PARAMS)
