@@ -112,6 +112,8 @@ def main() -> None:
     ap.add_argument("--eval-every", type=int, default=2, help="--target: evaluate every N steps")
     ap.add_argument("--baseline-commit", help="--target: run the same protocol on this commit first")
     ap.add_argument("--commit", default="HEAD", help="--target: the commit measured (default HEAD)")
+    ap.add_argument("--from-run", help="no training: evaluate this run directory's latest checkpoint (a run "
+                    "cut short, or trained elsewhere with the same --config)")  # fmt: skip
     args = ap.parse_args()
     if args.target is not None:
         return target_main(args)
@@ -119,9 +121,15 @@ def main() -> None:
     cfg = load_config(args.config)
     suite = held_out(cfg, args.eval_tasks)
     before = greedy_pass(suite, cfg.model.name, cfg, "before")
-    summary, run_dir, final, minutes = train(
-        args.config, args.output_dir, steps=args.steps, minutes=args.minutes
-    )
+    if args.from_run:
+        run_dir = Path(args.from_run)
+        ckpt = run_dir / "checkpoints" / (run_dir / "checkpoints" / "latest").read_text().strip()
+        summary = {"steps": json.loads((ckpt / "state.json").read_text())["step"]}
+        final, minutes = ckpt / "model", float("nan")
+    else:
+        summary, run_dir, final, minutes = train(
+            args.config, args.output_dir, steps=args.steps, minutes=args.minutes
+        )
     after = greedy_pass(suite, str(final), cfg, "after")
     print(json.dumps(report(before, after, run_dir, summary, minutes)))
 

@@ -42,6 +42,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.kv_cache import cache_from, kv_layers, new_cache
+from engine.lora_merge import AdapterMerger, is_adapter
 from engine.prefix_cache import KV, PrefixCache, common_prefix_len
 from engine.sampling_params import SamplingParams
 from engine.token_sampling import sample_tokens
@@ -127,6 +128,7 @@ class BatchEngine:
             tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.eos_ids, default=0)
         )
         self.stats = EngineStats()
+        self.adapters = AdapterMerger()  # the base weights LoRA adapters are merged into
         self.prefix_cache = PrefixCache(prefix_cache_tokens)
         self._kv_epoch = 0  # advances when the weights change: KV computed before is stale
         self.rows: list[Sequence] = []
@@ -190,6 +192,10 @@ class BatchEngine:
         """
         if load_format not in (None, "auto", "safetensors"):
             raise ValueError(f"load_format {load_format!r} is not supported (use 'auto' or 'safetensors')")
+        if is_adapter(model_path):  # a LoRA trainer's: served as base + adapter
+            merged = self.adapters.merged(model_path, self.model.state_dict())
+            self.load_state(merged, source=str(model_path), base=False)
+            return
         self.load_state(load_state_dict(model_path, self.device), source=str(model_path), complete=True)
 
     def check_state(self, new: dict[str, torch.Tensor], *, source: str, complete: bool) -> None:
@@ -214,11 +220,19 @@ class BatchEngine:
                 raise ValueError(f"{source}: tensors missing from the checkpoint: {missing[:5]}")
 
     def load_state(
-        self, new: dict[str, torch.Tensor], *, source: str = "weights", complete: bool = False
+        self,
+        new: dict[str, torch.Tensor],
+        *,
+        source: str = "weights",
+        complete: bool = False,
+        base: bool = True,
     ) -> None:
         """Checks ``new`` (``check_state``), then copies it into the model in place (converting dtype and
-        device), so a bad set of tensors leaves the model as it was."""
+        device), so a bad set of tensors leaves the model as it was. ``base``: ``new`` are whole weights,
+        the base of later adapters (False for an adapter's merge)."""
         self.check_state(new, source=source, complete=complete)
+        if base:
+            self.adapters.forget(new)
         own = self.model.state_dict()
         with torch.no_grad():
             for k, t in new.items():

@@ -83,6 +83,8 @@ class EngineClient(WeightUpdates):
             when the response reports a newer version than this client last saw from that server, the
             segment gets the older one, the lowest it may have (engines paused with retract/in_place).
             Per-token versions from the engine win over both.
+        lora_name: every generation uses this LoRA adapter, loaded on SGLang servers by name
+            (``load_lora_adapter``); None: the served weights as they are.
     """
 
     def __init__(
@@ -92,12 +94,14 @@ class EngineClient(WeightUpdates):
         down_s: float = 5.0,
         max_resumes: int = 16,
         versions_from: Literal["response", "lower_bound"] = "response",
+        lora_name: str | None = None,
         **connection: Any,
     ) -> None:
         super().__init__(urls, **connection)  # api_key, timeouts, retries, transport: see ServerPool
         self.down_s = down_s
         self.max_resumes = max_resumes
         self.versions_from = versions_from
+        self.lora_name = lora_name
         self._sticky: OrderedDict[str, Server] = OrderedDict()
         self._sticky_capacity = 100_000
         self._picks = itertools.count()
@@ -153,6 +157,7 @@ class EngineClient(WeightUpdates):
                     sampling_params=dataclasses.replace(params, max_new_tokens=budget),
                     return_logprob=True,
                     rid=rid,
+                    lora_path=self.lora_name,
                 )
                 server, resp, sent_at = await self._post_generate(req, key)
                 segments += 1

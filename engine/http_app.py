@@ -184,6 +184,9 @@ def _prompts(body: GenerateRequest, engine: BatchEngine) -> tuple[list[list[int]
         raise _HttpError(400, "stream_unsupported", "stream=true is not supported by the built-in engine")
     if body.logprob_start_len != -1:
         raise _HttpError(400, "unsupported", "input-token logprobs are not supported (logprob_start_len -1)")
+    if body.lora_path is not None:  # serving it without the adapter would be silently wrong
+        why = "lora_path: the built-in engine serves one adapter, merged by /update_weights_from_disk"
+        raise _HttpError(400, "unsupported", why)
     if (body.input_ids is None) == (body.text is None):
         raise _HttpError(400, "invalid_request", "give exactly one of input_ids or text")
     if body.text is not None:

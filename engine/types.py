@@ -28,6 +28,9 @@ __all__ = [
     "ModelInfo",
     "PauseRequest",
     "SamplingParams",
+    "LoRAUpdateResponse",
+    "LoadLoRAAdapterRequest",
+    "UnloadLoRAAdapterRequest",
     "UpdateWeightsFromDiskRequest",
     "UpdateWeightsFromDistributedRequest",
     "UpdateWeightsResponse",
@@ -53,6 +56,9 @@ class GenerateRequest(_Request):
     logprob_start_len: int = Field(default=-1, description="input-token logprobs are not supported: -1 only")
     stream: bool = False
     rid: str | list[str] | None = None
+    lora_path: str | None = Field(
+        None, description="SGLang: the loaded LoRA adapter (by name) to generate with"
+    )
 
     @field_validator("sampling_params", mode="before")
     @classmethod
@@ -178,6 +184,27 @@ class UpdateWeightsFromDistributedRequest(_Request):
 
 class DestroyWeightsUpdateGroupRequest(_Request):
     group_name: str = "weight_update_group"
+
+
+class LoadLoRAAdapterRequest(_Request):
+    """SGLang's ``/load_lora_adapter`` (a server started with ``--enable-lora``)."""
+
+    lora_name: str = Field(min_length=1)
+    lora_path: str = Field(min_length=1, description="a PEFT adapter directory the server can read")
+    pinned: bool = False
+
+
+class UnloadLoRAAdapterRequest(_Request):
+    lora_name: str = Field(min_length=1)
+
+
+class LoRAUpdateResponse(BaseModel):
+    """SGLang's answer to ``/load_lora_adapter`` and ``/unload_lora_adapter`` (400 on failure)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    success: bool
+    error_message: str | None = None
 
 
 class PauseRequest(_Request):

@@ -19,8 +19,10 @@ from engine.pool import Server, ServerPool
 from engine.types import (
     DestroyWeightsUpdateGroupRequest,
     InitWeightsUpdateGroupRequest,
+    LoadLoRAAdapterRequest,
     ModelInfo,
     PauseRequest,
+    UnloadLoRAAdapterRequest,
     UpdateWeightsFromDiskRequest,
     UpdateWeightsFromDistributedRequest,
     parse_version,
@@ -217,6 +219,26 @@ class WeightUpdates(ServerPool):
         results = await self._on_all("POST", "/destroy_weights_update_group", body)
         self._raise_failed("destroy_weights_update_group", results)
 
+    async def load_lora_adapter(self, lora_name: str, lora_path: str) -> list[dict[str, Any]]:
+        """Every server (SGLang started with ``--enable-lora``) loads the PEFT adapter directory
+        ``lora_path`` as ``lora_name``; generations name it (``EngineClient(lora_name=...)``). The
+        built-in engine takes an adapter through ``update_weights_from_disk`` instead (merged).
+
+        Raises:
+            WeightUpdateFailed: some server did not load it; the message names each and why.
+        """
+        body = _body(LoadLoRAAdapterRequest(lora_name=lora_name, lora_path=lora_path))
+        results = await self._on_all("POST", "/load_lora_adapter", body)
+        self._raise_failed("load_lora_adapter", results)
+        return results
+
+    async def unload_lora_adapter(self, lora_name: str) -> None:
+        """Every server unloads the adapter ``lora_name`` (its requests in flight finish first)."""
+        results = await self._on_all(
+            "POST", "/unload_lora_adapter", _body(UnloadLoRAAdapterRequest(lora_name=lora_name))
+        )
+        self._raise_failed("unload_lora_adapter", results)
+
     async def get_weight_version(self) -> dict[str, int]:
         """The weight version of every server (from ``/model_info``, where SGLang reports it)."""
         served = await self._served_versions()
@@ -237,7 +259,9 @@ class WeightUpdates(ServerPool):
     def _raise_failed(self, what: str, results: list[Any], servers: Sequence[Any] | None = None) -> None:
         """Raises WeightUpdateFailed naming each server whose answer was an error or ``success: false``."""
         failed = [
-            f"{s.url}: {r}" if isinstance(r, BaseException) else f"{s.url}: {r.get('message')}"
+            f"{s.url}: {r}"
+            if isinstance(r, BaseException)
+            else f"{s.url}: {r.get('message') or r.get('error_message')}"
             for s, r in zip(self.servers if servers is None else servers, results, strict=True)
             if isinstance(r, BaseException) or not r.get("success", False)
         ]

@@ -78,7 +78,7 @@ def resolve_checkpoint(path: str) -> tuple[Path, Path | None]:
     p = Path(path)
     if not p.is_dir():
         raise UsageError(f"{path}: no such directory", fix="give a checkpoint or a run directory")
-    if (p / "model" / "config.json").is_file():
+    if any((p / "model" / f).is_file() for f in ("config.json", "adapter_config.json")):  # LoRA: an adapter
         ckpt = p
     else:
         found = next((d for d in (p / "checkpoints", p) if (d / "latest").is_file()), None)
@@ -105,7 +105,7 @@ def _target(args: argparse.Namespace) -> _Target:
             path = prepare_model(args.model)
         except ModelNotAvailable as e:
             raise UsageError(str(e)) from None
-        if not (path / "config.json").is_file():
+        if not any((path / f).is_file() for f in ("config.json", "adapter_config.json")):
             raise UsageError(f"{args.model}: not a Hugging Face model directory (no config.json)")
         return _Target(args.model, args.model, None)
     ckpt, run_dir = resolve_checkpoint(args.checkpoint)

@@ -28,6 +28,7 @@ from pydantic import (
 )
 
 from agent_loop.config import MAX_FAILED_INFRA, EpisodeConfig, ManagerConfig
+from launcher.lora_config import check_lora_job
 from launcher.model_section import ModelSection
 from launcher.precision import cpu_bfloat16
 from pqrl.settings import fields_of, type_name
@@ -201,8 +202,7 @@ def _composed(name: str, base: type[_Section], *parts: dict[str, Any]) -> Any:
     return create_model(name, __base__=base, __module__=__name__, **fields)
 
 
-# the rollout manager's settings and each episode's, side by side in one section (the tool parser
-# is the model section's)
+# the rollout manager's and each episode's settings in one section (the tool parser is the model's)
 RolloutSection = _composed(
     "RolloutSection",
     _Section,
@@ -307,6 +307,7 @@ class TrainConfig(_Section):
         if self.rollout.temperature <= 0:  # greedy episodes have no logprobs for the trainer to correct
             raise ValueError("rollout.temperature must be > 0 for training (0 is for greedy evaluation)")
         algorithm_config(self)  # combinations the step cannot run are config errors, named here
+        check_lora_job(self)
         return self
 
     @property

@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from launcher.lora_config import LoraSection
 from launcher.precision import Dtype
 from pqrl.model_cache import DEFAULT_MODEL
 
@@ -55,6 +56,7 @@ class ModelSection(BaseModel):
         "them); float32 = never. Where a CPU job autocasts, an embedded job's engine multiplies in "
         "bfloat16 as well (--matmul-dtype bfloat16)",
     )
+    lora: LoraSection = LoraSection()
 
     @model_validator(mode="before")
     @classmethod

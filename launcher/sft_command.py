@@ -39,9 +39,11 @@ class SFTJobConfig(SFTConfig):
 
     @field_validator("model")
     @classmethod
-    def _float32(cls, section: ModelSection) -> ModelSection:
+    def _what_sft_trains(cls, section: ModelSection) -> ModelSection:
         if section.dtype == "bfloat16":
             raise ValueError("model.dtype: pqrl sft trains in float32 (leave dtype auto or float32)")
+        if section.lora.enabled:
+            raise ValueError("model.lora: pqrl sft trains every weight (LoRA is for pqrl train)")
         return section
 
 

@@ -124,7 +124,28 @@ def load_tokenizer(name: str = DEFAULT_MODEL) -> Any:
 
 
 def load_model(name: str = DEFAULT_MODEL, **kwargs: Any) -> Any:
-    """A causal LM ready to run or train; ``kwargs`` go to ``from_pretrained`` (e.g. ``dtype``)."""
+    """A causal LM ready to run or train; ``kwargs`` go to ``from_pretrained`` (e.g. ``dtype``).
+
+    A LoRA adapter directory (PEFT's format, as a LoRA run's checkpoints hold) is its base model with
+    the adapter merged in, the base named by its ``base_model_name_or_path``."""
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(prepare_model(name), **kwargs)
+    path = prepare_model(name)
+    if (path / "adapter_config.json").is_file():
+        return _with_adapter(path, **kwargs)
+    return AutoModelForCausalLM.from_pretrained(path, **kwargs)
+
+
+def _with_adapter(path: Path, **kwargs: Any) -> Any:
+    import json
+
+    base = json.loads((path / "adapter_config.json").read_text()).get("base_model_name_or_path")
+    if not isinstance(base, str) or not base:
+        raise ModelNotAvailable(f"{path}: adapter_config.json names no base_model_name_or_path")
+    if (prepare_model(base) / "adapter_config.json").is_file():
+        raise ModelNotAvailable(f"{path}: its base {base} is an adapter itself")
+    try:
+        from peft import PeftModel
+    except ImportError:
+        raise ModelNotAvailable(f"{path} is a LoRA adapter: pip install 'pqrl[lora]' (PEFT)") from None
+    return PeftModel.from_pretrained(load_model(base, **kwargs), str(path)).merge_and_unload()

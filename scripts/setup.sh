@@ -100,6 +100,9 @@ fi
 # the wandb extra (train.report_to): about 4 s into this venv, skipped once it imports
 "$LOCAL/bin/python" -c 'import wandb' 2>/dev/null || "$LOCAL/bin/python" -m pip install -q 'wandb>=0.31' 2>&1 \
   | { grep -v "^WARNING: Location '.*' is ignored" || true; } >&2
+# the lora extra (model.lora): PEFT alone, its dependencies are already here
+"$LOCAL/bin/python" -c 'import peft' 2>/dev/null || "$LOCAL/bin/python" -m pip install -q 'peft==0.21.0' 2>&1 \
+  | { grep -v "^WARNING: Location '.*' is ignored" || true; } >&2
 log "venv ready: $LOCAL (packages from $SHARED)"
 
 # ---------------------------------------------------------------- 3. Docker engine

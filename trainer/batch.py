@@ -31,6 +31,7 @@ from pqrl.trajectory import Trajectory
 from trainer.config import StepConfig
 from trainer.layers import checks_at_layers
 from trainer.logprobs import full_logprobs, has_plain_head, head_logprobs
+from trainer.lora import base_only
 from trainer.objective import aggregation, offpolicy_sums
 from trainer.packing import (
     enable_packed_attention,
@@ -326,7 +327,8 @@ def reference_logprobs(ref_model: Any, batch: Batch, one_pass: list[list[int]]) 
     ref_model.eval()
     ref_mode = enable_packed_attention(ref_model) if batch.cfg.packing else None
     ref: dict[int, Tensor] = {}
-    for members in filter(None, one_pass):  # the reference model is not sharded
-        logp, _, _ = forward_logprobs(ref_model, batch, members, ref_mode, with_entropy=False)
-        ref |= _by_member(batch, members, logp)
+    with base_only(ref_model):  # a LoRA policy is its own reference, adapters off
+        for members in filter(None, one_pass):  # the reference model is not sharded
+            logp, _, _ = forward_logprobs(ref_model, batch, members, ref_mode, with_entropy=False)
+            ref |= _by_member(batch, members, logp)
     return ref

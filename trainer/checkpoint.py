@@ -3,7 +3,7 @@
 A checkpoint directory ``CKPT_DIR/step-000012/`` holds:
 
 - ``model/``: the weights in Hugging Face format (with the tokenizer), loadable by SGLang and the
-  built-in engine;
+  built-in engine; a LoRA run's adapter only, in PEFT's format (``trainer.lora``);
 - ``trainer_state.pt``: optimizer, learning-rate scheduler and RNG states;
 - ``critic.pt``: PPO's value head (``trainer.critic``), when the run has one;
 - ``state.json``: step, policy version, task-sampler position, the ids of every group trained so
@@ -29,6 +29,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from trainer.lora import save_weights
 
 __all__ = ["CheckpointState", "latest_checkpoint", "load_checkpoint", "save_checkpoint"]
 
@@ -85,7 +87,7 @@ def save_checkpoint(
     final = ckpt_dir / f"step-{state.step:06d}"
     tmp = ckpt_dir / f".{final.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp / "model")
+    save_weights(model, tmp / "model")  # a LoRA run's: its adapter only
     if tokenizer is not None:
         tokenizer.save_pretrained(tmp / "model")
     torch.save(

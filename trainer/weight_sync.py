@@ -4,8 +4,9 @@
 engines abort in-flight generations at the swap and the client resumes them, so per-token versions
 stay exact. Nothing may change the parameters while a push runs (call it between optimizer steps).
 
-- ``DiskWeightSync``: save a Hugging Face checkpoint, then ``/update_weights_from_disk``. Engines must
-  see the directory.
+- ``DiskWeightSync``: save a Hugging Face checkpoint (a LoRA model's adapter only, which the built-in
+  engine merges into its base weights), then ``/update_weights_from_disk``. Engines must see the
+  directory.
 - ``DistributedWeightSync``: SGLang's NCCL path. The trainer is rank 0 of a process group of its own
   with every engine rank (``init``); ``push`` posts ``/update_weights_from_distributed`` with the
   parameters' names, dtypes and shapes while broadcasting each tensor, in that order. ``nccl`` between
@@ -34,6 +35,7 @@ import torch
 
 from engine.client import EngineClient, WeightUpdateFailed
 from pqrl.collective import broadcast_from_rank0, destroy_group, in_daemon_thread, init_weights_group
+from trainer.lora import is_lora, save_weights
 
 __all__ = ["DiskWeightSync", "DistributedWeightSync", "WeightSync", "init_weights_group"]
 
@@ -83,7 +85,7 @@ class DiskWeightSync:
             shutil.rmtree(self._saved.pop(0), ignore_errors=True)
 
     def _save(self, model: Any, path: Path) -> None:
-        model.save_pretrained(path)
+        save_weights(model, path)  # a LoRA model's adapter only: the engines merge it into their base
         if self.tokenizer is not None:
             self.tokenizer.save_pretrained(path)
 
@@ -187,6 +189,8 @@ class DistributedWeightSync:
             raise WeightUpdateFailed(
                 "the weights group is out of step after a failed push: close() and init()"
             )
+        if is_lora(model):  # the engines would take adapter tensors for weights of their own
+            raise ValueError("a LoRA model's adapter goes to the engines from disk: use DiskWeightSync")
         names, tensors = zip(*((n, self._wire(p)) for n, p in model.named_parameters()), strict=True)
         self.last_broadcast_s = self.last_push_s = float("nan")
         start = time.perf_counter()

@@ -107,6 +107,11 @@ EVERY_SAMPLING_FIELD = SamplingParams(
 async def drive(client: EngineClient) -> None:
     """Every call pqrl makes on an SGLang server, through pqrl's own client."""
     await client.health()
+    await client.load_lora_adapter("policy", "/ckpt/v3")
+    client.lora_name = "policy"  # a LoRA policy's generations name its adapter
+    await client.generate([1, 2, 3], SamplingParams(max_new_tokens=2), rid="r2")
+    client.lora_name = None
+    await client.unload_lora_adapter("policy")
     for params in (None, SamplingParams(temperature=0, max_new_tokens=2), EVERY_SAMPLING_FIELD):
         await client.generate([1, 2, 3], params, rid="r1")
     await client.abort("r1")

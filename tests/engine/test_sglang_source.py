@@ -26,6 +26,7 @@ from engine.types import (
     ControlResponse,
     FinishReason,
     GenerateResponse,
+    LoRAUpdateResponse,
     MetaInfo,
     ModelInfo,
     UpdateWeightsResponse,
@@ -289,3 +290,16 @@ def test_response_fields_pqrl_reads_are_built_by_sglang(srt, routes):
         problems += missing(model.model_fields, set(routes[path].answer_keys), path)
     assert problems == []
     assert len(missing({"no_such_meta_key"}, keys_written_to(manager, "meta_info"), "meta_info")) == 1
+
+
+def test_lora_answers_pqrl_reads_are_fields_of_sglangs_lora_update_output(srt, routes, classes):
+    # the LoRA routes answer msgspec_to_builtins(result): a LoRAUpdateOutput's fields, not dict literals
+    server = (srt / "entrypoints" / "http_server.py").read_text()
+    for path in ("/load_lora_adapter", "/unload_lora_adapter"):
+        assert routes[path].body in ("LoadLoRAAdapterReqInput", "UnloadLoRAAdapterReqInput")
+    assert server.count("msgspec_to_builtins(result)") >= 2
+    io = (srt / "managers" / "io_struct.py").read_text()
+    assert "LoadLoRAAdapterReqOutput = UnloadLoRAAdapterReqOutput" in io and "= LoRAUpdateOutput" in io
+    answer = classes["LoRAUpdateOutput"]
+    assert missing(LoRAUpdateResponse.model_fields, set(answer), "LoRAUpdateOutput") == []
+    assert len(missing({"message"}, set(answer), "LoRAUpdateOutput")) == 1  # it says error_message
