@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tasks.coding.assert_methods import as_asserts
-from tasks.coding.probe_runtime import COMPARISONS
+from tasks.coding.probe_runtime import COMPARISONS, OVERFLOW
 from tasks.coding.record import MAX_TEXT, BadRecord, Opaque, Record, decode, opaque_inside, parse_record
 
 __all__ = [
@@ -60,13 +60,14 @@ __all__ = [
     "compare",
     "decode",
     "instrument",
+    "overflowed",
     "parse_record",
     "same",
     "strong_tests",
     "unstable_entries",
 ]
 
-SCHEME = "7"  # bump when the rewriting or the record changes: cached gold records are keyed by it
+SCHEME = "8"  # bump when the rewriting or the record changes: cached gold records are keyed by it
 PROBE, RAISES, MODULE = "_pqrl_probe", "_pqrl_raises", "pqrl_probe_runtime"
 _OPS = {
     ast.Eq: "==", ast.NotEq: "!=", ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=",
@@ -447,12 +448,18 @@ def compare(
     return problems
 
 
+def overflowed(record: Record) -> set[str]:
+    """Tests whose record the recorder stopped (the record reached its size limit): what they
+    recorded is not whole, so their outcome alone judges them."""
+    return {t for t, entries in record.items() if any(v == [OVERFLOW] for _, v in entries)}
+
+
 def unstable_entries(first: Record, second: Record) -> tuple[set[tuple[str, int]], set[str]]:
     """Two gold runs -> the (test, index) entries whose values differ, and the tests whose
     sequence of sites differs (those are judged by pytest's outcome alone)."""
     entries: set[tuple[str, int]] = set()
-    tests: set[str] = set()
-    for test in first.keys() | second.keys():
+    tests: set[str] = overflowed(first) | overflowed(second)
+    for test in (first.keys() | second.keys()) - tests:
         a, b = first.get(test, []), second.get(test, [])
         if [s for s, _ in a] != [s for s, _ in b]:
             tests.add(test)

@@ -57,13 +57,16 @@ async def build_reference(
     tests: list[str],
     run_base: Callable[[Mapping[str, str]], Awaitable[Record | None]],
     run_gold: RunTests,
+    *,
+    always_base: bool = False,
 ) -> Reference:
     """The reference of ``hidden`` (path -> source of the test files to rewrite) for the listed
     ``tests``. ``run_base(files)``: the record of ``files`` over the unfixed code, None when there
     is none (the base is only evidence); ``run_gold(files)``: the record over the gold solution,
-    raising GoldReferenceError when the gold fails a listed test."""
+    raising GoldReferenceError when the gold fails a listed test. ``always_base``: run the base
+    even when no operand could be held (its ``base_fails`` tell which tests a forger must forge)."""
     full = await ast_work(probes.instrument, dict(hidden))
-    base = await run_base(full.files) if could_hold(full.sites) else None
+    base = await run_base(full.files) if always_base or could_hold(full.sites) else None
     first = await run_gold(full.files)
     held = held_operands(full.sites, first, base) if base is not None else {}
     settled, reduced = None, full

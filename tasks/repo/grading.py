@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import json
 import secrets
 import shlex
@@ -42,7 +43,14 @@ from tasks.coding.record import Record
 from tasks.coding.reference import GoldReferenceError, ast_work, build_reference
 from tasks.coding.verdict import GradeResult
 from tasks.repo.task import RepoTask
-from tasks.repo.values import RepoReference, junit_only, reference_key, unrewritable, values_verdict
+from tasks.repo.values import (
+    RepoReference,
+    junit_only,
+    reference_key,
+    unrewritable,
+    unsafe_fail_to_pass,
+    values_verdict,
+)
 
 __all__ = ["MAX_PATCH_BYTES", "capture_diff", "grade_patch", "graded_paths", "hidden_paths", "reference"]
 
@@ -266,13 +274,16 @@ async def reference(
 ) -> RepoReference:
     """The task's reference, computed once per process and task content (tasks/repo/values.py)."""
     if not task.patch:
-        return RepoReference(None, "the task has no gold patch")
+        why = "the task has no gold patch"
+        return RepoReference(None, why, unsafe=unsafe_fail_to_pass(None, task.fail_to_pass, why))
     key = reference_key(task)
     if key not in _REFERENCES:
         locks = _REFERENCE_LOCKS.setdefault(asyncio.get_running_loop(), {})
         async with locks.setdefault(key, asyncio.Lock()):  # one computation per task, across gradings
             if key not in _REFERENCES:
                 computed = await _compute_reference(task, make_sandbox, timeout)
+                why = unsafe_fail_to_pass(computed.reference, task.fail_to_pass, computed.why_junit)
+                computed = dataclasses.replace(computed, unsafe=why)
                 if not computed.cached:
                     return computed
                 while len(_REFERENCES) >= MAX_REFERENCES:  # oldest first: a bounded cache
@@ -301,6 +312,8 @@ async def _compute_reference(
 
             async def run_base(files: Mapping[str, str]) -> Record | None:
                 report = await _run_tests(task, boxes[0], gdir, min(timeout, 60.0), files)
+                if "runner_error" in report:  # no run: no evidence (an empty record would be some)
+                    return None
                 try:
                     return probes.parse_record(base64.b64decode(report.get("probes", "")))
                 except ValueError:  # the unfixed code's record is only evidence
@@ -325,7 +338,7 @@ async def _compute_reference(
                 return probes.parse_record(base64.b64decode(report.get("probes", "")))
 
             try:
-                ref = await build_reference(task.id, hidden, listed, run_base, run_gold)
+                ref = await build_reference(task.id, hidden, listed, run_base, run_gold, always_base=True)
             except (GoldReferenceError, ValueError) as e:  # BadRecord is a ValueError
                 return RepoReference(None, f"no gold record: {str(e)[:500]}")
             except SandboxDied as e:  # the container's fault, maybe not the gold's: not kept

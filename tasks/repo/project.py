@@ -26,6 +26,7 @@ from pathlib import Path
 
 from pqrl.cache import cache_dir
 from pqrl.errors import PermanentFault, UsageError
+from sandboxes.recipes import normal_name
 from sandboxes.repo_source import ARCHIVE_SUFFIXES, stage_repository
 
 __all__ = ["Project", "fetch_sdist", "infer_requirements", "load_project"]
@@ -91,7 +92,7 @@ def fetch_sdist(spec: str, *, index: str = PYPI_SIMPLE) -> Path:
     found = [p for p in folder.iterdir() if p.name.endswith(ARCHIVE_SUFFIXES)]
     if found:
         return found[0]
-    name, version = _normal(m.group(1)), m.group(2)
+    name, version = normal_name(m.group(1)), m.group(2)
     listing = _get(f"{index.rstrip('/')}/{name}/", accept="application/vnd.pypi.simple.v1+json", spec=spec)
     try:
         files = json.loads(listing)["files"]
@@ -113,16 +114,12 @@ def fetch_sdist(spec: str, *, index: str = PYPI_SIMPLE) -> Path:
         return got.rename(folder / got.name)  # the same file system: atomic, whole or absent
 
 
-def _normal(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()  # PEP 503
-
-
 def _is_sdist_of(filename: str, name: str, version: str) -> bool:
     stem = next((filename[: -len(s)] for s in ARCHIVE_SUFFIXES if filename.endswith(s)), None)
     if stem is None or "-" not in stem:
         return False
     dist, _, ver = stem.rpartition("-")
-    return _normal(dist) == name and ver == version
+    return normal_name(dist) == name and ver == version
 
 
 def _get(url: str, *, accept: str, spec: str) -> bytes:
