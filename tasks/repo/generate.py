@@ -131,7 +131,9 @@ class _Runner:
             r = await box.exec(argv, cwd=WORKSPACE, env={"PYTHONDONTWRITEBYTECODE": "1"}, timeout=timeout)
             if r.timed_out:
                 return None, True
-            return {o.id: o for o in parse_junit(await box.read_file(_JUNIT, max_bytes=2 << 20), files)}, False
+            return {
+                o.id: o for o in parse_junit(await box.read_file(_JUNIT, max_bytes=2 << 20), files)
+            }, False
         except (ReportError, OSError, ValueError, SandboxError):
             return None, False  # no report, or the mutant took its sandbox down (memory): dropped
         finally:
@@ -170,7 +172,9 @@ class _Cache:
     def key(*parts: str) -> str:
         return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
-    def put(self, key: str, outcomes: dict[str, TestOutcome] | None, timed_out_at: float | None = None) -> None:
+    def put(
+        self, key: str, outcomes: dict[str, TestOutcome] | None, timed_out_at: float | None = None
+    ) -> None:
         """``timed_out_at``: the timeout the run reached (None: it finished, or broke)."""
         data = None if outcomes is None else {i: [o.outcome, o.message, o.text] for i, o in outcomes.items()}
         self.known[key] = (data, timed_out_at)

@@ -36,7 +36,14 @@ from tasks.coding import probes
 from tasks.coding.verdict import GradeResult, Reference, held_out_failures
 from tasks.repo.task import RepoTask
 
-__all__ = ["RepoReference", "junit_only", "reference_key", "unrewritable", "unsafe_fail_to_pass", "values_verdict"]
+__all__ = [
+    "RepoReference",
+    "junit_only",
+    "reference_key",
+    "unrewritable",
+    "unsafe_fail_to_pass",
+    "values_verdict",
+]
 
 
 @dataclass(frozen=True)
@@ -78,7 +85,9 @@ def junit_only(reference: Reference, listed: list[str]) -> list[str]:
     return [t for t in listed if not reference.gold.get(t) or t in reference.unstable_tests]
 
 
-def unsafe_fail_to_pass(reference: Reference | None, fail_to_pass: list[str], why: str = "") -> dict[str, str]:
+def unsafe_fail_to_pass(
+    reference: Reference | None, fail_to_pass: list[str], why: str = ""
+) -> dict[str, str]:
     """FAIL_TO_PASS tests a forged outcome could pass (see the module docstring) -> why."""
     if reference is None:
         return dict.fromkeys(fail_to_pass, why or "the task is judged by JUnit alone")
