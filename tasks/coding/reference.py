@@ -26,7 +26,7 @@ from tasks.coding.held import base_fails, could_hold, held_operands, settle
 from tasks.coding.record import Record
 from tasks.coding.verdict import Reference
 
-__all__ = ["GoldReferenceError", "ast_work", "build_reference"]
+__all__ = ["GoldReferenceError", "ast_work", "build_reference", "gold_runs_apart"]
 
 T = TypeVar("T")
 _AST_LOCK = threading.Lock()
@@ -49,6 +49,24 @@ async def ast_work(fn: Callable[..., T], *args: Any) -> T:
 class GoldReferenceError(BadTask, RuntimeError):
     """The gold solution does not pass its own rewritten tests: the task (or the grader) is broken,
     never the submission's fault; a ``BadTask``, so the task is dead-lettered, not retried."""
+
+
+def gold_runs_apart(
+    make_sandbox: Callable[[], Awaitable[Any]], run: Callable[[Any, Mapping[str, str]], Awaitable[Record]]
+) -> RunTests:
+    """``run_gold`` for ``build_reference``: ``run(sandbox, files)`` in a sandbox of its own each
+    time (closed after), as a submission's run always is. What differs from one container to the
+    next (its host name, a folder on PYTHONPATH, so os.environ) then differs between the gold runs
+    too and is unstable, not a check the gold passes and every submission fails."""
+
+    async def run_gold(files: Mapping[str, str]) -> Record:
+        box = await make_sandbox()
+        try:
+            return await run(box, files)
+        finally:
+            await box.close()
+
+    return run_gold
 
 
 async def build_reference(

@@ -40,7 +40,7 @@ from tasks.coding.diffs import split_patch
 from tasks.coding.grader import PROBE_RUNTIME_SOURCE, RUNNER_SOURCE, _tar, grading_slots
 from tasks.coding.junit import ReportError, parse_junit
 from tasks.coding.record import Record
-from tasks.coding.reference import GoldReferenceError, ast_work, build_reference
+from tasks.coding.reference import GoldReferenceError, ast_work, build_reference, gold_runs_apart
 from tasks.coding.verdict import GradeResult
 from tasks.repo.task import RepoTask
 from tasks.repo.values import (
@@ -319,13 +319,8 @@ async def _compute_reference(
                 except ValueError:  # the unfixed code's record is only evidence
                     return None
 
-            async def run_gold(files: Mapping[str, str]) -> Record:
-                # Each gold run in a container and grading folder of its own, as a submission's run
-                # always is: what differs from one container to the next (its host name, the
-                # folder on PYTHONPATH, so os.environ) then differs between the gold runs too and is
-                # unstable, not a check the gold passes and every submission fails.
-                box, here = await make_sandbox(), f"/tmp/pqrl-grade-{secrets.token_hex(8)}"
-                boxes.append(box)
+            async def gold_in(box: Sandbox, files: Mapping[str, str]) -> Record:
+                here = f"/tmp/pqrl-grade-{secrets.token_hex(8)}"  # a grading folder of its own too
                 failed = await _checkout(task, task.patch.encode() if task.patch else b"", box, here)
                 if failed is not None:
                     raise GoldReferenceError(f"task {task.id}: the gold {failed.info['reason']}")
@@ -338,6 +333,7 @@ async def _compute_reference(
                 return probes.parse_record(base64.b64decode(report.get("probes", "")))
 
             try:
+                run_gold = gold_runs_apart(make_sandbox, gold_in)
                 ref = await build_reference(task.id, hidden, listed, run_base, run_gold, always_base=True)
             except (GoldReferenceError, ValueError) as e:  # BadRecord is a ValueError
                 return RepoReference(None, f"no gold record: {str(e)[:500]}")
