@@ -329,9 +329,9 @@ class CodingGrader:
         async with self.slots or grading_slots():
 
             async def run_base(files: Mapping[str, str]) -> Record | None:
-                box = await self.make_sandbox()
+                box, gdir = await self.make_sandbox(), f"/tmp/pqrl-grade-{secrets.token_hex(8)}"
                 try:
-                    return await self._base_record(task, box, f"/tmp/pqrl-grade-{secrets.token_hex(8)}", files)
+                    return await self._base_record(task, box, gdir, files)
                 finally:
                     await box.close()
 
