@@ -282,8 +282,8 @@ async def reference(
         async with locks.setdefault(key, asyncio.Lock()):  # one computation per task, across gradings
             if key not in _REFERENCES:
                 computed = await _compute_reference(task, make_sandbox, timeout)
-                why = unsafe_fail_to_pass(computed.reference, task.fail_to_pass, computed.why_junit)
-                computed = dataclasses.replace(computed, unsafe=why)
+                unsafe = unsafe_fail_to_pass(computed.reference, task.fail_to_pass, computed.why_junit)
+                computed = dataclasses.replace(computed, unsafe=unsafe)
                 if not computed.cached:
                     return computed
                 while len(_REFERENCES) >= MAX_REFERENCES:  # oldest first: a bounded cache
