@@ -327,7 +327,7 @@ async def _compute_reference(
                 report = await _run_tests(task, box, here, timeout, files)
                 verdict = judge(task, report)
                 if verdict.reward != 1.0:
-                    raise GoldReferenceError(
+                    raise (_GoldTimedOut if report.get("timed_out") else GoldReferenceError)(
                         f"task {task.id}: the gold patch fails: {verdict.info['reason']}"
                     )
                 return probes.parse_record(base64.b64decode(report.get("probes", "")))
@@ -335,10 +335,13 @@ async def _compute_reference(
             try:
                 run_gold = gold_runs_apart(make_sandbox, gold_in)
                 ref = await build_reference(task.id, hidden, listed, run_base, run_gold, always_base=True)
+            except (
+                SandboxDied,
+                _GoldTimedOut,
+            ) as e:  # the machine's fault (load), maybe not the gold's: not kept
+                return RepoReference(None, f"no gold record: {str(e)[:500]}", cached=False)
             except (GoldReferenceError, ValueError) as e:  # BadRecord is a ValueError
                 return RepoReference(None, f"no gold record: {str(e)[:500]}")
-            except SandboxDied as e:  # the container's fault, maybe not the gold's: not kept
-                return RepoReference(None, f"no gold record: {str(e)[:500]}", cached=False)
             only = junit_only(ref, listed)
             if len(only) == len(listed):  # e.g. ids that are not pytest's node ids: nothing to compare
                 return RepoReference(None, "no listed test recorded a check on the gold solution")
@@ -346,6 +349,10 @@ async def _compute_reference(
         finally:
             for box in boxes:
                 await box.close()
+
+
+class _GoldTimedOut(GoldReferenceError):
+    """The gold's run reached the timeout: on a loaded machine, not the task's fault, so not kept."""
 
 
 async def _read_tests(task: RepoTask, sandbox: Sandbox) -> tuple[dict[str, str], list[str]]:
