@@ -419,24 +419,29 @@ def probe(site, ops, *thunks):
     would end the assert); with comparison ``ops``, the comparison's truth is recorded too; with
     ``("bool",)``, only the one operand's truth."""
     values, out = [], []
+    # What the assert raises is recorded, then raised on, as the original assert raises it (inside
+    # ``pytest.raises`` that is what the test expects: ``assert coll == remap(coll)`` recursing).
     if ops == ("bool",):  # a bare ``assert X``: only its truth counts, as in the original test
         try:
-            _emit(site, [{"!truth": bool(thunks[0]())}])
+            truth = bool(thunks[0]())
         except Exception as e:
             _emit(site, [_raised(e)])
+            raise
+        _emit(site, [{"!truth": truth}])
         return
     for thunk in thunks:
         try:
             values.append(thunk())
         except Exception as e:
             _emit(site, out + [_raised(e)])
-            return
+            raise
         out.append(_safe_encode(values[-1]) if _recording(_test_id()) else None)  # past it: no work
     if ops:
         try:
             out.append({"!truth": _chain(ops, values)})
         except Exception as e:
-            out.append(_raised(e))
+            _emit(site, out + [_raised(e)])
+            raise
     _emit(site, out)
 
 

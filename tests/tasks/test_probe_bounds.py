@@ -109,3 +109,40 @@ def test_threads_recording_at_once_write_whole_lines(pipe, monkeypatch):
         t.join()
     record = probes.parse_record(pipe())
     assert len(record[TEST]) == 40 and all(v == [big] for _, v in record[TEST])
+
+
+class _Recursing:
+    def __eq__(self, other: object) -> bool:
+        raise RecursionError("maximum recursion depth exceeded in comparison")
+
+    __hash__ = object.__hash__
+
+
+def test_an_assert_that_raises_inside_pytest_raises_raises_as_the_original(pipe, monkeypatch):
+    """``with pytest.raises(RuntimeError): assert coll == remap(coll)`` (boltons): the comparison's
+    error is what the block expects; recorded and swallowed by the probe, the gold failed its own
+    rewritten test. Now it is recorded and raised on, and the gold's record matches itself."""
+    src = "import pytest\n\n\ndef test_r():\n    with pytest.raises(RuntimeError):\n        assert R() == 1\n"
+    inst = probes.instrument({"t.py": src})
+    (probe_site,) = [i for i, s in inst.sites.items() if s.kind != "raises"]
+    (raises_site,) = [i for i, s in inst.sites.items() if s.kind == "raises"]
+    monkeypatch.setenv("PYTEST_CURRENT_TEST", "t.py::test_r (call)")
+    with probe_runtime.raises(raises_site):
+        probe_runtime.probe(probe_site, ("==",), _Recursing, lambda: 1)
+    gold = probes.parse_record(pipe())
+    assert gold["t.py::test_r"][0][1][-1]["!raised"][0] == "builtins.RecursionError"
+    assert probes.compare(gold, gold, inst.sites, ["t.py::test_r"]) == {}
+    no_raise = {"t.py::test_r": [(probe_site, [{"!truth": True}]), gold["t.py::test_r"][1]]}
+    assert probes.compare(gold, no_raise, inst.sites, ["t.py::test_r"])  # not what the gold did
+    other = [
+        {
+            "!raised": [
+                "builtins.ValueError",
+                "builtins.Exception",
+                "builtins.BaseException",
+                "builtins.object",
+            ]
+        }
+    ]
+    raised_else = {"t.py::test_r": [(probe_site, other), gold["t.py::test_r"][1]]}
+    assert probes.compare(gold, raised_else, inst.sites, ["t.py::test_r"])
