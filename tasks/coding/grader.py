@@ -308,7 +308,7 @@ class CodingGrader:
         return json.loads(await sandbox.read_file(f"{report_dir}/report.json", max_bytes=32 << 20)), canary
 
     async def reference(self, task: CodingTask) -> Reference:
-        """The gold solution's probe record for ``task``, computed once per process (two runs in a
+        """The gold solution's probe record for ``task``, computed once per process (two runs, each in a
         fresh sandbox, so values that vary between runs are known) and kept on the host."""
         key = _reference_key(task)
         if key in _REFERENCES:

@@ -26,8 +26,8 @@ the tests passed. It rewrites every hidden test on the host before upload (``ins
 - an assert using ``await``, ``yield``, ``:=`` or ``super()`` means something else inside a lambda:
   it is left as it is (an in-process check, its expectation visible).
 
-The same rewritten tests run on the gold solution, on the host's behalf and in a fresh container
-(twice, to find values that vary between runs). ``compare`` then checks, test by test, that the
+The same rewritten tests run on the gold solution, on the host's behalf, twice, each in a fresh
+container (to find values that vary between runs). ``compare`` then checks, test by test, that the
 submission's record equals the gold record entry by entry. A forger that takes over the test
 process can write any record it likes, but to match it must know what the correct code computes
 for every recorded call: the values that are not in the container.
