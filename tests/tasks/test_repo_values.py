@@ -11,15 +11,9 @@ import json
 from tasks.coding import probes
 from tasks.coding.assert_methods import as_asserts
 from tasks.coding.verdict import GradeResult, Reference
+from tasks.repo import values
 from tasks.repo.task import RepoTask
-from tasks.repo.values import (
-    RepoReference,
-    junit_only,
-    reference_key,
-    unrewritable,
-    unsafe_fail_to_pass,
-    values_verdict,
-)
+from tasks.repo.values import RepoReference, junit_only, reference_key, unrewritable, values_verdict
 from tests.tasks.repo_forgery import _without
 
 
@@ -169,7 +163,7 @@ def test_a_fail_to_pass_test_is_safe_only_if_values_catch_the_unfixed_code():
     def ref(fails, unstable=frozenset(), gold=gold) -> Reference:
         return Reference(inst.files, inst.sites, gold, set(unstable), set(), fails)
 
-    assert unsafe_fail_to_pass(ref(frozenset({("t.py::test_a", 0)})), ["t.py::test_a"]) == {}
+    assert values.unsafe_fail_to_pass(ref(frozenset({("t.py::test_a", 0)})), ["t.py::test_a"]) == {}
     why = {
         "the unfixed code records": ref(frozenset()),  # the bug shows only in pytest's outcome
         "no record": ref(None),
@@ -177,10 +171,11 @@ def test_a_fail_to_pass_test_is_safe_only_if_values_catch_the_unfixed_code():
         "no stable, whole check": ref(frozenset(), gold={}),  # e.g. only assertAlmostEqual
     }
     for reason, r in why.items():
-        out = unsafe_fail_to_pass(r, ["t.py::test_a"])
+        out = values.unsafe_fail_to_pass(r, ["t.py::test_a"])
         assert list(out) == ["t.py::test_a"], reason
-    assert "unfixed code records" in unsafe_fail_to_pass(ref(frozenset()), ["t.py::test_a"])["t.py::test_a"]
-    whole = unsafe_fail_to_pass(None, ["t.py::test_a", "t.py::test_b"], "no gold record: it fails")
+    unfixed = values.unsafe_fail_to_pass(ref(frozenset()), ["t.py::test_a"])
+    assert "unfixed code records" in unfixed["t.py::test_a"]
+    whole = values.unsafe_fail_to_pass(None, ["t.py::test_a", "t.py::test_b"], "no gold record: it fails")
     assert whole == dict.fromkeys(["t.py::test_a", "t.py::test_b"], "no gold record: it fails")
 
 
