@@ -103,6 +103,7 @@ async def main(verdict: str, forgers: list[str], suites: list[str]) -> None:
     finally:
         await api.close()
     counts: dict[str, int] = {}
+    unsafe: list[str] = []
     for who in ["gold", "empty", *forgers]:
         rows = {t: r for (w, t), r in results.items() if w == who}
         scored = sorted(t for t, r in rows.items() if not isinstance(r, BaseException) and r.reward > 0)
@@ -117,10 +118,14 @@ async def main(verdict: str, forgers: list[str], suites: list[str]) -> None:
             print(f"  {t}: {rows[t]!r}", flush=True)
         for t in scored if who not in ("gold",) else []:
             print(f"  {t}: {rows[t].info.get('reason')}", flush=True)
+        for t, r in rows.items() if who == "gold" else []:  # --check drops these (tasks/repo/values.py)
+            if not isinstance(r, BaseException) and r.info.get("unsafe_fail_to_pass"):
+                unsafe.append(t)
+                print(f"  {t}: unsafe_fail_to_pass {r.info['unsafe_fail_to_pass']}", flush=True)
     forged = sum(v for k, v in counts.items() if k not in ("gold", "empty"))
     summary = {"verdict": verdict, "tasks": len(tasks), "build_s": round(build_s, 1),
                "wall_s": round(wall_s, 1), "gold_scored": counts["gold"], "empty_scored": counts["empty"],
-               "forged_nonzero_or_raised": forged, "counts": counts}  # fmt: skip
+               "forged_nonzero_or_raised": forged, "counts": counts, "unsafe_tasks": unsafe}  # fmt: skip
     print(json.dumps(summary))
 
 

@@ -17,7 +17,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -31,15 +30,9 @@ from bench.learning import short_commit  # noqa: E402
 from env_server.pools import PoolSet  # noqa: E402
 from sandboxes.hardening import SandboxSettings  # noqa: E402
 from sandboxes.recipes import RepoRecipe, build_recipe, recipe_tag  # noqa: E402
+from tasks.repo.project import fetch_sdist  # noqa: E402
 
 WARM_RUNS = 5
-
-
-def _sdist(spec: str, into: Path) -> Path:
-    """The sdist from pqrl's cache (downloaded there once, no project code run on the host)."""
-    from tasks.repo.project import fetch_sdist
-
-    return fetch_sdist(spec)
 
 
 def _size_mb(tag: str) -> float:
@@ -98,30 +91,29 @@ def main() -> None:
     print(f"# python bench/repo_images.py --project {args.project} --dependency {args.dependency}")
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     print(f"# commit {short_commit(ROOT)}, load {load}, {os.cpu_count()} cores", flush=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        t0 = time.perf_counter()
-        archive = _sdist(args.project, Path(tmp))
-        download_s = time.perf_counter() - t0
-        recipe = RepoRecipe(name=args.project.split("==")[0], source=str(archive),
-                            requirements=(args.dependency,), install="editable")  # fmt: skip
-        tag = recipe_tag(recipe)
-        subprocess.run(["docker", "rmi", "-f", tag], capture_output=True)  # a cold build
-        t0 = time.perf_counter()
-        build_recipe(recipe, progress=lambda m: print(f"# {m}", file=sys.stderr))
-        cold_s = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        build_recipe(recipe, progress=lambda m: None)
-        cached_s = time.perf_counter() - t0
-        base = _size_mb(recipe.base_image)
-        size = _size_mb(tag)
-        result = {"project": args.project, "dependency": args.dependency,
-                  "sdist_download_s": round(download_s, 1), "build_cold_s": round(cold_s, 1),
-                  "build_cached_s": round(cached_s, 2), "image_mb": round(size, 1),
-                  "layer_mb": round(size - base, 1)}  # fmt: skip
-        try:
-            result |= asyncio.run(_sandboxes(tag))
-        finally:
-            subprocess.run(["docker", "rmi", "-f", tag], capture_output=True)
+    t0 = time.perf_counter()
+    archive = fetch_sdist(args.project)  # pqrl's cache: downloaded once, no project code run
+    download_s = time.perf_counter() - t0
+    recipe = RepoRecipe(name=args.project.split("==")[0], source=str(archive),
+                        requirements=(args.dependency,), install="editable")  # fmt: skip
+    tag = recipe_tag(recipe)
+    subprocess.run(["docker", "rmi", "-f", tag], capture_output=True)  # a cold build
+    t0 = time.perf_counter()
+    build_recipe(recipe, progress=lambda m: print(f"# {m}", file=sys.stderr))
+    cold_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    build_recipe(recipe, progress=lambda m: None)
+    cached_s = time.perf_counter() - t0
+    base = _size_mb(recipe.base_image)
+    size = _size_mb(tag)
+    result = {"project": args.project, "dependency": args.dependency,
+              "sdist_download_s": round(download_s, 1), "build_cold_s": round(cold_s, 1),
+              "build_cached_s": round(cached_s, 2), "image_mb": round(size, 1),
+              "layer_mb": round(size - base, 1)}  # fmt: skip
+    try:
+        result |= asyncio.run(_sandboxes(tag))
+    finally:
+        subprocess.run(["docker", "rmi", "-f", tag], capture_output=True)
     print(json.dumps(result), flush=True)
 
 

@@ -249,6 +249,9 @@ async def scripted_episodes(
             problems.append(
                 f"the correct episode earned {scored.reward:g}, not 1 (info {str(scored.info)[:200]})"
             )
+        unsafe = scored.info.get("unsafe_fail_to_pass")
+        if unsafe:  # a forged test outcome could earn this task's reward (tasks/repo/values.py)
+            problems.append(f"FAIL_TO_PASS tests the verdict cannot judge safely: {str(unsafe)[:300]}")
     except GraderFailure as e:
         problems.append(f"evaluate failed: {e.__cause__ or e}")
     finally:

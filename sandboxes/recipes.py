@@ -33,7 +33,7 @@ from pqrl.errors import PermanentFault, UsageError
 from sandboxes.image import image_exists, require_engine
 from sandboxes.repo_source import last_line, source_digest, stage_repository
 
-__all__ = ["REPO_PATH", "WORKSPACE", "RepoRecipe", "build_recipe", "recipe_tag"]
+__all__ = ["REPO_PATH", "WORKSPACE", "RepoRecipe", "build_recipe", "normal_name", "recipe_tag"]
 
 REPO_PATH = "/repo"  # the repository in the image (read-only: the root filesystem is)
 WORKSPACE = "/workspace"  # the sandbox's writable copy, which an editable install points at
@@ -265,7 +265,7 @@ def _dist_info(repo: Path, site: Path) -> None:
     name, version = fields.get("Name"), fields.get("Version")
     if not isinstance(name, str) or not isinstance(version, str) or not name or not version:
         return  # a dynamic version: nothing to say without running the project's build backend
-    key = re.sub(r"[-_.]+", "_", name).lower()
+    key = normal_name(name).replace("-", "_")  # as wheels name their .dist-info
     _uninstall(site, key)
     info = site / f"{key}-{re.sub(r'[^A-Za-z0-9.+!]', '_', version)}.dist-info"
     info.mkdir(exist_ok=True)
@@ -276,11 +276,16 @@ def _dist_info(repo: Path, site: Path) -> None:
     (info / "direct_url.json").write_text(json.dumps(url))
 
 
+def normal_name(name: str) -> str:
+    """A distribution's name as PEP 503 compares them: runs of ``-_.`` as one ``-``, lower case."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
 def _uninstall(site: Path, key: str) -> None:
     """Removes a released copy of the project a requirement pulled in (as ``pip install -e .``
     replaces it): site-packages comes before the .pth paths and would shadow the agent's copy."""
     for info in site.glob("*.dist-info"):
-        if re.sub(r"[-_.]+", "_", info.name.removesuffix(".dist-info").rsplit("-", 1)[0]).lower() != key:
+        if normal_name(info.name.removesuffix(".dist-info").rsplit("-", 1)[0]).replace("-", "_") != key:
             continue
         record = info / "RECORD"
         lines = record.read_text().splitlines() if record.is_file() else []

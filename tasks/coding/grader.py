@@ -65,7 +65,7 @@ from tasks.coding.capture import WORKSPACE, Submission, capture_workspace, submi
 from tasks.coding.diffs import source_files
 from tasks.coding.policy import MAX_SOURCE_BYTES, Violation, check_source
 from tasks.coding.record import Record, sendable
-from tasks.coding.reference import GoldReferenceError, ast_work, build_reference
+from tasks.coding.reference import GoldReferenceError, ast_work, build_reference, gold_runs_apart
 from tasks.coding.verdict import GradeResult, Reference, judge
 from tasks.suite import CodingTask
 
@@ -308,7 +308,7 @@ class CodingGrader:
         return json.loads(await sandbox.read_file(f"{report_dir}/report.json", max_bytes=32 << 20)), canary
 
     async def reference(self, task: CodingTask) -> Reference:
-        """The gold solution's probe record for ``task``, computed once per process (two runs in a
+        """The gold solution's probe record for ``task``, computed once per process (two runs, each in a
         fresh sandbox, so values that vary between runs are known) and kept on the host."""
         key = _reference_key(task)
         if key in _REFERENCES:
@@ -322,33 +322,29 @@ class CodingGrader:
         return _REFERENCES[key]
 
     async def _compute_reference(self, task: CodingTask) -> Reference:
-        """In one fresh sandbox: the rewritten tests on the unfixed repository, then on the gold
-        solution (tasks/coding/reference.py says which runs and why)."""
+        """The rewritten tests on the unfixed repository in one fresh sandbox, then on the gold
+        solution, each run in a sandbox of its own (tasks/coding/reference.py says which runs and
+        why)."""
         tests = sorted(set(task.fail_to_pass) | set(task.pass_to_pass))
-        gdir = f"/tmp/pqrl-grade-{secrets.token_hex(8)}"
         async with self.slots or grading_slots():
-            box = [await self.make_sandbox()]
-            gold_out = [False]
 
             async def run_base(files: Mapping[str, str]) -> Record | None:
-                return await self._base_record(task, box[0], gdir, files)
+                box, gdir = await self.make_sandbox(), f"/tmp/pqrl-grade-{secrets.token_hex(8)}"
+                try:
+                    return await self._base_record(task, box, gdir, files)
+                finally:
+                    await box.close()
 
-            async def run_gold(files: Mapping[str, str]) -> Record:
-                if not gold_out[0]:
-                    if not getattr(box[0], "alive", True):  # the unfixed code took the container down
-                        await box[0].close()
-                        box[0] = await self.make_sandbox()
-                    apply_error = await _checkout(box[0], task, task.gold_patch or "", gdir)
-                    if apply_error is not None:
-                        why = apply_error[-500:]
-                        raise GoldReferenceError(f"task {task.id}: the gold patch does not apply: {why}")
-                    gold_out[0] = True
-                return await self._gold_record(task, box[0], gdir, files)
+            async def gold_in(box: Sandbox, files: Mapping[str, str]) -> Record:
+                gdir = f"/tmp/pqrl-grade-{secrets.token_hex(8)}"
+                apply_error = await _checkout(box, task, task.gold_patch or "", gdir)
+                if apply_error is not None:
+                    why = apply_error[-500:]
+                    raise GoldReferenceError(f"task {task.id}: the gold patch does not apply: {why}")
+                return await self._gold_record(task, box, gdir, files)
 
-            try:
-                return await build_reference(task.id, task.hidden_tests, tests, run_base, run_gold)
-            finally:
-                await box[0].close()
+            run_gold = gold_runs_apart(self.make_sandbox, gold_in)
+            return await build_reference(task.id, task.hidden_tests, tests, run_base, run_gold)
 
     async def _base_record(
         self, task: CodingTask, sandbox: Sandbox, gdir: str, files: Mapping[str, str]

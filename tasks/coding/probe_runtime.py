@@ -30,12 +30,20 @@ import itertools
 import json
 import math
 import os
+import threading
 import types
 
 _FD = int(os.environ.get("PQRL_PROBE_FD", "-1"))
 _MAX_ITEMS = 1000  # per container: longer ones are cut (and marked), the gold record is cut alike
 _MAX_STR = 10000
 _MAX_DEPTH = 20
+# The record's size, under the runner's 8 MiB (tasks/coding/runner.py), and a test's share of it:
+# past either one "!overflow" entry, then nothing more from that test (or from any, past the
+# record's), never a line cut short. Such a test is judged by its outcome; so is every later one
+# once the record is full.
+_MAX_RECORD, _MAX_TEST = 6 << 20, 512 << 10
+_LEFT = [_MAX_RECORD, None, _MAX_TEST]  # bytes left in the record, the test recording, its bytes left
+_LOCK = threading.Lock()  # one line at a time: threads of the code under test probe too
 COMPARISONS = {  # also the host's, when it evaluates an assert on recorded values
     "==": lambda a, b: a == b,
     "!=": lambda a, b: a != b,
@@ -126,7 +134,7 @@ def encode(v, depth=0, budget=None):
     descriptors of the classes that define them. Depth and the number of values encoded (long
     strings count for more) are bounded: past them, the rest is cut, the same way for the gold
     record."""
-    budget = budget if budget is not None else [_MAX_NODES, {}]
+    budget = budget if budget is not None else [_MAX_NODES, {}, {}]
     budget[0] -= 1
     t = type(v)
     if v is None or t is bool or t is int and -(2**53) < v < 2**53:
@@ -146,8 +154,6 @@ def encode(v, depth=0, budget=None):
         return v if len(v) <= _MAX_STR else {"str": v[:_MAX_STR], "len": len(v)}
     if depth >= _MAX_DEPTH:
         return {"deep": _name(t, budget)}
-    if t is list or t is tuple or t is set or t is frozenset or t is dict:
-        return _container(t, v, len(v), depth, budget)
     if t is bytes or t is bytearray:
         return _bytes(v[:_MAX_STR], len(v), budget)
     if t is complex:
@@ -156,7 +162,18 @@ def encode(v, depth=0, budget=None):
         return {"class": _name(v, budget)}
     if t is _DATE or t is _DATETIME or t is _TIME or t is _TIMEDELTA or t is _TIMEZONE or t is _DECIMAL:
         return _value_type(t, v, depth, budget)
-    return _object(t, v, depth, budget)
+    # A value inside itself (a doubly linked list, a parent link) is marked by how far up it is:
+    # encoded again it would take the whole budget (2 links a node: 2**depth paths).
+    path = budget[2]
+    if id(v) in path:
+        return {"cycle": depth - path[id(v)]}
+    path[id(v)] = depth
+    try:
+        if t is list or t is tuple or t is set or t is frozenset or t is dict:
+            return _container(t, v, len(v), depth, budget)
+        return _object(t, v, depth, budget)
+    finally:
+        del path[id(v)]
 
 
 def _container(t, items, n, depth, budget):
@@ -367,10 +384,30 @@ def _test_id():
     return os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0]
 
 
+def _recording(test):
+    """Whether ``test`` may still add to the record (see ``_MAX_RECORD``); moves to a new test."""
+    if _LEFT[1] != test:
+        _LEFT[1], _LEFT[2] = test, _MAX_TEST
+    return _LEFT[0] >= 0 and _LEFT[2] >= 0
+
+
 def _emit(site, values):
-    line = (json.dumps({"t": _test_id(), "s": site, "v": values}) + "\n").encode()
-    while line and _FD >= 0:
-        line = line[os.write(_FD, line) :]
+    test = _test_id()
+    line = (json.dumps({"t": test, "s": site, "v": values}) + "\n").encode()
+    with _LOCK:
+        if not _recording(test):
+            return
+        if len(line) > min(_LEFT[0], _LEFT[2]):
+            full = len(line) > _LEFT[0]
+            line = (json.dumps({"t": test, "s": site, "v": [OVERFLOW]}) + "\n").encode()
+            _LEFT[0], _LEFT[2] = (-1 if full else _LEFT[0] - len(line)), -1
+        else:
+            _LEFT[0], _LEFT[2] = _LEFT[0] - len(line), _LEFT[2] - len(line)
+        while line and _FD >= 0:
+            line = line[os.write(_FD, line) :]
+
+
+OVERFLOW = {"!overflow": True}
 
 
 def _raised(e):
@@ -382,24 +419,29 @@ def probe(site, ops, *thunks):
     would end the assert); with comparison ``ops``, the comparison's truth is recorded too; with
     ``("bool",)``, only the one operand's truth."""
     values, out = [], []
+    # What the assert raises is recorded, then raised on, as the original assert raises it (inside
+    # ``pytest.raises`` that is what the test expects: ``assert coll == remap(coll)`` recursing).
     if ops == ("bool",):  # a bare ``assert X``: only its truth counts, as in the original test
         try:
-            _emit(site, [{"!truth": bool(thunks[0]())}])
+            truth = bool(thunks[0]())
         except Exception as e:
             _emit(site, [_raised(e)])
+            raise
+        _emit(site, [{"!truth": truth}])
         return
     for thunk in thunks:
         try:
             values.append(thunk())
         except Exception as e:
             _emit(site, out + [_raised(e)])
-            return
-        out.append(_safe_encode(values[-1]))
+            raise
+        out.append(_safe_encode(values[-1]) if _recording(_test_id()) else None)  # past it: no work
     if ops:
         try:
             out.append({"!truth": _chain(ops, values)})
         except Exception as e:
-            out.append(_raised(e))
+            _emit(site, out + [_raised(e)])
+            raise
     _emit(site, out)
 
 
@@ -448,4 +490,6 @@ class raises:
         except Exception:
             msg = "?"
         _emit(self.site, [{"!raised": _mro(exc_type), "msg": msg}])
-        return issubclass(exc_type, Exception)  # KeyboardInterrupt and exits still end the test
+        # Swallowed whatever it is, as pytest.raises(E) swallows a BaseException E names (an
+        # AbortThread, SystemExit): E stays on the host, which compares the recorded class.
+        return True

@@ -26,8 +26,8 @@ the tests passed. It rewrites every hidden test on the host before upload (``ins
 - an assert using ``await``, ``yield``, ``:=`` or ``super()`` means something else inside a lambda:
   it is left as it is (an in-process check, its expectation visible).
 
-The same rewritten tests run on the gold solution, on the host's behalf and in a fresh container
-(twice, to find values that vary between runs). ``compare`` then checks, test by test, that the
+The same rewritten tests run on the gold solution, on the host's behalf, twice, each in a fresh
+container (to find values that vary between runs). ``compare`` then checks, test by test, that the
 submission's record equals the gold record entry by entry. A forger that takes over the test
 process can write any record it likes, but to match it must know what the correct code computes
 for every recorded call: the values that are not in the container.
@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tasks.coding.assert_methods import as_asserts
-from tasks.coding.probe_runtime import COMPARISONS
+from tasks.coding.probe_runtime import COMPARISONS, OVERFLOW
 from tasks.coding.record import MAX_TEXT, BadRecord, Opaque, Record, decode, opaque_inside, parse_record
 
 __all__ = [
@@ -60,13 +60,14 @@ __all__ = [
     "compare",
     "decode",
     "instrument",
+    "overflowed",
     "parse_record",
     "same",
     "strong_tests",
     "unstable_entries",
 ]
 
-SCHEME = "7"  # bump when the rewriting or the record changes: cached gold records are keyed by it
+SCHEME = "8"  # bump when the rewriting or the record changes: cached gold records are keyed by it
 PROBE, RAISES, MODULE = "_pqrl_probe", "_pqrl_raises", "pqrl_probe_runtime"
 _OPS = {
     ast.Eq: "==", ast.NotEq: "!=", ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=",
@@ -387,8 +388,8 @@ def _entry_ok(site: Site | None, want: list[Any] | None, got: list[Any], gold: l
         return False
     if site.kind == "raises":
         return _raised_ok(site, gold, got)
-    if _raised_in(got):
-        return False  # the original assert would have raised: the test fails
+    if _raised_in(got):  # the original assert raised: the test fails, unless the gold's raised too
+        return _raised_in(gold) and got[-1] == gold[-1] and (want is None or same(want, got))
     if site.kind == "value":
         return got == [{"!truth": not site.negated}]
     if site.held:  # the operands the fix changes must equal the gold's; the rest are the gold's own
@@ -447,12 +448,18 @@ def compare(
     return problems
 
 
+def overflowed(record: Record) -> set[str]:
+    """Tests whose record the recorder stopped (the record reached its size limit): what they
+    recorded is not whole, so their outcome alone judges them."""
+    return {t for t, entries in record.items() if any(v == [OVERFLOW] for _, v in entries)}
+
+
 def unstable_entries(first: Record, second: Record) -> tuple[set[tuple[str, int]], set[str]]:
     """Two gold runs -> the (test, index) entries whose values differ, and the tests whose
     sequence of sites differs (those are judged by pytest's outcome alone)."""
     entries: set[tuple[str, int]] = set()
-    tests: set[str] = set()
-    for test in first.keys() | second.keys():
+    tests: set[str] = overflowed(first) | overflowed(second)
+    for test in (first.keys() | second.keys()) - tests:
         a, b = first.get(test, []), second.get(test, [])
         if [s for s, _ in a] != [s for s, _ in b]:
             tests.add(test)

@@ -26,7 +26,7 @@ from tasks.coding.held import base_fails, could_hold, held_operands, settle
 from tasks.coding.record import Record
 from tasks.coding.verdict import Reference
 
-__all__ = ["GoldReferenceError", "ast_work", "build_reference"]
+__all__ = ["GoldReferenceError", "ast_work", "build_reference", "gold_runs_apart"]
 
 T = TypeVar("T")
 _AST_LOCK = threading.Lock()
@@ -51,19 +51,40 @@ class GoldReferenceError(BadTask, RuntimeError):
     never the submission's fault; a ``BadTask``, so the task is dead-lettered, not retried."""
 
 
+def gold_runs_apart(
+    make_sandbox: Callable[[], Awaitable[Any]], run: Callable[[Any, Mapping[str, str]], Awaitable[Record]]
+) -> RunTests:
+    """``run_gold`` for ``build_reference``: ``run(sandbox, files)`` in a sandbox of its own each
+    time (closed after), as a submission's run always is. What differs from one container to the
+    next (its host name, a folder on PYTHONPATH, so os.environ) then differs between the gold runs
+    too and is unstable, not a check the gold passes and every submission fails."""
+
+    async def run_gold(files: Mapping[str, str]) -> Record:
+        box = await make_sandbox()
+        try:
+            return await run(box, files)
+        finally:
+            await box.close()
+
+    return run_gold
+
+
 async def build_reference(
     name: str,
     hidden: Mapping[str, str],
     tests: list[str],
     run_base: Callable[[Mapping[str, str]], Awaitable[Record | None]],
     run_gold: RunTests,
+    *,
+    always_base: bool = False,
 ) -> Reference:
     """The reference of ``hidden`` (path -> source of the test files to rewrite) for the listed
     ``tests``. ``run_base(files)``: the record of ``files`` over the unfixed code, None when there
     is none (the base is only evidence); ``run_gold(files)``: the record over the gold solution,
-    raising GoldReferenceError when the gold fails a listed test."""
+    raising GoldReferenceError when the gold fails a listed test. ``always_base``: run the base
+    even when no operand could be held (its ``base_fails`` tell which tests a forger must forge)."""
     full = await ast_work(probes.instrument, dict(hidden))
-    base = await run_base(full.files) if could_hold(full.sites) else None
+    base = await run_base(full.files) if always_base or could_hold(full.sites) else None
     first = await run_gold(full.files)
     held = held_operands(full.sites, first, base) if base is not None else {}
     settled, reduced = None, full

@@ -119,8 +119,9 @@ class _Runner:
 
     async def run(
         self, files: list[str], replace: dict[str, str], timeout: float
-    ) -> dict[str, TestOutcome] | None:
-        """Outcomes by id; None when the run timed out or left no readable report."""
+    ) -> tuple[dict[str, TestOutcome] | None, bool]:
+        """Outcomes by id (None when the run timed out or left no readable report), and whether it
+        timed out."""
         box = await self.boxes.get()
         try:
             box = await self._fresh(box)
@@ -129,10 +130,12 @@ class _Runner:
             argv = [*TEST_COMMAND.split(), f"--rootdir={WORKSPACE}", f"--junitxml={_JUNIT}", "-q", *files]
             r = await box.exec(argv, cwd=WORKSPACE, env={"PYTHONDONTWRITEBYTECODE": "1"}, timeout=timeout)
             if r.timed_out:
-                return None
-            return {o.id: o for o in parse_junit(await box.read_file(_JUNIT, max_bytes=2 << 20), files)}
+                return None, True
+            return {
+                o.id: o for o in parse_junit(await box.read_file(_JUNIT, max_bytes=2 << 20), files)
+            }, False
         except (ReportError, OSError, ValueError, SandboxError):
-            return None  # no report, or the mutant took its sandbox down (memory): dropped
+            return None, False  # no report, or the mutant took its sandbox down (memory): dropped
         finally:
             self.boxes.put_nowait(box)
 
@@ -152,31 +155,39 @@ class _Runner:
 
 
 class _Cache:
-    """Mutant outcomes by content (the clean image, the files run, the mutated text), one JSON line each."""
+    """Mutant outcomes by content (the clean image, the files run, the mutated text), one JSON line
+    each. A run that timed out is known only up to its timeout: a longer one runs it again."""
 
     def __init__(self, key: str) -> None:
         self.path = cache_dir("generate") / f"{key}.jsonl"
-        self.known: dict[str, dict[str, Any] | None] = {}
+        self.known: dict[str, tuple[dict[str, Any] | None, float | None]] = {}
         if self.path.is_file():
             for line in self.path.read_text().splitlines():
-                with contextlib.suppress(ValueError, KeyError):
+                with contextlib.suppress(ValueError, KeyError, TypeError):
                     record = json.loads(line)
-                    self.known[record["key"]] = record["outcomes"]
+                    limit = record.get("timed_out_at")
+                    self.known[record["key"]] = (record["outcomes"], None if limit is None else float(limit))
 
     @staticmethod
     def key(*parts: str) -> str:
         return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
-    def put(self, key: str, outcomes: dict[str, TestOutcome] | None) -> None:
+    def put(
+        self, key: str, outcomes: dict[str, TestOutcome] | None, timed_out_at: float | None = None
+    ) -> None:
+        """``timed_out_at``: the timeout the run reached (None: it finished, or broke)."""
         data = None if outcomes is None else {i: [o.outcome, o.message, o.text] for i, o in outcomes.items()}
-        self.known[key] = data
+        self.known[key] = (data, timed_out_at)
         with open(self.path, "a") as f:
-            f.write(json.dumps({"key": key, "outcomes": data}) + "\n")
+            f.write(json.dumps({"key": key, "outcomes": data, "timed_out_at": timed_out_at}) + "\n")
 
-    def get(self, key: str) -> tuple[bool, dict[str, TestOutcome] | None]:
+    def get(self, key: str, timeout: float = 0.0) -> tuple[bool, dict[str, TestOutcome] | None]:
+        """(hit, outcomes); a miss for a run that timed out before ``timeout``."""
         if key not in self.known:
             return False, None
-        data = self.known[key]
+        data, limit = self.known[key]
+        if limit is not None and limit < timeout:
+            return False, None
         if data is None:
             return True, None
         return True, {i: TestOutcome(i, v[0], v[1], v[2]) for i, v in data.items()}
@@ -186,7 +197,7 @@ async def _baseline(runner: _Runner, tests: list[str], say: Callable[[str], None
     runs = []
     t0 = time.monotonic()
     for attempt in (1, 2):
-        outcomes = await runner.run(tests, {}, 1800)
+        outcomes, _ = await runner.run(tests, {}, 1800)
         if outcomes is None:
             raise UsageError("the project's tests time out or write no JUnit report in the sandbox")
         runs.append({i for i, o in outcomes.items() if o.outcome == "passed"})
@@ -230,10 +241,10 @@ async def _mutants(
 
     async def outcomes(path: str, mutated: str) -> tuple[bool, dict[str, TestOutcome] | None]:
         key = _Cache.key(str(_REVISION), clean, *scope[path], path, mutated)
-        hit, got = cache.get(key)
+        hit, got = cache.get(key, runner.timeout)
         if not hit:
-            got = await runner.run(scope[path], {path: mutated}, runner.timeout)
-            cache.put(key, got)
+            got, timed_out = await runner.run(scope[path], {path: mutated}, runner.timeout)
+            cache.put(key, got, runner.timeout if timed_out else None)
         return hit, got
 
     # Batches of `workers` mutants run at once and are judged in draw order, so which are kept

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import json
 import secrets
 import shlex
@@ -39,10 +40,17 @@ from tasks.coding.diffs import split_patch
 from tasks.coding.grader import PROBE_RUNTIME_SOURCE, RUNNER_SOURCE, _tar, grading_slots
 from tasks.coding.junit import ReportError, parse_junit
 from tasks.coding.record import Record
-from tasks.coding.reference import GoldReferenceError, ast_work, build_reference
+from tasks.coding.reference import GoldReferenceError, ast_work, build_reference, gold_runs_apart
 from tasks.coding.verdict import GradeResult
 from tasks.repo.task import RepoTask
-from tasks.repo.values import RepoReference, junit_only, reference_key, unrewritable, values_verdict
+from tasks.repo.values import (
+    RepoReference,
+    junit_only,
+    reference_key,
+    unrewritable,
+    unsafe_fail_to_pass,
+    values_verdict,
+)
 
 __all__ = ["MAX_PATCH_BYTES", "capture_diff", "grade_patch", "graded_paths", "hidden_paths", "reference"]
 
@@ -266,13 +274,16 @@ async def reference(
 ) -> RepoReference:
     """The task's reference, computed once per process and task content (tasks/repo/values.py)."""
     if not task.patch:
-        return RepoReference(None, "the task has no gold patch")
+        why = "the task has no gold patch"
+        return RepoReference(None, why, unsafe=unsafe_fail_to_pass(None, task.fail_to_pass, why))
     key = reference_key(task)
     if key not in _REFERENCES:
         locks = _REFERENCE_LOCKS.setdefault(asyncio.get_running_loop(), {})
         async with locks.setdefault(key, asyncio.Lock()):  # one computation per task, across gradings
             if key not in _REFERENCES:
                 computed = await _compute_reference(task, make_sandbox, timeout)
+                unsafe = unsafe_fail_to_pass(computed.reference, task.fail_to_pass, computed.why_junit)
+                computed = dataclasses.replace(computed, unsafe=unsafe)
                 if not computed.cached:
                     return computed
                 while len(_REFERENCES) >= MAX_REFERENCES:  # oldest first: a bounded cache
@@ -301,35 +312,36 @@ async def _compute_reference(
 
             async def run_base(files: Mapping[str, str]) -> Record | None:
                 report = await _run_tests(task, boxes[0], gdir, min(timeout, 60.0), files)
+                if "runner_error" in report:  # no run: no evidence (an empty record would be some)
+                    return None
                 try:
                     return probes.parse_record(base64.b64decode(report.get("probes", "")))
                 except ValueError:  # the unfixed code's record is only evidence
                     return None
 
-            async def run_gold(files: Mapping[str, str]) -> Record:
-                # Each gold run in a container and grading folder of its own, as a submission's run
-                # always is: what differs from one container to the next (its host name, the
-                # folder on PYTHONPATH, so os.environ) then differs between the gold runs too and is
-                # unstable, not a check the gold passes and every submission fails.
-                box, here = await make_sandbox(), f"/tmp/pqrl-grade-{secrets.token_hex(8)}"
-                boxes.append(box)
+            async def gold_in(box: Sandbox, files: Mapping[str, str]) -> Record:
+                here = f"/tmp/pqrl-grade-{secrets.token_hex(8)}"  # a grading folder of its own too
                 failed = await _checkout(task, task.patch.encode() if task.patch else b"", box, here)
                 if failed is not None:
                     raise GoldReferenceError(f"task {task.id}: the gold {failed.info['reason']}")
                 report = await _run_tests(task, box, here, timeout, files)
                 verdict = judge(task, report)
                 if verdict.reward != 1.0:
-                    raise GoldReferenceError(
+                    raise (_GoldTimedOut if report.get("timed_out") else GoldReferenceError)(
                         f"task {task.id}: the gold patch fails: {verdict.info['reason']}"
                     )
                 return probes.parse_record(base64.b64decode(report.get("probes", "")))
 
             try:
-                ref = await build_reference(task.id, hidden, listed, run_base, run_gold)
+                run_gold = gold_runs_apart(make_sandbox, gold_in)
+                ref = await build_reference(task.id, hidden, listed, run_base, run_gold, always_base=True)
+            except (
+                SandboxDied,
+                _GoldTimedOut,
+            ) as e:  # the machine's fault (load), maybe not the gold's: not kept
+                return RepoReference(None, f"no gold record: {str(e)[:500]}", cached=False)
             except (GoldReferenceError, ValueError) as e:  # BadRecord is a ValueError
                 return RepoReference(None, f"no gold record: {str(e)[:500]}")
-            except SandboxDied as e:  # the container's fault, maybe not the gold's: not kept
-                return RepoReference(None, f"no gold record: {str(e)[:500]}", cached=False)
             only = junit_only(ref, listed)
             if len(only) == len(listed):  # e.g. ids that are not pytest's node ids: nothing to compare
                 return RepoReference(None, "no listed test recorded a check on the gold solution")
@@ -337,6 +349,10 @@ async def _compute_reference(
         finally:
             for box in boxes:
                 await box.close()
+
+
+class _GoldTimedOut(GoldReferenceError):
+    """The gold's run reached the timeout: on a loaded machine, not the task's fault, so not kept."""
 
 
 async def _read_tests(task: RepoTask, sandbox: Sandbox) -> tuple[dict[str, str], list[str]]:

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from pqrl.cache import cache_dir
 from pqrl.errors import PermanentFault, UsageError
+from sandboxes.recipes import normal_name
 from sandboxes.repo_source import ARCHIVE_SUFFIXES, stage_repository
 
 __all__ = ["Project", "fetch_sdist", "infer_requirements", "load_project"]
@@ -35,6 +36,11 @@ _MAX_DOWNLOAD = 256 << 20  # an sdist larger than this is not a project to mutat
 _SPEC = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([A-Za-z0-9][A-Za-z0-9.+!_-]*)$")
 _NOT_SOURCE = {"tests", "test", "testing", "docs", "doc", "examples", "example", "benchmarks", "bench",
                "scripts", "tools", "build", "dist", ".tox", ".nox", "venv", ".venv"}  # fmt: skip
+# Not the project's own files at all (neither tests nor source): environments and build output a
+# local checkout may hold. A folder with a pyvenv.cfg is a virtual environment whatever its name.
+_NOT_PROJECT = {".venv", "venv", "build", "dist", ".tox", ".nox", ".eggs", "site-packages",
+                "dist-packages", "node_modules", "__pypackages__", ".git", ".hg", ".mypy_cache",
+                ".pytest_cache"}  # fmt: skip
 _NOT_SOURCE_FILES = {"setup.py", "conftest.py", "noxfile.py", "tasks.py", "fabfile.py", "conf.py"}
 # import names whose distribution is named otherwise; the base image already has pytest
 _DISTRIBUTIONS = {"yaml": "pyyaml", "dateutil": "python-dateutil", "PIL": "pillow", "attr": "attrs",
@@ -55,12 +61,20 @@ class Project:
     imports: dict[str, set[str]] = field(default_factory=dict)  # path -> dotted names it imports
     required: dict[str, set[str]] = field(default_factory=dict)  # test path -> its top-level imports
 
+    closures: dict[str, set[str]] = field(default_factory=dict)  # test path -> its import closure
+
     def tests_reaching(self, path: str) -> list[str]:
         """The test files whose import closure holds the module at ``path``."""
         target = next((m for m, p in self.modules.items() if p == path), None)
         return [t for t in self.tests if target is not None and target in self._closure(t)]
 
     def _closure(self, path: str) -> set[str]:
+        """Computed once per test file: every source file asks about every test file."""
+        if path not in self.closures:
+            self.closures[path] = self._walk(path)
+        return self.closures[path]
+
+    def _walk(self, path: str) -> set[str]:
         seen: set[str] = set()
         todo = list(self.imports.get(path, ()))
         while todo:
@@ -91,7 +105,7 @@ def fetch_sdist(spec: str, *, index: str = PYPI_SIMPLE) -> Path:
     found = [p for p in folder.iterdir() if p.name.endswith(ARCHIVE_SUFFIXES)]
     if found:
         return found[0]
-    name, version = _normal(m.group(1)), m.group(2)
+    name, version = normal_name(m.group(1)), m.group(2)
     listing = _get(f"{index.rstrip('/')}/{name}/", accept="application/vnd.pypi.simple.v1+json", spec=spec)
     try:
         files = json.loads(listing)["files"]
@@ -113,16 +127,12 @@ def fetch_sdist(spec: str, *, index: str = PYPI_SIMPLE) -> Path:
         return got.rename(folder / got.name)  # the same file system: atomic, whole or absent
 
 
-def _normal(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()  # PEP 503
-
-
 def _is_sdist_of(filename: str, name: str, version: str) -> bool:
     stem = next((filename[: -len(s)] for s in ARCHIVE_SUFFIXES if filename.endswith(s)), None)
     if stem is None or "-" not in stem:
         return False
     dist, _, ver = stem.rpartition("-")
-    return _normal(dist) == name and ver == version
+    return normal_name(dist) == name and ver == version
 
 
 def _get(url: str, *, accept: str, spec: str) -> bytes:
@@ -157,7 +167,7 @@ def load_project(source: str | Path, name: str, origin: str, dest: Path) -> Proj
     src = "src/" if (dest / "src").is_dir() and not (dest / "src" / "__init__.py").exists() else ""
     for file in sorted(dest.rglob("*.py")):
         rel = file.relative_to(dest).as_posix()
-        if file.is_symlink() or not file.is_file():
+        if file.is_symlink() or not file.is_file() or _outside_project(dest, rel):
             continue
         try:
             text = file.read_text()
@@ -180,6 +190,18 @@ def load_project(source: str | Path, name: str, origin: str, dest: Path) -> Proj
     if not project.tests:
         raise UsageError(f"{origin} ships no test files (test_*.py or *_test.py)")
     return project
+
+
+def _outside_project(root: Path, rel: str) -> bool:
+    """Whether ``rel`` lies in an environment or build output (``_NOT_PROJECT``, an ``.egg-info``,
+    a folder holding ``pyvenv.cfg``) rather than in the project."""
+    parts = rel.split("/")[:-1]
+    for i, part in enumerate(parts):
+        if part in _NOT_PROJECT or part.endswith(".egg-info"):
+            return True
+        if (root.joinpath(*parts[: i + 1]) / "pyvenv.cfg").is_file():
+            return True
+    return False
 
 
 def _module_name(rel: str) -> str:

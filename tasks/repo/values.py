@@ -13,8 +13,16 @@ without a gold patch, one whose listed test files do not parse or hold no assert
 one whose gold patch does not pass its own rewritten tests, one where no listed test recorded a
 check on the gold solution (ids that are not pytest's node ids), and repo-v1 configured with
 ``verdict: junit``. With ``verdict: "values"``, a listed test that recorded no check on the gold
-solution (``junit_only_tests``: e.g. one checked by a project's own assert helper or by
-``assertAlmostEqual``) is still judged by JUnit alone.
+solution or whose record varies or was cut at its size limit (``junit_only_tests``: e.g. one
+checked by a project's own assert helper or by ``assertAlmostEqual``) is judged by JUnit alone.
+
+A test judged by its outcome alone can be forged (a pytest hook rewriting reports). That is safe
+for a PASS_TO_PASS test (the unfixed code passes it anyway) and for a FAIL_TO_PASS test only if
+another check stops a submission that leaves the bug: so every FAIL_TO_PASS test must be judged by
+values, and the unfixed code's record must differ from the gold's in it. Those that are not are
+``unsafe_fail_to_pass`` in the reward's info (every one, when the task falls back whole); ``pqrl
+tasks validate --check`` fails such a task, so it is dropped before training rather than graded
+weakly.
 """
 
 from __future__ import annotations
@@ -28,7 +36,14 @@ from tasks.coding import probes
 from tasks.coding.verdict import GradeResult, Reference, held_out_failures
 from tasks.repo.task import RepoTask
 
-__all__ = ["RepoReference", "junit_only", "reference_key", "unrewritable", "values_verdict"]
+__all__ = [
+    "RepoReference",
+    "junit_only",
+    "reference_key",
+    "unrewritable",
+    "unsafe_fail_to_pass",
+    "values_verdict",
+]
 
 
 @dataclass(frozen=True)
@@ -39,6 +54,7 @@ class RepoReference:
     why_junit: str = ""
     junit_only: list[str] = field(default_factory=list)
     cached: bool = True  # False: computed again for the next grading
+    unsafe: dict[str, str] = field(default_factory=dict)  # FAIL_TO_PASS test -> why values miss it
 
 
 def reference_key(task: RepoTask) -> str:
@@ -69,14 +85,34 @@ def junit_only(reference: Reference, listed: list[str]) -> list[str]:
     return [t for t in listed if not reference.gold.get(t) or t in reference.unstable_tests]
 
 
+def unsafe_fail_to_pass(
+    reference: Reference | None, fail_to_pass: list[str], why: str = ""
+) -> dict[str, str]:
+    """FAIL_TO_PASS tests a forged outcome could pass (see the module docstring) -> why."""
+    if reference is None:
+        return dict.fromkeys(fail_to_pass, why or "the task is judged by JUnit alone")
+    only = set(junit_only(reference, fail_to_pass))
+    fails = reference.base_fails
+    out = {}
+    for t in fail_to_pass:
+        if t in only:
+            out[t] = "it recorded no stable, whole check on the gold solution"
+        elif fails is None:
+            out[t] = "the unfixed code left no record to compare"
+        elif not any(test == t and (test, i) not in reference.unstable for test, i in fails):
+            out[t] = "the unfixed code records the gold solution's values in it"
+    return out
+
+
 def values_verdict(
     junit: GradeResult, ref: RepoReference, report: dict[str, Any], listed: list[str]
 ) -> GradeResult:
     """The JUnit verdict, then (with a reference) every listed test's probe record compared with
     the gold's: reward 1 only if both agree."""
+    unsafe = {"unsafe_fail_to_pass": dict(list(ref.unsafe.items())[:50])} if ref.unsafe else {}
     if ref.reference is None:
         return GradeResult(
-            junit.reward, {**junit.info, "verdict": "junit", "verdict_fallback": ref.why_junit}
+            junit.reward, {**junit.info, "verdict": "junit", "verdict_fallback": ref.why_junit, **unsafe}
         )
     failures = held_out_failures(ref.reference, report, listed)
     info: dict[str, Any] = {
@@ -84,6 +120,7 @@ def values_verdict(
         "verdict": "values",
         "junit_only_tests": ref.junit_only[:50],
         "held_out_failures": dict(list(failures.items())[:50]),
+        **unsafe,
     }
     if "failed_tests" not in junit.info:  # no outcomes to judge (a timeout, an untrusted report)
         return GradeResult(junit.reward, info)

@@ -358,3 +358,28 @@ async def test_the_runner_hides_its_descriptors_kills_leftovers_and_refuses_a_pl
         assert again.exit_code == 3 and "already exists" in again.text()
     finally:
         await sandbox.close()
+
+
+async def test_each_gold_run_has_a_container_of_its_own(docker_api):
+    """A check on what differs from one container to the next (its host name) varies between the
+    gold runs, so only its truth is judged: were both gold runs in one container, the value would
+    look stable and every later grading (a fresh container) would fail it, the gold's included."""
+    task = CodingTask(
+        id="host-01",
+        repo={"calc.py": "def add(a, b):\n    return a - b\n"},
+        issue="add subtracts",
+        hidden_tests={
+            "tests/test_calc.py": "import socket\n\nfrom calc import add\n\n\n"
+            "def test_add():\n    assert add(1, 2) == 3\n    assert socket.gethostname() != 'none'\n"
+        },
+        fail_to_pass=["tests/test_calc.py::test_add"],
+        gold_patch=unified_diff(
+            "calc.py", "def add(a, b):\n    return a - b\n", "def add(a, b):\n    return a + b\n"
+        ),
+    )
+    grader = make_grader(docker_api)
+    reference = await grader.reference(task)
+    assert reference.unstable, "the host name looked the same in both gold runs"
+    gold = await grader.grade_patch(task, task.gold_patch or "")
+    assert gold.reward == 1.0, gold.info["reason"]
+    assert (await grader.grade_patch(task, "")).reward == 0.0

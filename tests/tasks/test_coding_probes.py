@@ -206,7 +206,8 @@ def test_the_recorder_writes_one_line_per_check(tmp_path, monkeypatch):
     monkeypatch.setenv("PYTEST_CURRENT_TEST", "tests/test_m.py::test_values (call)")
     probe_runtime.probe(0, (), lambda: 41)
     probe_runtime.probe(1, ("bool",), lambda: [])
-    probe_runtime.probe(2, ("==",), lambda: 1, lambda: 1 / 0)
+    with pytest.raises(ZeroDivisionError):  # recorded, then raised on as the assert raises it
+        probe_runtime.probe(2, ("==",), lambda: 1, lambda: 1 / 0)
     with probe_runtime.raises(3):
         raise ValueError("negative")
     os.close(w)

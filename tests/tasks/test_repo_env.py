@@ -226,6 +226,8 @@ async def test_the_verdict_is_by_values_and_says_where_it_falls_back_to_junit(gr
     mixed = await grade(make_task(image, test_patch=bare), GOLD.encode())
     assert mixed.reward == 1.0 and mixed.info["verdict"] == "values"
     assert sorted(mixed.info["junit_only_tests"]) == sorted(F2P)  # test_basic's assert still judged by value
+    assert sorted(mixed.info["unsafe_fail_to_pass"]) == sorted(F2P)  # so --check drops the task
+    assert sorted(no_gold.info["unsafe_fail_to_pass"]) == sorted(F2P)
     alone = await grade(make_task(image, test_patch=bare, pass_to_pass=[]), b"")
     assert alone.reward == 1.0 and alone.info["verdict"] == "junit"  # nothing the probes could check
     assert "no listed test file has an assert" in alone.info["verdict_fallback"]

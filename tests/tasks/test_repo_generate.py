@@ -201,7 +201,7 @@ def test_a_sandbox_a_run_left_unusable_is_replaced_not_reused(tmp_path, monkeypa
             # what a mutant's test may leave: a folder its own user cannot empty
             await first.exec(["sh", "-c", "mkdir -p /workspace/stuck/in && chmod 000 /workspace/stuck"])
             runner.boxes.put_nowait(first)
-            got = await runner.run(["tests/test_ops.py"], {}, 60)
+            got, _ = await runner.run(["tests/test_ops.py"], {}, 60)
             now = runner.boxes.get_nowait()
             runner.boxes.put_nowait(now)
             replaced = now is not first and not first.alive

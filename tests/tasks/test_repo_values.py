@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import ast
 import base64
+import dataclasses
 import json
 
 from tasks.coding import probes
 from tasks.coding.assert_methods import as_asserts
 from tasks.coding.verdict import GradeResult, Reference
+from tasks.repo import values
 from tasks.repo.task import RepoTask
 from tasks.repo.values import RepoReference, junit_only, reference_key, unrewritable, values_verdict
 from tests.tasks.repo_forgery import _without
@@ -152,3 +154,40 @@ def test_a_verdict_without_outcomes_keeps_the_junit_reason():
 def test_without_drops_only_the_named_top_level_classes():
     src = "import x\n\n\n@dec\nclass A:\n    pass\n\n\nclass B:\n    pass\n"
     assert _without(src, ["A"]) == "import x\n\n\n\n\nclass B:\n    pass\n"
+
+
+def test_a_fail_to_pass_test_is_safe_only_if_values_catch_the_unfixed_code():
+    inst = probes.instrument({"t.py": "def test_a():\n    assert f() == 3\n\n\ndef test_b():\n    g()\n"})
+    gold = {"t.py::test_a": [(0, [{"int": "3"}]), (0, [1])]}
+
+    def ref(fails, unstable=frozenset(), gold=gold) -> Reference:
+        return Reference(inst.files, inst.sites, gold, set(unstable), set(), fails)
+
+    assert values.unsafe_fail_to_pass(ref(frozenset({("t.py::test_a", 0)})), ["t.py::test_a"]) == {}
+    why = {
+        "the unfixed code records": ref(frozenset()),  # the bug shows only in pytest's outcome
+        "no record": ref(None),
+        "varies": ref(frozenset({("t.py::test_a", 1)}), unstable={("t.py::test_a", 1)}),
+        "no stable, whole check": ref(frozenset(), gold={}),  # e.g. only assertAlmostEqual
+    }
+    for reason, r in why.items():
+        out = values.unsafe_fail_to_pass(r, ["t.py::test_a"])
+        assert list(out) == ["t.py::test_a"], reason
+    unfixed = values.unsafe_fail_to_pass(ref(frozenset()), ["t.py::test_a"])
+    assert "unfixed code records" in unfixed["t.py::test_a"]
+    whole = values.unsafe_fail_to_pass(None, ["t.py::test_a", "t.py::test_b"], "no gold record: it fails")
+    assert whole == dict.fromkeys(["t.py::test_a", "t.py::test_b"], "no gold record: it fails")
+
+
+def test_the_verdict_names_unsafe_fail_to_pass_tests_so_the_check_fails_the_task():
+    listed = ["t.py::test_a", "t.py::test_b"]
+    ref = dataclasses.replace(
+        _reference({"t.py::test_a": [(0, [{"int": "3"}])]}), unsafe={"t.py::test_b": "x"}
+    )
+    out = values_verdict(_junit(True), ref, _report([("t.py::test_a", 0, [3])]), listed)
+    assert out.info["unsafe_fail_to_pass"] == {"t.py::test_b": "x"}
+    fallback = RepoReference(None, "why", unsafe={"t.py::test_a": "why"})
+    assert values_verdict(_junit(True), fallback, {}, listed).info["unsafe_fail_to_pass"] == {
+        "t.py::test_a": "why"
+    }
+    assert "unsafe_fail_to_pass" not in values_verdict(_junit(True), _reference({}), {}, listed).info

@@ -93,3 +93,28 @@ def test_check_passes_gold_1_and_empty_0_and_names_a_task_whose_gold_is_wrong(tm
 
     refused, left = _run("submit", "--check", str(suite), "--run", "r", "--redis-url", "redis://127.0.0.1:9")
     assert refused.returncode == 2 and "fail --check" in refused.stderr and not left, refused.stderr
+
+
+def test_check_fails_a_repo_task_a_forged_outcome_could_pass(tmp_path):
+    """A FAIL_TO_PASS test with no check the probes record is judged by its outcome alone, which a
+    submission's pytest hook can rewrite: --check names it and fails the task; the sample passes."""
+    from tasks.repo.sample import sample_task
+
+    sample = sample_task()
+    unsafe = {
+        **sample,
+        "id": "repo-sample-unsafe",
+        "fail_to_pass": [*sample["fail_to_pass"], "tests/test_calc.py::test_call"],
+    }
+    unsafe["test_patch"] = sample["test_patch"].replace("@@ -0,0 +1,5 @@", "@@ -0,0 +1,9 @@") + (
+        "+\n+\n+def test_call():\n+    add(1, 1)\n"
+    )
+    manifest = {"name": "repo-safety", "version": "1", "env_id": "repo-v1", "kind": "repo", "reward": "env",
+                "description": "the sample and a variant", "defaults": {}}  # fmt: skip
+    suite = tmp_path / "repo.jsonl"
+    suite.write_text("\n".join(json.dumps(x) for x in ({"suite": manifest}, sample, unsafe)) + "\n")
+    out, left = _run("validate", "--check", "--jobs", "2", str(suite))
+    failed = [line for line in out.stdout.splitlines() if line.startswith("FAIL ")]
+    assert out.returncode == 2 and not left, out.stdout + out.stderr
+    assert len(failed) == 1 and failed[0].startswith("FAIL repo-sample-unsafe"), out.stdout
+    assert "cannot judge safely" in failed[0] and "test_call" in failed[0], failed
