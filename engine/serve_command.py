@@ -24,7 +24,7 @@ def build_engine(config: EngineConfig) -> BatchEngine:
     import torch
 
     from engine.batcher import BatchEngine
-    from pqrl.model_cache import load_model, load_tokenizer
+    from pqrl.model_cache import adapter_base, load_model, load_tokenizer, prepare_model
 
     device = config.device
     if device == "auto":
@@ -32,12 +32,15 @@ def build_engine(config: EngineConfig) -> BatchEngine:
     dtype = config.dtype
     if dtype == "auto":
         dtype = "bfloat16" if device.startswith("cuda") else "float32"
-    model = load_model(config.model, dtype=getattr(torch, dtype)).to(device)
+    # a LoRA checkpoint: its base loaded as the base, the adapter merged by the engine itself, so
+    # later adapters merge onto the true base weights, not onto this one's (applied twice)
+    adapter = adapter_base(config.model)
+    model = load_model(adapter or config.model, dtype=getattr(torch, dtype)).to(device)
     if config.matmul_dtype == "bfloat16":
         from engine.matmul import matmul_in_bfloat16
 
         matmul_in_bfloat16(model)
-    return BatchEngine(
+    engine = BatchEngine(
         model,
         load_tokenizer(config.model),
         weight_version=config.weight_version,
@@ -46,6 +49,9 @@ def build_engine(config: EngineConfig) -> BatchEngine:
         max_prefill_tokens=config.max_prefill_tokens,
         prefix_cache_tokens=config.prefix_cache_tokens,
     )
+    if adapter is not None:
+        engine.load_weights(prepare_model(config.model))
+    return engine
 
 
 def run(engine: EngineConfig, options: ServeConfig) -> int:

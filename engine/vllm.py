@@ -118,6 +118,9 @@ def launch_vllm(engine: EngineConfig, serve: ServeConfig) -> NoReturn:
             f"vLLM is not installed: PQRL_SETUP_ENGINES=vllm bash scripts/setup.sh installs "
             f"{VLLM_REQUIREMENT} into a venv of its own (or set PQRL_VLLM_PYTHON to an interpreter with vLLM)"
         )
+    bound = [a for a in serve.sglang_args if a.split("=", 1)[0] in ("--host", "--uds", "--port")]
+    if bound:  # argparse keeps the last value: the extra arguments must not move the listener
+        raise ValueError(f"--backend vllm: give the address with --host/--port, not {bound[0]!r}")
     if not _loopback(serve.host):
         raise ValueError(
             f"--backend vllm listens on loopback only (its weight-update routes take no API key), "
@@ -128,7 +131,10 @@ def launch_vllm(engine: EngineConfig, serve: ServeConfig) -> NoReturn:
 
     # the worker extension, alone in a folder of its own: the vLLM venv must not see pqrl's packages
     ext = cache_dir("vllm-worker")
-    shutil.copyfile(Path(__file__).with_name("vllm_worker.py"), ext / "pqrl_vllm_worker.py")
+    # renamed into place: a vLLM starting beside this one never imports a half-written module
+    tmp = ext / f".pqrl_vllm_worker.{os.getpid()}.py"
+    shutil.copyfile(Path(__file__).with_name("vllm_worker.py"), tmp)
+    os.replace(tmp, ext / "pqrl_vllm_worker.py")
     cmd = vllm_command(
         python=str(python),
         model_path=str(prepare_model(engine.model)),

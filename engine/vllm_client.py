@@ -48,6 +48,8 @@ def _served(answer: Any) -> int:
 
 def vllm_body(req: GenerateRequest) -> dict[str, Any]:
     """The ``/inference/v1/generate`` body of one pqrl generate request."""
+    if req.lora_path is not None:  # not sent: it would generate with the base model, silently
+        raise ValueError("a vLLM engine here serves no LoRA adapter by name (lora_path)")
     p = req.sampling_params
     sampling: dict[str, Any] = {
         "temperature": p.temperature,
@@ -144,10 +146,11 @@ class VLLMClient(EngineClient):
                 "kwargs": {"weights_path": request.model_path},
             }  # engine.vllm_worker
             await self._control(server, "POST", "/collective_rpc", rpc)
+            # no cached prefix of the old weights may be reused under the new label
+            await self._control(server, "POST", "/reset_prefix_cache", None)
             await self._control(
                 server, "POST", "/update_weight_version", {"new_version": request.weight_version}
             )
-            await self._control(server, "POST", "/reset_prefix_cache", None)
         except EngineError as e:
             return {"success": False, "message": f"reload_weights {request.model_path}: {e}"}
         finally:

@@ -75,6 +75,11 @@ def check_lora_job(cfg: Any) -> None:
             "model.lora.dropout must be 0.0 for pqrl train: the step computes the old and new logprobs "
             "with one dropout-free forward, so their ratio stays exact"
         )
+    if cfg.services.engine != "builtin":
+        raise ValueError(
+            "model.lora: only pqrl's built-in engine merges adapters as they are published; "
+            "set services.engine: builtin (engine URLs must be built-in engines too)"
+        )
     if cfg.services.weight_sync.method != "disk":
         raise ValueError(
             "model.lora ships adapters to the engines from disk only: set services.weight_sync.method: disk"

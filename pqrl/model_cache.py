@@ -21,7 +21,14 @@ from typing import Any
 
 from pqrl.cache import cache_dir
 
-__all__ = ["DEFAULT_MODEL", "ModelNotAvailable", "load_model", "load_tokenizer", "prepare_model"]
+__all__ = [
+    "DEFAULT_MODEL",
+    "adapter_base",
+    "ModelNotAvailable",
+    "load_model",
+    "load_tokenizer",
+    "prepare_model",
+]
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -131,19 +138,29 @@ def load_model(name: str = DEFAULT_MODEL, **kwargs: Any) -> Any:
     from transformers import AutoModelForCausalLM
 
     path = prepare_model(name)
-    if (path / "adapter_config.json").is_file():
-        return _with_adapter(path, **kwargs)
+    base = adapter_base(name)
+    if base is not None:
+        return _with_adapter(path, base, **kwargs)
     return AutoModelForCausalLM.from_pretrained(path, **kwargs)
 
 
-def _with_adapter(path: Path, **kwargs: Any) -> Any:
+def adapter_base(name: str) -> str | None:
+    """The base model a LoRA adapter directory names (``base_model_name_or_path``); None when
+    ``name`` is a whole model."""
     import json
 
+    path = prepare_model(name)
+    if not (path / "adapter_config.json").is_file():
+        return None
     base = json.loads((path / "adapter_config.json").read_text()).get("base_model_name_or_path")
     if not isinstance(base, str) or not base:
         raise ModelNotAvailable(f"{path}: adapter_config.json names no base_model_name_or_path")
     if (prepare_model(base) / "adapter_config.json").is_file():
         raise ModelNotAvailable(f"{path}: its base {base} is an adapter itself")
+    return base
+
+
+def _with_adapter(path: Path, base: str, **kwargs: Any) -> Any:
     try:
         from peft import PeftModel
     except ImportError:

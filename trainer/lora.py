@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from pqrl.errors import UsageError
+from pqrl.model_cache import adapter_base
 
 __all__ = ["adapter_bytes", "apply_lora", "base_only", "is_lora", "load_adapter", "save_weights"]
 
@@ -44,6 +45,7 @@ def _check_targets(model: Any, targets: list[str]) -> None:
     """Every target names at least one ``nn.Linear`` of the model, and none is tied to the embeddings
     (merging into a tied head would change the embeddings too)."""
     tied = {id(p) for p in model.get_input_embeddings().parameters()}
+    head = model.get_output_embeddings()
     problems = []
     for target in targets:
         hits = [(n, m) for n, m in model.named_modules() if n == target or n.endswith("." + target)]
@@ -54,6 +56,8 @@ def _check_targets(model: Any, targets: list[str]) -> None:
             problems.append(f"{target!r} matches {', '.join(kinds)} layers (only nn.Linear takes adapters)")
         elif any(id(m.weight) in tied for _, m in hits):
             problems.append(f"{target!r} shares its weight with the input embeddings")
+        elif any(m is head for _, m in hits):  # PEFT would ship the whole head with every adapter
+            problems.append(f"{target!r} is the output head")
     if problems:
         raise UsageError(
             f"model.lora.target_modules: {'; '.join(problems)}",
@@ -74,6 +78,11 @@ def apply_lora(model: Any, spec: Any, base: str | None = None) -> Any:
     except ImportError:
         raise UsageError("model.lora needs PEFT", fix="pip install 'pqrl[lora]'") from None
     _check_targets(model, list(spec.target_modules))
+    if base is not None and adapter_base(base) is not None:  # its checkpoints would name an adapter as base
+        raise UsageError(
+            f"model.name {base} is a LoRA adapter: train new adapters on a whole model",
+            fix="merge it first (PEFT's merge_and_unload, then save_pretrained) and name that directory",
+        )
     config = LoraConfig(
         r=spec.rank,
         lora_alpha=spec.alpha,
@@ -92,7 +101,8 @@ def apply_lora(model: Any, spec: Any, base: str | None = None) -> Any:
 def _adapter_state(model: Any) -> dict[str, torch.Tensor]:
     from peft import get_peft_model_state_dict
 
-    state = get_peft_model_state_dict(model, adapter_name="default")
+    # no embedding layers: "auto" would look the base up on the Hugging Face Hub at every save
+    state = get_peft_model_state_dict(model, adapter_name="default", save_embedding_layers=False)
     return {_PREFIX + k: v.detach().to("cpu").contiguous() for k, v in state.items()}
 
 

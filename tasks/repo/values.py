@@ -19,7 +19,9 @@ checked by a project's own assert helper or by ``assertAlmostEqual``) is judged 
 A test judged by its outcome alone can be forged (a pytest hook rewriting reports). That is safe
 for a PASS_TO_PASS test (the unfixed code passes it anyway) and for a FAIL_TO_PASS test only if
 another check stops a submission that leaves the bug: so every FAIL_TO_PASS test must be judged by
-values, and the unfixed code's record must differ from the gold's in it. Those that are not are
+values, and the unfixed code's record must differ from the gold's in it at an ``==`` check whose
+expected side stays on the host (a literal, a held operand): elsewhere the container can compute
+what to record. Those that are not are
 ``unsafe_fail_to_pass`` in the reward's info (every one, when the task falls back whole); ``pqrl
 tasks validate --check`` fails such a task, so it is dropped before training rather than graded
 weakly.
@@ -101,7 +103,27 @@ def unsafe_fail_to_pass(
             out[t] = "the unfixed code left no record to compare"
         elif not any(test == t and (test, i) not in reference.unstable for test, i in fails):
             out[t] = "the unfixed code records the gold solution's values in it"
+        elif not any(test == t and (test, i) not in reference.unstable and _hidden(reference, test, i)
+                     for test, i in fails):  # fmt: skip
+            out[t] = "the unfixed code differs only at checks whose expectation the container computes"
     return out
+
+
+def _hidden(reference: Reference, test: str, i: int) -> bool:
+    """Whether the gold entry ``i`` of ``test`` is an ``==`` check whose expected side only the host
+    holds (a dropped literal, a held operand). At any other check (``assert x``, ``!=``, ``<``,
+    ``a == g(b)`` with ``g`` run in the container) code that takes over the test process can
+    compute or guess what to record, so a difference there does not stop a submission that leaves
+    the bug in place."""
+    entries = reference.gold.get(test) or []
+    site = reference.sites.get(entries[i][0]) if i < len(entries) else None
+    return (
+        site is not None
+        and site.kind == "compare"
+        and not site.negated
+        and set(site.ops) == {"=="}
+        and bool(site.held or site.literals)
+    )
 
 
 def values_verdict(

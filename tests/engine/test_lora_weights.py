@@ -168,3 +168,35 @@ async def test_the_built_in_engine_refuses_a_named_adapter(tiny):
     async with EngineClient(url, lora_name="policy") as client:  # SGLang's way; here it would be ignored
         with pytest.raises(EngineHTTPError, match="lora_path"):
             await client.generate(chat_prompt(tok, "Hi"), PARAMS)
+
+
+def test_an_engine_started_from_a_lora_checkpoint_merges_later_adapters_into_the_true_base(tiny, tmp_path):
+    """A fresh engine on a LoRA checkpoint (what a resumed run's engine gets) serves base + adapter,
+    and the next adapter replaces that one instead of landing on top of it (W0 + d1 + d2)."""
+    from engine.config import EngineConfig
+    from engine.serve_command import build_engine
+
+    _, base, tok, _ = tiny
+    first = apply_lora(
+        copy.deepcopy(base),
+        LoraSection(rank=4, alpha=8, target_modules=["q_proj", "down_proj"]),
+        base=str(base.name_or_path),
+    )
+    second = _adapted(base, 7)
+    gen = torch.Generator().manual_seed(6)
+    with torch.no_grad():
+        for name, p in first.named_parameters():
+            if ".lora_" in name:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
+    first.eval()
+    save_weights(first, tmp_path / "v1")
+    tok.save_pretrained(tmp_path / "v1")  # a checkpoint's model directory holds its tokenizer
+    save_weights(second, tmp_path / "v2")
+    engine = build_engine(EngineConfig(model=str(tmp_path / "v1"), device="cpu", dtype="float32"))
+    prompt = chat_prompt(tok, "What is 2 + 3?")
+    ids = tok.encode(" The answer is 5.")
+    served = forced_logprobs(engine.model, prompt, ids)
+    assert max_abs_diff(forced_logprobs(first, prompt, ids), served) < 1e-4, "the checkpoint's adapter"
+    engine.load_weights(tmp_path / "v2")
+    served = forced_logprobs(engine.model, prompt, ids)
+    assert max_abs_diff(forced_logprobs(second, prompt, ids), served) < 1e-4, "W0 + d2, not W0 + d1 + d2"

@@ -124,15 +124,22 @@ def test_a_bad_lora_config_is_one_line_and_exit_2(tmp_path, lora, message):
     assert out.returncode == 2 and message in out.stderr, out.stderr
 
 
-def test_lora_with_a_distributed_weight_sync_is_refused(tmp_path):
+@pytest.mark.parametrize(
+    ("services", "message"),
+    [
+        ({"weight_sync": {"method": "distributed"}}, "weight_sync.method: disk"),
+        ({"engine": "vllm"}, "services.engine: builtin"),  # vLLM would fail at the first sync
+    ],
+)
+def test_lora_with_what_cannot_take_an_adapter_is_refused(tmp_path, services, message):
     path = tmp_path / "job.yaml"
     cfg = {"run": "r", "model": {"lora": {"rank": 4}}, "tasks": {"suites": [{"generate": "calc"}]},
-           "services": {"weight_sync": {"method": "distributed"}}}  # fmt: skip
+           "services": services}  # fmt: skip
     path.write_text(yaml.safe_dump(cfg))
     out = subprocess.run(
         [sys.executable, "-m", "launcher.cli", "train", str(path)], capture_output=True, text=True
     )
-    assert out.returncode == 2 and "weight_sync.method: disk" in out.stderr, out.stderr
+    assert out.returncode == 2 and message in out.stderr, out.stderr
 
 
 def test_targets_the_model_lacks_are_one_line_and_exit_2(tiny_model_dir, tmp_path):

@@ -175,6 +175,15 @@ def test_a_fail_to_pass_test_is_safe_only_if_values_catch_the_unfixed_code():
         assert list(out) == ["t.py::test_a"], reason
     unfixed = values.unsafe_fail_to_pass(ref(frozenset()), ["t.py::test_a"])
     assert "unfixed code records" in unfixed["t.py::test_a"]
+    # the unfixed code differs only where the container computes the expectation too: forgeable
+    computed = probes.instrument({"t.py": "def test_a():\n    assert f() == g()\n    assert f()\n"})
+    fails = frozenset({("t.py::test_a", 0), ("t.py::test_a", 1)})
+    gold2 = {"t.py::test_a": [(0, [1, 1, {"!truth": True}]), (1, [{"!truth": True}])]}
+    forgeable = Reference(computed.files, computed.sites, gold2, set(), set(), fails)
+    assert (
+        "expectation the container computes"
+        in values.unsafe_fail_to_pass(forgeable, ["t.py::test_a"])["t.py::test_a"]
+    )
     whole = values.unsafe_fail_to_pass(None, ["t.py::test_a", "t.py::test_b"], "no gold record: it fails")
     assert whole == dict.fromkeys(["t.py::test_a", "t.py::test_b"], "no gold record: it fails")
 
