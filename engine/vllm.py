@@ -112,15 +112,15 @@ def launch_vllm(engine: EngineConfig, serve: ServeConfig) -> NoReturn:
         VLLMNotInstalled: no vLLM venv.
         ValueError: ``serve.host`` is not a loopback address (the weight routes take no key).
     """
+    bound = [a for a in serve.sglang_args if a.split("=", 1)[0] in ("--host", "--uds", "--port")]
+    if bound:  # argparse keeps the last value: the extra arguments must not move the listener
+        raise ValueError(f"--backend vllm: give the address with --host/--port, not {bound[0]!r}")
     python = vllm_python()
     if python is None:
         raise VLLMNotInstalled(
             f"vLLM is not installed: PQRL_SETUP_ENGINES=vllm bash scripts/setup.sh installs "
             f"{VLLM_REQUIREMENT} into a venv of its own (or set PQRL_VLLM_PYTHON to an interpreter with vLLM)"
         )
-    bound = [a for a in serve.sglang_args if a.split("=", 1)[0] in ("--host", "--uds", "--port")]
-    if bound:  # argparse keeps the last value: the extra arguments must not move the listener
-        raise ValueError(f"--backend vllm: give the address with --host/--port, not {bound[0]!r}")
     if not _loopback(serve.host):
         raise ValueError(
             f"--backend vllm listens on loopback only (its weight-update routes take no API key), "

@@ -226,3 +226,14 @@ def test_a_job_with_a_vllm_engine_trains_and_updates_it(tmp_path):
     manifest = json.loads((run / "manifest.json").read_text())
     assert manifest["packages"]["vllm"] == "0.32.0" and manifest["config"]["services"]["engine"] == "vllm"
     _assert_gone(log)
+
+
+@pytest.mark.parametrize("extra", [["--host=0.0.0.0"], ["--host", "0.0.0.0"], ["--uds", "/tmp/v.sock"]])
+def test_extra_arguments_cannot_move_vllm_off_loopback(extra):
+    """vLLM's weight routes take no key: argparse keeps the last --host, so extra arguments that
+    name another listener are refused before anything starts."""
+    from engine.config import EngineConfig, ServeConfig
+    from engine.vllm import launch_vllm
+
+    with pytest.raises(ValueError, match="give the address with --host/--port"):
+        launch_vllm(EngineConfig(), ServeConfig(sglang_args=tuple(extra)))
