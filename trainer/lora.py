@@ -30,7 +30,9 @@ _PREFIX = "base_model.model."  # PEFT's files name tensors as a PeftModel wraps 
 
 
 def _lora_layers(model: Any) -> list[Any]:
-    if "peft" not in sys.modules:  # nothing injected adapters in this process (peft is an extra)
+    # nothing injected adapters in this process (peft is an extra), or tensors without modules (a
+    # sharded trainer's gathered whole model)
+    if "peft" not in sys.modules or not hasattr(model, "modules"):
         return []
     from peft.tuners.lora import LoraLayer
 
