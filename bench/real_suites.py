@@ -119,6 +119,9 @@ def _project(spec: str, max_tasks: int, out: Path) -> dict[str, object]:
         row["generate_s"] = round(time.perf_counter() - t0, 1)
         keys = ("requirements", "baseline_tests", "test_files", "candidates", "tried", "kept", "mutant_s")
         row |= {k: result.stats[k] for k in (*keys, "files_per_mutant", "task_images_s")}
+        # generation checks each task before keeping it: the time, and what it dropped and why
+        row["generate_check_s"] = result.stats["check_s"]
+        row["dropped_at_check"] = [d[:300] for d in result.stats["dropped"]]
         suite = result.suite
         (out / f"{name}.jsonl").write_text(suite.to_jsonl())
         t0 = time.perf_counter()

@@ -36,6 +36,12 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--workers", type=positive_int, default=2, help="--from-*: sandboxes running tests at once"
     )
+    p.add_argument(
+        "--no-check",
+        dest="check",
+        action="store_false",
+        help="--from-*: keep tasks without running each as validate --check does (gold 1, empty 0)",
+    )
 
 
 def from_project(args: argparse.Namespace) -> bool:
@@ -76,12 +82,14 @@ def generate_command(args: argparse.Namespace) -> int:
             requirements=reqs,
             workers=args.workers,
             name=args.name,
+            check=args.check,
         )
         result = generate_tasks(project, opts, say)
     write_suite(result.suite, args.output)
     s = result.stats
+    checked = f", {len(s['dropped'])} dropped by the check" if args.check else ", not checked"
     print(
         f"wrote {result.suite.id} ({len(result.suite.tasks)} tasks; {s['tried']} mutants tried, "
-        f"{s['cached']} from cache) to {args.output}"
+        f"{s['cached']} from cache{checked}) to {args.output}"
     )
     return 0

@@ -15,6 +15,9 @@
 4. **Tasks**: the image's ``/repo`` holds the buggy tree without the failing tests' files (a fresh
    one-commit history: the clean code is nowhere in it); ``test_patch`` adds those files back
    as they ship; ``patch`` is the inverse edit; the issue is written from the first failing test.
+5. **Check**: each task runs as ``pqrl tasks validate --check`` runs it (gold 1, empty 0, the
+   grader's values verdict judging every FAIL_TO_PASS test safely); one that fails is dropped with
+   its reason and later mutants are drawn in its place, so the suite written passes the check.
 """
 
 from __future__ import annotations
@@ -27,11 +30,12 @@ import random
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from env_server.sessions import SessionManager
 from pqrl.cache import cache_dir
 from pqrl.errors import UsageError
 from sandboxes.docker import DockerSandbox
@@ -40,6 +44,7 @@ from sandboxes.hardening import SandboxSettings
 from sandboxes.protocol import SandboxError
 from sandboxes.recipes import REPO_PATH, WORKSPACE, RepoRecipe, build_recipe
 from sandboxes.repo_source import stage_repository
+from tasks.check import check_suite
 from tasks.coding.diffs import unified_diff
 from tasks.coding.grader import _tar
 from tasks.coding.issues import issue_text
@@ -68,6 +73,7 @@ class Options:
     requirements: tuple[str, ...] = ()
     workers: int = 2
     name: str | None = None
+    check: bool = True  # each task passes validate --check before it is kept
 
 
 @dataclass
@@ -223,70 +229,87 @@ def _judge(path: str, m: Mutation, baseline: list[str], got: dict[str, TestOutco
     return _Kept(path, m, fail, passing, got[fail[0]])
 
 
-async def _mutants(
-    project: Project, runner: _Runner, cache: _Cache, clean: str, opts: Options, say: Callable[[str], None]
-) -> tuple[list[_Kept], dict[str, Any]]:
-    baseline, base_s = await _baseline(runner, project.tests, say)
-    runner.timeout = max(30.0, 10 * base_s)  # a mutant that loops forever is dropped, not waited for
-    scope = {p: [t for t in project.tests_reaching(p) if any(b.startswith(t + "::") for b in baseline)]
-             for p in project.sources}  # fmt: skip
-    drawn = [(p, m) for p, m in _candidates(project, opts.seed) if scope[p]]
-    kept: list[_Kept] = []
-    per_function: dict[str, int] = {}
-    stats = {"baseline_tests": len(baseline), "test_files": len(project.tests), "candidates": len(drawn),
-             "tried": 0, "cached": 0, "baseline_s": round(base_s, 2)}  # fmt: skip
-    files_run: list[int] = []
-    seen = set(project.sources.values())
-    t0, todo = time.monotonic(), iter(drawn)
+class _Draws:
+    """Mutants drawn in the seed's order, run and judged; ``more`` resumes where the last call
+    stopped, so tasks dropped by the check are replaced by later mutants, never by earlier ones."""
 
-    async def outcomes(path: str, mutated: str) -> tuple[bool, dict[str, TestOutcome] | None]:
-        key = _Cache.key(str(_REVISION), clean, *scope[path], path, mutated)
-        hit, got = cache.get(key, runner.timeout)
+    def __init__(self, project: Project, runner: _Runner, cache: _Cache, clean: str, opts: Options) -> None:
+        self.project, self.runner, self.cache, self.clean, self.opts = project, runner, cache, clean, opts
+        self.per_function: dict[str, int] = {}
+        self.seen = set(project.sources.values())
+        self.files_run: list[int] = []
+        self.stats: dict[str, Any] = {}
+        self.baseline: set[str] = set()
+        self.scope: dict[str, list[str]] = {}
+        self.todo: Iterator[tuple[str, Mutation]] = iter(())
+        self.t0 = time.monotonic()
+
+    async def start(self, say: Callable[[str], None]) -> None:
+        baseline, base_s = await _baseline(self.runner, self.project.tests, say)
+        self.baseline = baseline
+        self.runner.timeout = max(30.0, 10 * base_s)  # a mutant that loops forever is dropped, not waited for
+        reached = self.project.tests_reaching
+        self.scope = {p: [t for t in reached(p) if any(b.startswith(t + "::") for b in baseline)]
+                      for p in self.project.sources}  # fmt: skip
+        drawn = [(p, m) for p, m in _candidates(self.project, self.opts.seed) if self.scope[p]]
+        self.todo = iter(drawn)
+        self.stats = {"baseline_tests": len(baseline), "test_files": len(self.project.tests),
+                      "candidates": len(drawn), "tried": 0, "cached": 0,
+                      "baseline_s": round(base_s, 2)}  # fmt: skip
+        self.t0 = time.monotonic()
+
+    async def _outcomes(self, path: str, mutated: str) -> tuple[bool, dict[str, TestOutcome] | None]:
+        key = _Cache.key(str(_REVISION), self.clean, *self.scope[path], path, mutated)
+        hit, got = self.cache.get(key, self.runner.timeout)
         if not hit:
-            got, timed_out = await runner.run(scope[path], {path: mutated}, runner.timeout)
-            cache.put(key, got, runner.timeout if timed_out else None)
+            got, timed_out = await self.runner.run(self.scope[path], {path: mutated}, self.runner.timeout)
+            self.cache.put(key, got, self.runner.timeout if timed_out else None)
         return hit, got
 
-    # Batches of `workers` mutants run at once and are judged in draw order, so which are kept
-    # depends only on the seed and the outcomes (a rerun from the cache gives the same suite).
-    while len(kept) < opts.max_tasks:
-        batch: list[tuple[str, Mutation, str]] = []
-        pending = dict(per_function)
-        for path, m in todo:
-            fn, mutated = f"{path}:{m.function}", m.apply(project.sources[path])
-            if pending.get(fn, 0) >= opts.per_function or mutated in seen or not parses(mutated):
-                continue  # parsed only when drawn: a big module has thousands
-            seen.add(mutated)
-            pending[fn] = pending.get(fn, 0) + 1
-            batch.append((path, m, mutated))
-            if len(batch) == opts.workers:
+    async def more(self, want: int, say: Callable[[str], None]) -> list[_Kept]:
+        """Up to ``want`` more kept mutants (fewer when the candidates run out)."""
+        kept: list[_Kept] = []
+        # Batches of `workers` mutants run at once and are judged in draw order, so which are kept
+        # depends only on the seed and the outcomes (a rerun from the cache gives the same suite).
+        while len(kept) < want:
+            batch: list[tuple[str, Mutation, str]] = []
+            pending = dict(self.per_function)
+            for path, m in self.todo:
+                fn, mutated = f"{path}:{m.function}", m.apply(self.project.sources[path])
+                if (
+                    pending.get(fn, 0) >= self.opts.per_function
+                    or mutated in self.seen
+                    or not parses(mutated)
+                ):
+                    continue  # parsed only when drawn: a big module has thousands
+                self.seen.add(mutated)
+                pending[fn] = pending.get(fn, 0) + 1
+                batch.append((path, m, mutated))
+                if len(batch) == self.opts.workers:
+                    break
+            if not batch:
                 break
-        if not batch:
-            break
-        results = await asyncio.gather(*(outcomes(p, mutated) for p, _, mutated in batch))
-        for (path, m, _), (hit, got) in zip(batch, results, strict=True):
-            fn = f"{path}:{m.function}"
-            stats["tried"] += 1
-            stats["cached"] += hit
-            files_run.append(len(scope[path]))
-            ids = sorted(b for b in baseline if b.split("::", 1)[0] in scope[path])
-            found = _judge(path, m, ids, got)
-            if (
-                found is not None
-                and len(kept) < opts.max_tasks
-                and per_function.get(fn, 0) < opts.per_function
-            ):
-                kept.append(found)
-                per_function[fn] = per_function.get(fn, 0) + 1
-        rate = (time.monotonic() - t0) / stats["tried"]
-        left = (opts.max_tasks - len(kept)) * stats["tried"] / max(1, len(kept)) * rate
-        say(f"mutants tried {stats['tried']} / kept {len(kept)} of {opts.max_tasks}; "
-            f"{rate:.1f}s each; ETA {left:.0f}s")  # fmt: skip
-
-    stats["kept"] = len(kept)
-    stats["mutant_s"] = round((time.monotonic() - t0) / max(1, stats["tried"]), 2)
-    stats["files_per_mutant"] = round(sum(files_run) / max(1, len(files_run)), 2)
-    return kept, stats
+            results = await asyncio.gather(*(self._outcomes(p, mutated) for p, _, mutated in batch))
+            for (path, m, _), (hit, got) in zip(batch, results, strict=True):
+                fn = f"{path}:{m.function}"
+                self.stats["tried"] += 1
+                self.stats["cached"] += hit
+                self.files_run.append(len(self.scope[path]))
+                ids = sorted(b for b in self.baseline if b.split("::", 1)[0] in self.scope[path])
+                found = _judge(path, m, ids, got)
+                if (
+                    found is not None
+                    and len(kept) < want
+                    and self.per_function.get(fn, 0) < self.opts.per_function
+                ):
+                    kept.append(found)
+                    self.per_function[fn] = self.per_function.get(fn, 0) + 1
+            rate = (time.monotonic() - self.t0) / self.stats["tried"]
+            say(f"mutants tried {self.stats['tried']}, kept {len(kept)} of the {want} wanted now; "
+                f"{rate:.1f}s each")  # fmt: skip
+        self.stats["mutant_s"] = round((time.monotonic() - self.t0) / max(1, self.stats["tried"]), 2)
+        self.stats["files_per_mutant"] = round(sum(self.files_run) / max(1, len(self.files_run)), 2)
+        return kept
 
 
 def _task(project: Project, n: int, k: _Kept, env: str, say: Callable[[str], None]) -> RepoTask:
@@ -323,28 +346,106 @@ def _task(project: Project, n: int, k: _Kept, env: str, say: Callable[[str], Non
 
 
 def generate_tasks(project: Project, opts: Options, say: Callable[[str], None] = print) -> Generated:
-    """The suite of up to ``opts.max_tasks`` bugs of ``project``."""
+    """The suite of up to ``opts.max_tasks`` bugs of ``project``. With ``opts.check`` each task is run
+    as ``pqrl tasks validate --check`` runs it (gold 1, empty 0) before it is kept; one that fails
+    is dropped with its reason and the next mutants are drawn in its place."""
     stats: dict[str, Any] = {"project": project.origin, "requirements": list(opts.requirements)}
     t0 = time.monotonic()
     env, clean = _images(project, opts.requirements, say)
     stats["images_s"] = round(time.monotonic() - t0, 2)
     cache = _Cache(_Cache.key(str(_REVISION), clean))
-
-    async def run() -> tuple[list[_Kept], dict[str, Any]]:
-        async with _Runner(clean, opts.workers, timeout=120) as runner:
-            return await _mutants(project, runner, cache, clean, opts, say)
-
-    kept, found = asyncio.run(run())
-    stats |= found
-    if not kept:
-        raise UsageError(f"{project.origin}: none of {found['tried']} mutants makes a baseline test fail")
-    t0 = time.monotonic()
-    tasks = [_task(project, n, k, env, say) for n, k in enumerate(kept)]
-    stats["task_images_s"] = round((time.monotonic() - t0) / len(tasks), 2)
+    checks = _Checks(_Cache.key(str(_REVISION), clean))
     name = opts.name or task_id(project.name)
-    manifest = SuiteManifest(
-        name=name, version="1", env_id="repo-v1", kind="repo", reward="env",
-        description=(f"{len(tasks)} bugs injected by AST mutation into {project.origin} (seed {opts.seed}), "
-                     "graded by its own tests"),
-    )  # fmt: skip
+    manifest = SuiteManifest(name=name, version="1", env_id="repo-v1", kind="repo", reward="env")
+    tasks: list[RepoTask] = []
+    dropped: list[str] = []
+    timing = {"task_images_s": 0.0, "check_s": 0.0}
+
+    async def run() -> dict[str, Any]:
+        manager = SessionManager(pool_size=0) if opts.check else None
+        try:
+            async with _Runner(clean, opts.workers, timeout=120) as runner:
+                draws = _Draws(project, runner, cache, clean, opts)
+                await draws.start(say)
+                while len(tasks) < opts.max_tasks:
+                    kept = await draws.more(opts.max_tasks - len(tasks), say)
+                    if not kept:
+                        break
+                    t1 = time.monotonic()
+                    made = [
+                        _task(project, len(tasks) + len(dropped) + i, k, env, say) for i, k in enumerate(kept)
+                    ]
+                    t2 = time.monotonic()
+                    tasks.extend(await _checked(made, manifest, manager, checks, opts.workers, dropped, say))
+                    timing["task_images_s"] += t2 - t1
+                    timing["check_s"] += time.monotonic() - t2
+                return draws.stats
+        finally:
+            if manager is not None:
+                await manager.shutdown()
+
+    stats |= asyncio.run(run())
+    if not tasks:
+        why = f"; {len(dropped)} failed the check, the first: {dropped[0]}" if dropped else ""
+        raise UsageError(f"{project.origin}: none of {stats['tried']} mutants makes a usable task{why}")
+    # numbered in suite order once the check has spoken, so a suite has no holes in its ids
+    tasks = [t.model_copy(update={"id": task_id(f"{project.name}-{n:03d}")}) for n, t in enumerate(tasks)]
+    stats |= {"kept": len(tasks), "dropped": dropped, "check_s": round(timing["check_s"], 1),
+              "task_images_s": round(timing["task_images_s"] / (len(tasks) + len(dropped)), 2)}  # fmt: skip
+    manifest = manifest.model_copy(update={"description": (
+        f"{len(tasks)} bugs injected by AST mutation into {project.origin} (seed {opts.seed}), "
+        "graded by its own tests")})  # fmt: skip
     return Generated(Suite(manifest, tuple(tasks)), stats)
+
+
+class _Checks:
+    """Check verdicts by the task's content and the grader's code (a changed grader checks again),
+    one JSON line each: a rerun checks no task it checked before."""
+
+    def __init__(self, key: str) -> None:
+        self.path = cache_dir("generate") / f"{key}-checks.jsonl"
+        grader = sorted(Path(__file__).parents[1].glob("**/*.py"))  # tasks/: the grader and what it runs
+        self.grader = _Cache.key(*(f.read_text() for f in grader))
+        self.known: dict[str, str] = {}
+        if self.path.is_file():
+            for line in self.path.read_text().splitlines():
+                with contextlib.suppress(ValueError, KeyError, TypeError):
+                    record = json.loads(line)
+                    self.known[str(record["key"])] = str(record["reason"])
+
+    def key(self, task: RepoTask) -> str:
+        return _Cache.key(str(_REVISION), self.grader, task.model_dump_json(exclude={"id"}))
+
+    def put(self, key: str, reason: str) -> None:
+        self.known[key] = reason
+        with open(self.path, "a") as f:
+            f.write(json.dumps({"key": key, "reason": reason}) + "\n")
+
+
+async def _checked(
+    made: list[RepoTask],
+    manifest: SuiteManifest,
+    manager: SessionManager | None,
+    checks: _Checks,
+    jobs: int,
+    dropped: list[str],
+    say: Callable[[str], None],
+) -> list[RepoTask]:
+    """``made`` less the tasks that fail the check (each named in ``dropped`` with its reason)."""
+    if manager is None:
+        return made
+    todo = [t for t in made if checks.key(t) not in checks.known]
+    if todo:
+        failures = await check_suite(Suite(manifest, tuple(todo)), jobs=jobs, progress=say, manager=manager)
+        failed = {f.task_id: f.reason for f in failures}
+        for task in todo:
+            checks.put(checks.key(task), failed.get(task.id, ""))
+    kept = []
+    for task in made:
+        reason = checks.known[checks.key(task)]
+        if reason:
+            dropped.append(f"{task.instance_id}: {reason}")
+            say(f"dropped {task.instance_id}: {reason[:300]}")
+        else:
+            kept.append(task)
+    return kept

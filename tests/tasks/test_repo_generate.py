@@ -71,11 +71,18 @@ def test_mean():
 def test_count_positive():
     assert count_positive([1, -2, 3, 0]) == 2
 """
+# test_shout checks without an assert: only its outcome could judge it, and code under test can
+# forge an outcome, so the check drops shout's bug (its one mutation) and generation goes on
 TEST_WORDS = """from tinycalc.words import shout
 
 
 def test_shout():
-    assert shout("hi") == "HI!"
+    if shout("hi") != "HI!":
+        raise AssertionError("not shouted")
+
+
+def test_name():
+    assert shout.__name__ == "shout"
 """
 
 
@@ -136,16 +143,22 @@ def test_generate_from_a_local_project_gives_tasks_gold_fixes_and_the_fix_is_hid
         "--out",
         str(out),
         "--max-tasks",
-        "3",
+        "4",
         "--seed",
         "1",
     )
     r = _pqrl(env, *args)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "baseline run 2: 6 of 6 tests pass" in r.stderr and "mutants tried" in r.stderr
+    assert "baseline run 2: 7 of 7 tests pass" in r.stderr and "mutants tried" in r.stderr
+    # four functions, one bug each at most: shout's fails the check, the three of ops.py pass it
+    dropped = [ln for ln in r.stderr.splitlines() if ln.startswith("dropped ")]
+    assert len(dropped) == 1 and "tinycalc/words.py:shout:" in dropped[0], r.stderr
+    assert "cannot judge safely" in dropped[0] and "tests/test_words.py::test_shout" in dropped[0]
+    assert "3 tasks" in r.stdout and "1 dropped by the check" in r.stdout, r.stdout
     suite = load_suite(out)
     tasks = [t for t in suite.tasks if isinstance(t, RepoTask)]
     assert suite.manifest.env_id == "repo-v1" and len(tasks) == 3
+    assert [t.id for t in tasks] == ["tinycalc-000", "tinycalc-001", "tinycalc-002"]
     try:
         for task in tasks:
             # ops.py's bugs run only tests/test_ops.py: test_words.py does not import ops
@@ -161,10 +174,11 @@ def test_generate_from_a_local_project_gives_tasks_gold_fixes_and_the_fix_is_hid
         # gold 1, empty 0 (the buggy tree fails FAIL_TO_PASS) in repo-v1's own sandboxes
         r = _pqrl(env, "validate", str(out), "--check", "--jobs", "2")
         assert r.returncode == 0 and "all 3 task(s) pass --check" in r.stdout, r.stdout + r.stderr
-        # a rerun runs no test again and builds no image, and writes the same suite
+        # a rerun runs no test again, checks no task again, builds no image, and writes the same suite
         again = tmp_path / "again.jsonl"
         r = _pqrl(env, *args[:5], str(again), *args[6:])
         assert r.returncode == 0 and "docker build" not in r.stderr, r.stderr
+        assert "[check " not in r.stderr and "1 dropped by the check" in r.stdout, r.stderr
         tried = json.loads(out.read_text().splitlines()[0])
         assert again.read_text() == out.read_text(), tried
         assert "from cache" in r.stdout and " 0 from cache" not in r.stdout, r.stdout
