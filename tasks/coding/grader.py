@@ -366,6 +366,8 @@ class CodingGrader:
         if verdict.reward != 1.0:
             why = verdict.info["reason"]
             raise GoldReferenceError(f"task {task.id}: the gold patch fails: {why}")
+        if report.get("probes_overflow"):  # a record with entries missing judges every submission wrongly
+            raise GoldReferenceError(f"task {task.id}: the gold's probe record is larger than kept")
         return probes.parse_record(base64.b64decode(report.get("probes", "")))
 
 

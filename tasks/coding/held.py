@@ -105,10 +105,12 @@ def held_operands(sites: dict[int, Site], gold: Record, base: Record) -> dict[in
 
 
 def base_fails(gold: Record, base: Record) -> frozenset[tuple[str, int]]:
-    """The gold entries (test, index) the unfixed code does not reproduce, paired by position
-    (``_paired``): the checks a submission that leaves the bug in place must forge."""
+    """The gold entries (test, index) the unfixed code reached and recorded differently, paired by
+    position (``_paired``): the checks a submission that leaves the bug in place must forge. A
+    check the unfixed code never reached (it raised, stopped or went another way first) is no
+    evidence: the bug may not change its value at all."""
     pairs = _paired(gold, base)
-    return frozenset((test, i) for test, i, _, values, b in pairs if b is None or not same(b, values))
+    return frozenset((test, i) for test, i, _, values, b in pairs if b is not None and not same(b, values))
 
 
 def kept_values(site: Site | None, values: list[Any]) -> list[Any]:

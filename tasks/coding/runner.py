@@ -134,7 +134,9 @@ def collect(child: subprocess.Popen, deadline: float, pipes: dict) -> dict:
                 sel.unregister(key.fd)
                 continue
             name = names[key.fd]
-            if not store(buffers[name], chunk, pipes[name][1]):
+            # after one dropped chunk nothing more is kept: later chunks would splice a record
+            # that parses with entries missing from its middle
+            if name in overflow or not store(buffers[name], chunk, pipes[name][1]):
                 overflow.add(name)
     pipe_open = bool(sel.get_map())
     sel.close()

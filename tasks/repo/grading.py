@@ -33,7 +33,7 @@ import weakref
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from sandboxes.protocol import Sandbox, SandboxDied
+from sandboxes.protocol import Sandbox, SandboxDied, SandboxError
 from tasks.coding import probes
 from tasks.coding.capture import WORKSPACE
 from tasks.coding.diffs import split_patch
@@ -52,7 +52,16 @@ from tasks.repo.values import (
     values_verdict,
 )
 
-__all__ = ["MAX_PATCH_BYTES", "capture_diff", "grade_patch", "graded_paths", "hidden_paths", "reference"]
+__all__ = [
+    "MAX_PATCH_BYTES",
+    "MAX_REFERENCE_TRIES",
+    "ReferenceUnavailable",
+    "capture_diff",
+    "grade_patch",
+    "graded_paths",
+    "hidden_paths",
+    "reference",
+]
 
 MAX_PATCH_BYTES = 8 << 20
 _DIFF = ("diff", "--cached", "--binary", "--full-index", "--no-ext-diff", "--no-textconv", "--no-renames")
@@ -284,8 +293,15 @@ async def reference(
                 computed = await _compute_reference(task, make_sandbox, timeout)
                 unsafe = unsafe_fail_to_pass(computed.reference, task.fail_to_pass, computed.why_junit)
                 computed = dataclasses.replace(computed, unsafe=unsafe)
-                if not computed.cached:
-                    return computed
+                if not computed.cached:  # never graded by JUnit instead (tasks/repo/values.py)
+                    tries = _TRANSIENT[key] = _TRANSIENT.get(key, 0) + 1
+                    if tries >= MAX_REFERENCE_TRIES:
+                        _TRANSIENT.pop(key, None)
+                        raise GoldReferenceError(
+                            f"task {task.id}: no gold record in {tries} tries: {computed.why_junit}"
+                        )
+                    raise ReferenceUnavailable(f"task {task.id}: {computed.why_junit} (try {tries})")
+                _TRANSIENT.pop(key, None)
                 while len(_REFERENCES) >= MAX_REFERENCES:  # oldest first: a bounded cache
                     _REFERENCES.pop(next(iter(_REFERENCES)))
                 _REFERENCES[key] = computed
@@ -330,6 +346,8 @@ async def _compute_reference(
                     raise (_GoldTimedOut if report.get("timed_out") else GoldReferenceError)(
                         f"task {task.id}: the gold patch fails: {verdict.info['reason']}"
                     )
+                if report.get("probes_overflow"):  # entries missing: every submission judged wrongly
+                    raise GoldReferenceError(f"task {task.id}: the gold's probe record is larger than kept")
                 return probes.parse_record(base64.b64decode(report.get("probes", "")))
 
             try:
@@ -351,6 +369,11 @@ async def _compute_reference(
                 await box.close()
 
 
+class ReferenceUnavailable(SandboxError):
+    """The task's reference could not be computed this time for the machine's sake: the episode
+    is an infrastructure failure, never graded without it."""
+
+
 class _GoldTimedOut(GoldReferenceError):
     """The gold's run reached the timeout: on a loaded machine, not the task's fault, so not kept."""
 
@@ -370,6 +393,8 @@ async def _read_tests(task: RepoTask, sandbox: Sandbox) -> tuple[dict[str, str],
 
 _REFERENCES: dict[str, RepoReference] = {}
 MAX_REFERENCES, MAX_TEST_BYTES = 1024, 4 << 20
+MAX_REFERENCE_TRIES = 3  # references lost to the machine in a row before the task is retired
+_TRANSIENT: dict[str, int] = {}  # reference key -> references lost to the machine in a row
 _REFERENCE_LOCKS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, asyncio.Lock]] = (
     weakref.WeakKeyDictionary()
 )

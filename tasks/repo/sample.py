@@ -14,9 +14,11 @@ def sample_task() -> dict[str, Any]:
     gold = "diff --git a/calc.py b/calc.py\nnew file mode 100644\n--- /dev/null\n+++ b/calc.py\n"
     gold += "@@ -0,0 +1,2 @@\n"
     gold += "+def add(a, b):\n+    return a + b\n"
+    # calc is imported inside the assert, so the unfixed repository (no calc.py) fails at that
+    # check, where the verdict sees it, rather than before any check (no evidence: tasks/repo/values.py)
     tests = "diff --git a/tests/test_calc.py b/tests/test_calc.py\nnew file mode 100644\n--- /dev/null\n"
-    tests += "+++ b/tests/test_calc.py\n@@ -0,0 +1,5 @@\n+from calc import add\n+\n+\n"
-    tests += "+def test_add():\n+    assert add(2, 3) == 5\n"
+    tests += "+++ b/tests/test_calc.py\n@@ -0,0 +1,5 @@\n+import importlib\n+\n+\n"
+    tests += '+def test_add():\n+    assert importlib.import_module("calc").add(2, 3) == 5\n'
     task = RepoTask(
         id="repo-sample", instance_id="sample__calc-1", repo="pqrl/sample", base_commit="0000000",
         problem_statement="Add calc.py with add(a, b) returning a + b.", patch=gold, test_patch=tests,

@@ -19,12 +19,18 @@ checked by a project's own assert helper or by ``assertAlmostEqual``) is judged 
 A test judged by its outcome alone can be forged (a pytest hook rewriting reports). That is safe
 for a PASS_TO_PASS test (the unfixed code passes it anyway) and for a FAIL_TO_PASS test only if
 another check stops a submission that leaves the bug: so every FAIL_TO_PASS test must be judged by
-values, and the unfixed code's record must differ from the gold's in it at an ``==`` check whose
-expected side stays on the host (a literal, a held operand): elsewhere the container can compute
-what to record. Those that are not are
+values, and the unfixed code's record must differ from the gold's in it at an ``==`` check the
+unfixed code reached, whose expected side stays on the host (a literal, a held operand) and is not
+True, False or None: elsewhere the container can compute or guess what to record, and a check the
+unfixed code never reached may not depend on the bug at all. Those that are not are
 ``unsafe_fail_to_pass`` in the reward's info (every one, when the task falls back whole); ``pqrl
-tasks validate --check`` fails such a task, so it is dropped before training rather than graded
-weakly.
+tasks validate --check`` fails such a task and generation drops it, so it is left out before
+training rather than graded weakly.
+
+A reference that could not be computed for the machine's sake (a sandbox died, the gold's run hit
+its timeout) never downgrades a grading to JUnit: the episode fails as infrastructure and the next
+grading computes it again; after ``MAX_REFERENCE_TRIES`` such failures in a row the task is retired
+as a bad task, with the cause.
 """
 
 from __future__ import annotations
@@ -111,19 +117,18 @@ def unsafe_fail_to_pass(
 
 def _hidden(reference: Reference, test: str, i: int) -> bool:
     """Whether the gold entry ``i`` of ``test`` is an ``==`` check whose expected side only the host
-    holds (a dropped literal, a held operand). At any other check (``assert x``, ``!=``, ``<``,
-    ``a == g(b)`` with ``g`` run in the container) code that takes over the test process can
-    compute or guess what to record, so a difference there does not stop a submission that leaves
-    the bug in place."""
+    holds (a dropped literal, a held operand) and is not a boolean or None. At any other check
+    (``assert x``, ``!=``, ``<``, ``a == g(b)`` with ``g`` run in the container) code that takes
+    over the test process can compute or guess what to record, so a difference there does not stop
+    a submission that leaves the bug in place."""
     entries = reference.gold.get(test) or []
     site = reference.sites.get(entries[i][0]) if i < len(entries) else None
-    return (
-        site is not None
-        and site.kind == "compare"
-        and not site.negated
-        and set(site.ops) == {"=="}
-        and bool(site.held or site.literals)
-    )
+    if site is None or site.kind != "compare" or site.negated or set(site.ops) != {"=="}:
+        return False
+    values = entries[i][1]
+    expected = [v for _, v in site.literals] + [values[j] for j in site.held if j < len(values)]
+    # True, False and None are one guess away: code that forges `== True` need not see the test
+    return any(not (v is None or isinstance(v, bool)) for v in expected)
 
 
 def values_verdict(

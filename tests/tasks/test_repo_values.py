@@ -200,3 +200,53 @@ def test_the_verdict_names_unsafe_fail_to_pass_tests_so_the_check_fails_the_task
         "t.py::test_a": "why"
     }
     assert "unsafe_fail_to_pass" not in values_verdict(_junit(True), _reference({}), {}, listed).info
+
+
+def test_a_check_against_true_false_or_none_is_one_guess_away_so_it_does_not_make_a_test_safe():
+    for expected, safe in (("True", False), ("None", False), ("False", False), ("3", True), ("'ok'", True)):
+        inst = probes.instrument({"t.py": f"def test_a():\n    assert f() == {expected}\n"})
+        gold = {"t.py::test_a": [(0, [{"int": "1"}])]}
+        ref = Reference(inst.files, inst.sites, gold, set(), set(), frozenset({("t.py::test_a", 0)}))
+        out = values.unsafe_fail_to_pass(ref, ["t.py::test_a"])
+        assert (out == {}) is safe, (expected, out)
+
+
+def test_checks_the_unfixed_code_never_reached_are_no_evidence():
+    from tasks.coding.held import base_fails
+
+    gold = {"t.py::test_a": [(0, [True]), (1, ["1.0"])]}
+    # the unfixed code stopped at check 0 (or never imported): check 1 may not depend on the bug
+    assert base_fails(gold, {"t.py::test_a": [(0, [False])]}) == {("t.py::test_a", 0)}
+    assert base_fails(gold, {}) == frozenset()
+    # it went another way at check 0: neither position was reached as the gold reached it
+    assert base_fails(gold, {"t.py::test_a": [(7, [1]), (1, ["2.0"])]}) == frozenset()
+    assert base_fails(gold, {"t.py::test_a": [(0, [True]), (1, ["2.0"])]}) == {("t.py::test_a", 1)}
+
+
+def test_a_reference_lost_to_the_machine_is_an_infra_failure_then_retires_the_task(monkeypatch):
+    import asyncio
+
+    import pytest
+
+    from tasks.coding.reference import GoldReferenceError
+    from tasks.repo import grading
+
+    calls = []
+
+    async def lost(task, make_sandbox, timeout):  # what a dying sandbox or a timed-out gold returns
+        calls.append(task.id)
+        return RepoReference(None, "no gold record: the gold's run timed out", cached=False)
+
+    monkeypatch.setattr(grading, "_compute_reference", lost)
+
+    async def grade() -> None:
+        await grading.reference(_task(id="lost"), None, 10.0)  # type: ignore[arg-type]
+
+    for n in range(1, grading.MAX_REFERENCE_TRIES):
+        with pytest.raises(grading.ReferenceUnavailable, match=f"try {n}"):
+            asyncio.run(grade())
+    with pytest.raises(GoldReferenceError, match=f"in {grading.MAX_REFERENCE_TRIES} tries"):
+        asyncio.run(grade())
+    assert len(calls) == grading.MAX_REFERENCE_TRIES
+    with pytest.raises(grading.ReferenceUnavailable, match="try 1"):  # the count starts again
+        asyncio.run(grade())
