@@ -25,12 +25,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import heapq
 import json
 import random
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -208,7 +209,23 @@ async def _baseline(runner: _Runner, tests: list[str], say: Callable[[str], None
             raise UsageError("the project's tests time out or write no JUnit report in the sandbox")
         runs.append({i for i, o in outcomes.items() if o.outcome == "passed"})
         say(f"baseline run {attempt}: {len(runs[-1])} of {len(outcomes)} tests pass")
+        if not runs[-1]:  # nothing to keep a bug by: say why the clean tree fails
+            first = next(iter(outcomes.values()), None)
+            why = _failure_line(first) if first else "none ran"
+            raise UsageError(
+                f"no test passes on the clean tree in the sandbox ({why})",
+                fix="add what the tests or the package import with --requirements SPEC (repeatable)",
+            )
     return runs[0] & runs[1], (time.monotonic() - t0) / 2
+
+
+def _failure_line(o: TestOutcome) -> str:
+    """A test's failure in one line: its id, message, and the traceback's last error line (a
+    collection error's ``ModuleNotFoundError: No module named 'x'`` is where the cause is)."""
+    lines = [ln.strip() for ln in o.text.splitlines() if ln.strip()]
+    error = next((ln for ln in reversed(lines) if "Error" in ln), lines[-1] if lines else "")
+    extra = f"; {error}" if error and error not in o.message else ""
+    return f"{o.id}: {o.message or o.outcome}{extra}"[:400]
 
 
 def _candidates(project: Project, seed: int) -> list[tuple[str, Mutation]]:
@@ -241,7 +258,9 @@ class _Draws:
         self.stats: dict[str, Any] = {}
         self.baseline: set[str] = set()
         self.scope: dict[str, list[str]] = {}
-        self.todo: Iterator[tuple[str, Mutation]] = iter(())
+        self.queue: list[tuple[int, str, Mutation]] = []  # (draw index, path, mutation): a heap
+        self.deferred: dict[str, list[tuple[int, str, Mutation]]] = {}
+        self.spare: list[_Kept] = []  # kept beyond what the last call wanted
         self.t0 = time.monotonic()
 
     async def start(self, say: Callable[[str], None]) -> None:
@@ -252,7 +271,7 @@ class _Draws:
         self.scope = {p: [t for t in reached(p) if any(b.startswith(t + "::") for b in baseline)]
                       for p in self.project.sources}  # fmt: skip
         drawn = [(p, m) for p, m in _candidates(self.project, self.opts.seed) if self.scope[p]]
-        self.todo = iter(drawn)
+        self.queue = [(i, p, m) for i, (p, m) in enumerate(drawn)]  # in draw order: a heap already
         self.stats = {"baseline_tests": len(baseline), "test_files": len(self.project.tests),
                       "candidates": len(drawn), "tried": 0, "cached": 0,
                       "baseline_s": round(base_s, 2)}  # fmt: skip
@@ -266,27 +285,44 @@ class _Draws:
             self.cache.put(key, got, self.runner.timeout if timed_out else None)
         return hit, got
 
+    def _batch(self) -> list[tuple[str, Mutation, str]]:
+        """The next ``workers`` runnable mutants in draw order. One of a function already at
+        ``per_function`` (kept or running) waits in ``deferred``: it is drawn again, in its place,
+        if that function's mutant is not kept or its task is dropped by the check."""
+        batch: list[tuple[str, Mutation, str]] = []
+        pending = dict(self.per_function)
+        while self.queue and len(batch) < self.opts.workers:
+            i, path, m = heapq.heappop(self.queue)
+            fn = f"{path}:{m.function}"
+            if pending.get(fn, 0) >= self.opts.per_function:
+                self.deferred.setdefault(fn, []).append((i, path, m))
+                continue
+            mutated = m.apply(self.project.sources[path])
+            if mutated in self.seen or not parses(mutated):
+                continue  # parsed only when drawn: a big module has thousands
+            self.seen.add(mutated)
+            pending[fn] = pending.get(fn, 0) + 1
+            batch.append((path, m, mutated))
+        return batch
+
+    def _requeue(self) -> None:
+        for fn in [f for f in self.deferred if self.per_function.get(f, 0) < self.opts.per_function]:
+            for item in self.deferred.pop(fn):
+                heapq.heappush(self.queue, item)
+
+    def release(self, k: _Kept) -> None:
+        """``k``'s task was dropped: its function may have another mutant."""
+        fn = f"{k.path}:{k.mutation.function}"
+        self.per_function[fn] -= 1
+        self._requeue()
+
     async def more(self, want: int, say: Callable[[str], None]) -> list[_Kept]:
         """Up to ``want`` more kept mutants (fewer when the candidates run out)."""
-        kept: list[_Kept] = []
+        kept, self.spare = self.spare[:want], self.spare[want:]
         # Batches of `workers` mutants run at once and are judged in draw order, so which are kept
         # depends only on the seed and the outcomes (a rerun from the cache gives the same suite).
         while len(kept) < want:
-            batch: list[tuple[str, Mutation, str]] = []
-            pending = dict(self.per_function)
-            for path, m in self.todo:
-                fn, mutated = f"{path}:{m.function}", m.apply(self.project.sources[path])
-                if (
-                    pending.get(fn, 0) >= self.opts.per_function
-                    or mutated in self.seen
-                    or not parses(mutated)
-                ):
-                    continue  # parsed only when drawn: a big module has thousands
-                self.seen.add(mutated)
-                pending[fn] = pending.get(fn, 0) + 1
-                batch.append((path, m, mutated))
-                if len(batch) == self.opts.workers:
-                    break
+            batch = self._batch()
             if not batch:
                 break
             results = await asyncio.gather(*(self._outcomes(p, mutated) for p, _, mutated in batch))
@@ -297,13 +333,10 @@ class _Draws:
                 self.files_run.append(len(self.scope[path]))
                 ids = sorted(b for b in self.baseline if b.split("::", 1)[0] in self.scope[path])
                 found = _judge(path, m, ids, got)
-                if (
-                    found is not None
-                    and len(kept) < want
-                    and self.per_function.get(fn, 0) < self.opts.per_function
-                ):
-                    kept.append(found)
+                if found is not None and self.per_function.get(fn, 0) < self.opts.per_function:
+                    (kept if len(kept) < want else self.spare).append(found)  # a spare: the next call's
                     self.per_function[fn] = self.per_function.get(fn, 0) + 1
+            self._requeue()
             rate = (time.monotonic() - self.t0) / self.stats["tried"]
             say(f"mutants tried {self.stats['tried']}, kept {len(kept)} of the {want} wanted now; "
                 f"{rate:.1f}s each")  # fmt: skip
@@ -376,7 +409,11 @@ def generate_tasks(project: Project, opts: Options, say: Callable[[str], None] =
                         _task(project, len(tasks) + len(dropped) + i, k, env, say) for i, k in enumerate(kept)
                     ]
                     t2 = time.monotonic()
-                    tasks.extend(await _checked(made, manifest, manager, checks, opts.workers, dropped, say))
+                    passed = await _checked(made, manifest, manager, checks, opts.workers, dropped, say)
+                    tasks.extend(passed)
+                    for k, task in zip(kept, made, strict=True):
+                        if task not in passed:
+                            draws.release(k)
                     timing["task_images_s"] += t2 - t1
                     timing["check_s"] += time.monotonic() - t2
                 return draws.stats
@@ -385,6 +422,9 @@ def generate_tasks(project: Project, opts: Options, say: Callable[[str], None] =
                 await manager.shutdown()
 
     stats |= asyncio.run(run())
+    if 0 < len(tasks) < opts.max_tasks:
+        say(f"the mutants ran out: {len(tasks)} of the {opts.max_tasks} tasks wanted "
+            f"({stats['tried']} tried, {len(dropped)} dropped by the check)")  # fmt: skip
     if not tasks:
         why = f"; {len(dropped)} failed the check, the first: {dropped[0]}" if dropped else ""
         raise UsageError(f"{project.origin}: none of {stats['tried']} mutants makes a usable task{why}")

@@ -13,12 +13,15 @@ A test file reaches a module when the module is in the transitive closure of its
 from __future__ import annotations
 
 import ast
+import configparser
+import contextlib
 import hashlib
 import json
 import re
 import shutil
 import sys
 import tempfile
+import tomllib
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
@@ -29,7 +32,7 @@ from pqrl.errors import PermanentFault, UsageError
 from sandboxes.recipes import normal_name
 from sandboxes.repo_source import ARCHIVE_SUFFIXES, stage_repository
 
-__all__ = ["Project", "fetch_sdist", "infer_requirements", "load_project"]
+__all__ = ["Project", "declared_requirements", "fetch_sdist", "infer_requirements", "load_project"]
 
 PYPI_SIMPLE = "https://pypi.org/simple"
 _MAX_DOWNLOAD = 256 << 20  # an sdist larger than this is not a project to mutate here
@@ -59,7 +62,7 @@ class Project:
     tests: list[str]  # test file paths
     modules: dict[str, str] = field(default_factory=dict)  # dotted module name -> path (all .py files)
     imports: dict[str, set[str]] = field(default_factory=dict)  # path -> dotted names it imports
-    required: dict[str, set[str]] = field(default_factory=dict)  # test path -> its top-level imports
+    required: dict[str, set[str]] = field(default_factory=dict)  # path -> its top-level imports
 
     closures: dict[str, set[str]] = field(default_factory=dict)  # test path -> its import closure
 
@@ -178,15 +181,16 @@ def load_project(source: str | Path, name: str, origin: str, dest: Path) -> Proj
         project.modules[dotted] = rel
         project.imports[rel] = _imports(tree, dotted, rel.endswith("__init__.py"))
         parts = rel.split("/")
+        # unconditional imports only: one under try, in a function or a class may be optional
+        plain = ast.Module(
+            body=[n for n in tree.body if isinstance(n, ast.Import | ast.ImportFrom)], type_ignores=[]
+        )
         if parts[-1].startswith("test_") or parts[-1].endswith("_test.py"):
             project.tests.append(rel)
-            # unconditional imports only: one under try, in a function or a class may be optional
-            plain = ast.Module(
-                body=[n for n in tree.body if isinstance(n, ast.Import | ast.ImportFrom)], type_ignores=[]
-            )
             project.required[rel] = _imports(plain, dotted, False)
         elif not (set(parts[:-1]) & _NOT_SOURCE) and parts[-1] not in _NOT_SOURCE_FILES:
             project.sources[rel] = text
+            project.required[rel] = _imports(plain, dotted, rel.endswith("__init__.py"))
     if not project.tests:
         raise UsageError(f"{origin} ships no test files (test_*.py or *_test.py)")
     return project
@@ -228,17 +232,55 @@ def _imports(tree: ast.Module, module: str, is_package: bool) -> set[str]:
 
 
 def infer_requirements(project: Project) -> list[str]:
-    """The distributions the test files import at their top level (not under ``try``, not in a
-    function) that are neither the standard library, the project's own modules, nor already in the
-    base image (``hypothesis`` for ``import hypothesis``)."""
+    """What the tests need installed: the project's declared runtime dependencies (``pyproject.toml``
+    ``[project] dependencies``, ``setup.cfg`` ``install_requires``, an sdist's ``Requires-Dist``
+    without an extra), then the distributions its test files and package modules import at their
+    top level (not under ``try``, not in a function) that are neither the standard library, the
+    project's own modules, declared already, nor in the base image (``hypothesis`` for ``import
+    hypothesis``)."""
+    declared = declared_requirements(project.root)
+    have = {normal_name(m.group(0)) for r in declared if (m := _REQ_NAME.match(r))}
     own = {m.split(".")[0] for m in project.modules}
     found: set[str] = set()
-    for test in project.tests:
-        for name in project.required.get(test, ()):
-            top = name.split(".")[0]
-            if top and top not in own and top not in sys.stdlib_module_names and top not in _IN_IMAGE:
-                found.add(_DISTRIBUTIONS.get(top, top))
-    return sorted(found)
+    for name in (n for names in project.required.values() for n in names):
+        top = name.split(".")[0]
+        if top and top not in own and top not in sys.stdlib_module_names and top not in _IN_IMAGE:
+            dist = _DISTRIBUTIONS.get(top, top)
+            if normal_name(dist) not in have:
+                found.add(dist)
+    return [*declared, *sorted(found)]
+
+
+_REQ_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def declared_requirements(root: Path) -> list[str]:
+    """The runtime dependencies ``root``'s metadata declares, as pip specs, in file order, without
+    the ones only an extra asks for and without the test runner the base image has."""
+    specs: list[str] = []
+    pyproject = root / "pyproject.toml"
+    if pyproject.is_file():
+        with contextlib.suppress(tomllib.TOMLDecodeError, UnicodeDecodeError, AttributeError):
+            deps = tomllib.loads(pyproject.read_text()).get("project", {}).get("dependencies", [])
+            specs += [d for d in deps if isinstance(d, str)]
+    cfg = root / "setup.cfg"
+    if not specs and cfg.is_file():
+        parser = configparser.ConfigParser(interpolation=None)
+        with contextlib.suppress(configparser.Error, UnicodeDecodeError):
+            parser.read_string(cfg.read_text())
+            specs += parser.get("options", "install_requires", fallback="").splitlines()
+    info = root / "PKG-INFO"
+    if not specs and info.is_file():
+        with contextlib.suppress(UnicodeDecodeError):
+            for line in info.read_text().splitlines():
+                if line.startswith("Requires-Dist:") and "extra ==" not in line:
+                    specs.append(line.split(":", 1)[1])
+    out = []
+    for spec in (s.split("#", 1)[0].strip() for s in specs):
+        name = _REQ_NAME.match(spec)
+        if name and normal_name(name.group(0)) not in _IN_IMAGE and spec not in out:
+            out.append(spec)
+    return out
 
 
 def tree_digest(files: dict[str, str]) -> str:

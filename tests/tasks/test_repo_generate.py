@@ -198,6 +198,14 @@ def test_bad_sources_are_one_line_usage_errors(tmp_path):
     (tmp_path / "empty" / "mod.py").write_text("def f():\n    return 1\n")
     r = _pqrl(env, "generate", "coding", "--from-repo", str(tmp_path / "empty"), "--out", out)
     assert r.returncode == 2 and "ships no test files" in r.stderr, r.stderr
+    # every test fails on the clean tree (here: a module the sandbox lacks): the cause, and what to do
+    (tmp_path / "empty" / "test_mod.py").write_text(
+        "import mod\n\n\ndef test_f():\n    import pqrl_absent_module\n\n    assert mod.f() == 1\n"
+    )
+    r = _pqrl(env, "generate", "coding", "--from-repo", str(tmp_path / "empty"), "--out", out)
+    assert r.returncode == 2 and "no test passes on the clean tree" in r.stderr, r.stderr
+    assert "test_mod.py::test_f" in r.stderr and "No module named 'pqrl_absent_module'" in r.stderr
+    assert "--requirements" in r.stderr, r.stderr
     assert not Path(out).exists()
 
 

@@ -81,3 +81,65 @@ def test_a_timed_out_run_is_known_only_up_to_its_timeout(tmp_path, monkeypatch):
 def test_one_name_normalisation_for_index_and_installed_names():
     assert normal_name("More_Itertools") == normal_name("more.itertools") == "more-itertools"
     assert normal_name("a__b--c") == "a-b-c"
+
+
+def test_requirements_are_what_the_metadata_declares_then_what_the_code_imports(tmp_path):
+    from tasks.repo.project import infer_requirements
+
+    files = {
+        "pkgx/__init__.py": "from .tbl import table\n",
+        # the package's own top-level imports count (a test may import only pkgx.tbl)
+        "pkgx/tbl.py": "import json\nfrom tabulate import tabulate\nimport yaml\n\n\ndef table(r):\n"
+        "    return tabulate(r)\n",
+        "pkgx/opt.py": "try:\n    import numpy\nexcept ImportError:\n    numpy = None\n",  # optional
+        "tests/test_tbl.py": "import pytest\nfrom pkgx.tbl import table\n\n\ndef test_t():\n"
+        "    assert table([[1]])\n",
+    }
+    project = load_project(_write(tmp_path / "a", files), "pkgx", "pkgx", tmp_path / "ta")
+    assert infer_requirements(project) == ["pyyaml", "tabulate"]
+    declared = '[project]\nname = "pkgx"\ndependencies = ["tabulate>=0.9", "pytest>=7"]\n'
+    project = load_project(
+        _write(tmp_path / "b", {**files, "pyproject.toml": declared}), "pkgx", "pkgx", tmp_path / "tb"
+    )
+    # the declared spec stands for tabulate; pytest is the base image's; yaml is still inferred
+    assert infer_requirements(project) == ["tabulate>=0.9", "pyyaml"]
+
+
+def test_an_sdists_requires_dist_counts_without_the_extras(tmp_path):
+    from tasks.repo.project import declared_requirements
+
+    info = (
+        "Metadata-Version: 2.1\nName: x\nRequires-Dist: attrs>=22\n"
+        'Requires-Dist: sphinx; extra == "docs"\nRequires-Dist: six ; python_version < "3.12"\n'
+    )
+    _write(tmp_path, {"PKG-INFO": info})
+    assert declared_requirements(tmp_path) == ["attrs>=22", 'six ; python_version < "3.12"']
+    cfg = "[options]\ninstall_requires =\n    click>=8\n    # a comment\n    rich\n"
+    _write(tmp_path / "c", {"setup.cfg": cfg})
+    assert declared_requirements(tmp_path / "c") == ["click>=8", "rich"]
+
+
+def test_a_function_whose_bug_is_not_kept_or_is_dropped_gets_its_next_mutant(tmp_path):
+    from tasks.repo.generate import Options, _Draws
+
+    src = "def shout(word):\n    return word.upper() + '!' * 2\n"
+    project = load_project(
+        _write(tmp_path / "p", {"w.py": src, "test_w.py": "from w import shout\n"}), "w", "w", tmp_path / "t"
+    )
+    draws = _Draws(project, None, None, "", Options(workers=2, per_function=1))  # type: ignore[arg-type]
+    from tasks.repo.generate import _candidates
+
+    drawn = _candidates(project, 0)
+    assert len(drawn) >= 3 and {m.function for _, m in drawn} == {"shout"}
+    draws.queue = [(i, p, m) for i, (p, m) in enumerate(drawn)]
+    first = draws._batch()
+    assert [m for _, m, _ in first] == [drawn[0][1]]  # one per function at a time, the rest wait
+    draws._requeue()  # not kept: the next one is drawn
+    second = draws._batch()
+    assert [m for _, m, _ in second] == [drawn[1][1]]
+    draws.per_function["w.py:shout"] = 1  # kept
+    draws._requeue()
+    assert draws._batch() == []  # the function has its bug
+    kept = type("K", (), {"path": "w.py", "mutation": drawn[1][1]})()
+    draws.release(kept)  # its task failed the check: the function's next mutant, in draw order
+    assert [m for _, m, _ in draws._batch()] == [drawn[2][1]]
