@@ -82,9 +82,12 @@ async def served_api(url: str, *, api_key: str | None = None, timeout_s: float =
     )
 
 
-async def engine_backend(urls: str | Sequence[str], backend: str = "auto", **probe: Any) -> str:
+async def engine_backend(
+    urls: str | Sequence[str], backend: str = "auto", *, named_by: str = "--backend", **probe: Any
+) -> str:
     """The backend of the engines at ``urls``: ``backend`` when named (checked against each engine
     that answers), or the kind every engine answers as (``"auto"``: ``"vllm"`` or ``"sglang"``).
+    ``named_by``: where the user names it (``--backend``, ``services.engine:``), for the fix.
 
     Raises:
         UsageError: an engine answers as another kind than the one named; ``auto`` and an engine that
@@ -95,10 +98,10 @@ async def engine_backend(urls: str | Sequence[str], backend: str = "auto", **pro
     apis = await asyncio.gather(*(served_api(u, **probe) for u in urls))
     for url, api in zip(urls, apis, strict=True):
         if named is not None and api is not None and api != named:
-            flag = "vllm" if api == "vllm" else "builtin (or sglang)"
+            right = "vllm" if api == "vllm" else "builtin"
             raise UsageError(
                 f"{url} answers as {_NAMES[api]}, not as {_NAMES[named]} ({backend!r} was named)",
-                fix=f"name its backend {flag}, or give the URL of a {backend} engine",
+                fix=f"{named_by} {right}, or the URL of a {backend} engine",
             )
     if named is not None:
         return backend
@@ -106,7 +109,7 @@ async def engine_backend(urls: str | Sequence[str], backend: str = "auto", **pro
         down = urls[apis.index(None)]
         raise UsageError(
             f"{down}: no answer, so which engine it is (vLLM or SGLang API) is unknown",
-            fix="start the engine first, or name its backend (builtin, sglang or vllm)",
+            fix=f"start the engine first, or name its kind ({named_by} builtin, sglang or vllm)",
         )
     if len(set(apis)) > 1:
         kinds = ", ".join(f"{u}: {a}" for u, a in zip(urls, apis, strict=True))

@@ -31,12 +31,19 @@ def add_backend_argument(p: argparse.ArgumentParser, *, starts: bool) -> None:
 
 
 async def connect_engines(
-    urls: str | Sequence[str], backend: str, children: Any, *, timeout_s: float = 300, stop: Any = None
+    urls: str | Sequence[str],
+    backend: str,
+    children: Any,
+    *,
+    timeout_s: float = 300,
+    stop: Any = None,
+    named_by: str = "--backend",
 ) -> Any:
     """The client of the engines at ``urls``, of the class their kind needs. With ``children``
     (``launcher.children.Children``, watching the ones started here) once each answers ``/health``
     (every backend has it); without, at once: an engine not answering yet is taken to be of the kind
-    named (``auto`` needs an answer). ``UsageError`` when an engine is not of the kind named."""
+    named (``auto`` needs an answer). ``UsageError`` when an engine is not of the kind named
+    (``named_by``: where the user names it, for the fix)."""
     import asyncio
 
     from engine.backends import engine_backend, engine_client
@@ -53,7 +60,7 @@ async def connect_engines(
             await children.wait_until(healthy, what=what, timeout_s=timeout_s, stop=stop or asyncio.Event())
         finally:
             await probe.aclose()
-    return engine_client(urls, await engine_backend(urls, backend))
+    return engine_client(urls, await engine_backend(urls, backend, named_by=named_by))
 
 
 @contextlib.contextmanager

@@ -77,7 +77,9 @@ class Job:
 
         children = self.services.get("children") or Children(quiet=self.quiet)
         urls, backend = self.services["engines"], self.cfg.services.engine
-        self.engine = await connect_engines(urls, backend, children, timeout_s=timeout_s, stop=self.stopping)
+        self.engine = await connect_engines(
+            urls, backend, children, timeout_s=timeout_s, stop=self.stopping, named_by="services.engine:"
+        )
 
     async def _check_env_servers(self) -> None:
         """Ready, taking the token, knowing the suites' environments: else a permanent fault now."""

@@ -79,9 +79,10 @@ async def test_a_job_whose_engines_are_not_of_the_kind_named_stops_at_start(redi
             "services": {"redis_url": redis_server.url, "engines": [vllm], "engine": "builtin"},
         })  # fmt: skip
         services = {"redis_url": redis_server.url, "engines": [vllm], "env_servers": [], "env_token": None}
-        with pytest.raises(UsageError, match="answers as a vLLM server, not as an SGLang-API server"):
+        with pytest.raises(UsageError, match="answers as a vLLM server, not as an SGLang-API server") as e:
             async with Job(cfg, services, role="all", quiet=True, fresh=True):
                 pass
+        assert (e.value.fix or "").startswith("services.engine: vllm")
         cfg = cfg.model_copy(update={"services": cfg.services.model_copy(update={"engine": "vllm"})})
         async with Job(cfg, services, role="all", quiet=True, fresh=True) as job:
             assert type(job.engine) is VLLMClient
