@@ -7,7 +7,7 @@ asked first: vLLM answers ``GET /version`` with ``{"version": ...}``, SGLang and
 answer ``GET /model_info`` with ``{"model_path": ...}`` (neither has ``/version``). A named backend the
 server contradicts, or a server that answers as neither, fails with one line saying which it is.
 
-Floor module: imports only the standard library, httpx and the project floor.
+Imports what the clients import (the standard library, httpx, pydantic) and the project floor.
 """
 
 from __future__ import annotations
