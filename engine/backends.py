@@ -22,7 +22,16 @@ from engine.client import EngineClient
 from engine.vllm_client import VLLMClient
 from pqrl.errors import UsageError
 
-__all__ = ["BACKENDS", "Api", "api_of", "client_class", "engine_backend", "engine_client", "served_api"]
+__all__ = [
+    "BACKENDS",
+    "Api",
+    "api_of",
+    "checked_urls",
+    "client_class",
+    "engine_backend",
+    "engine_client",
+    "served_api",
+]
 
 BACKENDS = ("builtin", "sglang", "vllm")
 Api = Literal["sglang", "vllm"]  # what a server speaks: the built-in engine speaks SGLang's API
@@ -54,6 +63,23 @@ def _json(r: httpx.Response) -> Any:
         return None
 
 
+def checked_urls(urls: str | Sequence[str]) -> list[str]:
+    """``urls`` as a list, each an http(s) URL with a host; ``UsageError`` naming the first that is
+    not (no engine can ever answer there: better said at once than after a wait for its health)."""
+    urls = [urls] if isinstance(urls, str) else list(urls)
+    if not urls:
+        raise UsageError("no engine URL given")
+    for url in urls:
+        try:
+            parsed = httpx.URL(url)
+        except httpx.InvalidURL as e:
+            raise UsageError(f"{url}: not an engine URL: {e}", fix="give http://HOST:PORT") from None
+        if parsed.scheme not in ("http", "https") or not parsed.host:
+            raise UsageError(f"{url}: not an engine URL (no http:// or https:// and host)",
+                             fix="give http://HOST:PORT")  # fmt: skip
+    return urls
+
+
 async def served_api(url: str, *, api_key: str | None = None, timeout_s: float = 10.0) -> Api | None:
     """The API the server at ``url`` speaks, by what it answers; None when nothing answered (down,
     or not up yet). ``UsageError`` when it answered, but as neither kind."""
@@ -63,6 +89,8 @@ async def served_api(url: str, *, api_key: str | None = None, timeout_s: float =
         try:
             version = await http.get(f"{base}/version")
             info = await http.get(f"{base}/model_info")
+        except (httpx.UnsupportedProtocol, httpx.InvalidURL) as e:
+            raise UsageError(f"{url}: not an engine URL: {e}", fix="give http://HOST:PORT") from None
         except httpx.TransportError:
             return None
     answer, model = _json(version), _json(info)
@@ -93,7 +121,7 @@ async def engine_backend(
         UsageError: an engine answers as another kind than the one named; ``auto`` and an engine that
             does not answer, or engines of different kinds; an answer of neither kind.
     """
-    urls = [urls] if isinstance(urls, str) else list(urls)
+    urls = checked_urls(urls)
     named = None if backend == "auto" else api_of(backend)
     apis = await asyncio.gather(*(served_api(u, **probe) for u in urls))
     for url, api in zip(urls, apis, strict=True):

@@ -46,9 +46,10 @@ async def connect_engines(
     (``named_by``: where the user names it, for the fix)."""
     import asyncio
 
-    from engine.backends import engine_backend, engine_client
+    from engine.backends import checked_urls, engine_backend, engine_client
     from engine.client import EngineClient
 
+    urls = checked_urls(urls)
     if children is not None:
         probe = EngineClient(urls)
         try:
@@ -56,7 +57,7 @@ async def connect_engines(
             async def healthy() -> bool:
                 return all((await probe.health()).values())
 
-            what = "the engine" + "s" * (not isinstance(urls, str) and len(urls) > 1)
+            what = "the engine" + "s" * (len(urls) > 1)
             await children.wait_until(healthy, what=what, timeout_s=timeout_s, stop=stop or asyncio.Event())
         finally:
             await probe.aclose()

@@ -103,3 +103,6 @@ async def test_nothing_answering_is_unknown_unless_named():
     with pytest.raises(UsageError, match="no answer, so which engine it is"):
         await engine_backend(down)
     assert await engine_backend(down, "vllm") == "vllm"  # the caller waits for it to come up
+    for bad in ("localhost:30000", "ftp://127.0.0.1:1", "http://[::1", "http://"):
+        with pytest.raises(UsageError, match="not an engine URL"):
+            await engine_backend(bad, "vllm")  # named or not: no engine can ever answer there

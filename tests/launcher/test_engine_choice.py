@@ -47,6 +47,10 @@ def test_rollout_and_filter_with_the_wrong_backend_end_with_one_line(served, tmp
                  "--groups-per-step", "1", "--quiet"])  # fmt: skip
     err = capsys.readouterr().err
     assert code == UsageError.exit_code and "no answer, so which engine it is" in err, err
+    code = main(["rollout", "--run", "r", "--redis-url", "redis://127.0.0.1:1/0", "--engine", "localhost:1",
+                 "--groups-per-step", "1", "--backend", "vllm", "--quiet"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == UsageError.exit_code and "localhost:1: not an engine URL" in err, err
     code = main(["tasks", "filter", str(suite), "-o", str(tmp_path / "out.jsonl"), "--engine", url,
                  "--backend", "vllm", "--quiet"])  # fmt: skip
     err = capsys.readouterr().err
