@@ -31,9 +31,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.learning import short_commit  # noqa: E402
-from engine.client import EngineClient, SamplingParams  # noqa: E402
+from engine.backends import engine_client  # noqa: E402
+from engine.client import SamplingParams  # noqa: E402
 from engine.vllm import vllm_python  # noqa: E402
-from engine.vllm_client import VLLMClient  # noqa: E402
 from launcher.services import engine_process  # noqa: E402
 from pqrl.model_cache import DEFAULT_MODEL, load_tokenizer, prepare_model  # noqa: E402
 from pqrl.redis_server import free_port  # noqa: E402
@@ -64,11 +64,10 @@ def trainer_logprobs(model: Any, prompt: list[int], out: list[int]) -> list[floa
 
 
 async def engine_run(backend: str, prompts: list[list[int]], ckpt: Path, log: Path) -> dict[str, Any]:
-    client_cls = VLLMClient if backend == "vllm" else EngineClient
     port = free_port()
     t0 = time.monotonic()
     with engine_process(DEFAULT_MODEL, port, log, threads=os.cpu_count() or 1, backend=backend):
-        async with client_cls(f"http://127.0.0.1:{port}", timeout_s=1800) as client:
+        async with engine_client(f"http://127.0.0.1:{port}", backend, timeout_s=1800) as client:
             await client.wait_until_healthy(timeout_s=1200)
             start_s = time.monotonic() - t0
             one = SamplingParams(max_new_tokens=1, ignore_eos=True, sampling_seed=0)

@@ -60,20 +60,28 @@ class ServeConfig(Settings):
     log_level: Literal["critical", "error", "warning", "info", "debug", "trace"] = setting(
         "warning", "the HTTP server's log level"
     )
-    sglang_args: tuple[str, ...] = setting(
+    engine_args: tuple[str, ...] = setting(
         (), "sglang / vllm: more arguments of the server's launcher, e.g. --tp-size=2"
     )
+    # the old name of engine_args, still accepted (configs and scripts use it): appended to it
+    sglang_args: dataclasses.InitVar[tuple[str, ...] | list[str] | None] = None
+
+    def __post_init__(self, sglang_args: tuple[str, ...] | list[str] | None = None) -> None:
+        if sglang_args:
+            object.__setattr__(self, "engine_args", (*self.engine_args, *sglang_args))
+        super().__post_init__()
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of ``pqrl engine serve``: one per field of ``EngineConfig`` and ``ServeConfig``
-    (``sglang_args`` is the repeatable ``--sglang-arg``)."""
+    (``engine_args`` is the repeatable ``--engine-arg``; ``--sglang-arg``, its old name, is the same flag)."""
     add_arguments(parser, EngineConfig)
-    add_arguments(parser, ServeConfig, exclude=("sglang_args",))
-    (extra,) = (f for f in fields_of(ServeConfig) if f.name == "sglang_args")
+    add_arguments(parser, ServeConfig, exclude=("engine_args",))
+    (extra,) = (f for f in fields_of(ServeConfig) if f.name == "engine_args")
     parser.add_argument(
+        "--engine-arg",
         "--sglang-arg",
-        dest="sglang_args",
+        dest="engine_args",
         action="append",
         default=[],
         metavar="ARG",

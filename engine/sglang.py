@@ -62,6 +62,6 @@ def launch_sglang(engine: EngineConfig, serve: ServeConfig) -> NoReturn:
         weight_version=engine.weight_version,
         api_key=serve.api_key,
         seed=engine.seed,
-        extra_args=serve.sglang_args,
+        extra_args=serve.engine_args,
     )
     os.execv(cmd[0], cmd)

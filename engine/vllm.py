@@ -112,7 +112,7 @@ def launch_vllm(engine: EngineConfig, serve: ServeConfig) -> NoReturn:
         VLLMNotInstalled: no vLLM venv.
         ValueError: ``serve.host`` is not a loopback address (the weight routes take no key).
     """
-    bound = [a for a in serve.sglang_args if a.split("=", 1)[0] in ("--host", "--uds", "--port")]
+    bound = [a for a in serve.engine_args if a.split("=", 1)[0] in ("--host", "--uds", "--port")]
     if bound:  # argparse keeps the last value: the extra arguments must not move the listener
         raise ValueError(f"--backend vllm: give the address with --host/--port, not {bound[0]!r}")
     python = vllm_python()
@@ -142,7 +142,7 @@ def launch_vllm(engine: EngineConfig, serve: ServeConfig) -> NoReturn:
         port=serve.port,
         api_key=serve.api_key,
         seed=engine.seed,
-        extra_args=serve.sglang_args,
+        extra_args=serve.engine_args,
     )
     path = os.pathsep.join(p for p in (str(ext), os.environ.get("PYTHONPATH", "")) if p)
     env = {"VLLM_CPU_KVCACHE_SPACE": str(KV_CACHE_GIB)} | dict(os.environ) | {"VLLM_SERVER_DEV_MODE": "1",

@@ -335,6 +335,7 @@ def _add_sandbox_and_env(sub: _SubParsers, group: Callable[[str, str], _SubParse
 
 def _add_tasks(sub: _SubParsers, group: Callable[[str, str], _SubParsers]) -> None:
     from agent_loop.config import EpisodeConfig
+    from launcher.engine_choice import add_backend_argument
     from launcher.generate_command import add_generate_arguments
     from launcher.model_io import add_template_arguments
     from launcher.tasks_import import add_check_arguments, add_import_parser
@@ -371,6 +372,7 @@ def _add_tasks(sub: _SubParsers, group: Callable[[str, str], _SubParsers]) -> No
     p.add_argument("-o", "--output", required=True, help="where the filtered suite goes")
     p.add_argument("--model", default=DEFAULT_MODEL)
     p.add_argument("--engine", default=None, help="engine URL (default: a built-in engine in this process)")
+    add_backend_argument(p, starts=True)
     p.add_argument("--samples", type=positive_int, default=8)
     p.add_argument("--low", type=float, default=0.0)
     p.add_argument("--high", type=float, default=1.0)

@@ -2,8 +2,9 @@
 ``--model`` of any model (the cached base model, for comparison), each with a 95% interval over
 tasks; infrastructure failures are counted apart (``agent_loop.evaluation``).
 
-The engine and, for suites whose environment needs sandboxes, a private env server are started as
-``pqrl train`` starts them (``launcher.services``), watched, and stopped at the end. Progress goes to
+The engine (``--backend``: the built-in one, vLLM or SGLang; or a running one, ``--engine URL``)
+and, for suites whose environment needs sandboxes, a private env server are started as ``pqrl
+train`` starts them (``launcher.services``), watched, and stopped at the end. Progress goes to
 stderr, the result table (or ``--json``) to stdout, one line per task to a JSONL file.
 """
 
@@ -32,6 +33,7 @@ _UNSET = object()  # an episode flag not given: the run's setting (or the defaul
 
 def add_eval_arguments(p: argparse.ArgumentParser) -> None:
     from agent_loop.config import MAX_FAILED_INFRA, EpisodeConfig
+    from launcher.engine_choice import add_backend_argument
     from launcher.model_io import add_template_arguments
     from pqrl.model_cache import DEFAULT_MODEL
     from pqrl.settings import add_arguments, fields_of
@@ -55,6 +57,10 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> None:
                    help="per-task outcomes, a JSON line each (default: eval-SUITENAME.jsonl)")  # fmt: skip
     p.add_argument("--engine-threads", type=positive_int, default=os.cpu_count() or 1,
                    help="CPU threads of the engine (default: every core)")  # fmt: skip
+    p.add_argument("--engine", default=None, metavar="URL",
+                   help="a running engine serving the model instead of one started here (CHECKPOINT or "
+                        "--model still gives the tokenizer and the label)")  # fmt: skip
+    add_backend_argument(p, starts=True)
     p.add_argument("--json", action="store_true", help="the result as one JSON object on stdout")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     # the episode's limits and sampling: the run's own (its config.yaml) unless given here
@@ -162,8 +168,8 @@ def eval_command(args: argparse.Namespace) -> int:
     """Exit 0 with a result; 1 (``JobEnded``) when no pass rate can be reported; 2 on bad input (the
     command line's handler prints a failure as its one line)."""
     from launcher.children import Children
-    from launcher.services import engine_process, env_server_process, needing_sandbox
-    from pqrl.redis_server import free_port
+    from launcher.engine_choice import started_engine
+    from launcher.services import env_server_process, needing_sandbox
 
     suite = _checked(args)
     target = _target(args)
@@ -172,18 +178,17 @@ def eval_command(args: argparse.Namespace) -> int:
     logs = Path(tempfile.mkdtemp(prefix="pqrl-eval-"))  # the services' logs, kept if anything fails
     children = Children(quiet=args.quiet, command="pqrl eval")
     with contextlib.ExitStack() as stack:
-        port = free_port()
-        engine = stack.enter_context(engine_process(target.model, port, logs / "engine.log",
-                                                    threads=args.engine_threads))  # fmt: skip
-        children.add("engine", engine, logs / "engine.log")
+        threads = args.engine_threads
+        url = args.engine or stack.enter_context(
+            started_engine(target.model, args.backend, logs / "engine.log", children, threads=threads)
+        )
         env_url = token = None
         if needing_sandbox([suite.manifest.env_id]):
             token, pool = secrets.token_urlsafe(24), min(8, len(suite.tasks))
             server = env_server_process(logs / "env_server.log", token, pool, run=f"eval-{os.getpid()}",
                                         children=children)  # fmt: skip
             env_url = stack.enter_context(server)
-        result = asyncio.run(_evaluate(suite, f"http://127.0.0.1:{port}", env_url, token, target, cfg, args,
-                                       children))  # fmt: skip
+        result = asyncio.run(_evaluate(suite, url, env_url, token, target, cfg, args, children))
         if (died := children.death()) is not None:  # the cause of the failures, not their symptom
             raise died
     output.parent.mkdir(parents=True, exist_ok=True)
@@ -203,16 +208,12 @@ async def _evaluate(
     args: argparse.Namespace, children: Any,
 ) -> Any:  # fmt: skip
     from agent_loop.evaluation import evaluate
-    from engine.client import EngineClient
     from env_server.client import HttpEnvClient, LocalEnvClient
+    from launcher.engine_choice import connect_engines
     from launcher.model_io import renderer_from_args
 
-    engine = EngineClient(url)
+    engine = None
     env = HttpEnvClient([env_url], token=token) if env_url else LocalEnvClient()
-
-    async def healthy() -> bool:
-        return all((await engine.health()).values())
-
     tty = sys.stderr.isatty()
 
     def progress(done: int, total: int) -> None:  # a line redrawn on a terminal, else one per tenth
@@ -221,13 +222,14 @@ async def _evaluate(
             print(f"{start}pqrl eval: {done}/{total} episodes", end=end, file=sys.stderr, flush=True)
 
     try:
-        await children.wait_until(healthy, what="the engine", timeout_s=300, stop=asyncio.Event())
+        engine = await connect_engines(url, args.backend, children)
         renderer = renderer_from_args(args, target.model, _run_model(target.run_dir))
         return await evaluate(suite, engine=engine, env=env, renderer=renderer, cfg=cfg, k=args.k,
                               samples=args.samples, pass_threshold=args.threshold,
                               max_failed_infra=args.max_failed_infra, progress=progress)  # fmt: skip
     finally:
-        await engine.aclose()
+        if engine is not None:
+            await engine.aclose()
         await env.aclose()
 
 

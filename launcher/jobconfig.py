@@ -75,7 +75,8 @@ class WeightSyncSection(_Section):
 class ServicesSection(_Section):
     redis_url: str | None = Field(None, description="shared Redis; empty = a private one (embedded mode)")
     engines: list[str] = Field(
-        default_factory=list, description="engine URLs (SGLang or built-in); empty = start one engine process"
+        default_factory=list,
+        description="engine URLs, of the kind services.engine names (checked at start); empty = start one",
     )
     env_servers: list[str] = Field(
         default_factory=list, description="env-server URLs; empty = environments in the rollout process"
@@ -86,7 +87,9 @@ class ServicesSection(_Section):
         ge=0,
         description="embedded: warm sandboxes of the private env server; 0 = group_size x concurrent groups",
     )
-    engine: Literal["builtin", "vllm"] = Field("builtin", description="builtin or vllm (its weights: disk)")
+    engine: Literal["builtin", "vllm"] = Field(
+        "builtin", description="builtin (also for SGLang URLs: SGLang's API) or vllm (its weights: disk)"
+    )
     engine_threads: int = Field(1, ge=1, description="embedded: CPU threads of the engine process")
     trainer_threads: int = Field(1, ge=1, description="embedded: CPU threads of the trainer")
     weight_sync: WeightSyncSection = Field(

@@ -11,7 +11,9 @@ import logging
 import os
 import signal
 import sys
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -26,6 +28,7 @@ __all__ = ["add_rollout_arguments", "filter_tasks", "local_engine", "rollout", "
 def add_rollout_arguments(p: argparse.ArgumentParser) -> None:
     """Where to connect, plus one flag per setting of the manager and its episodes (declared there)."""
     from agent_loop.config import EpisodeConfig, ManagerConfig
+    from launcher.engine_choice import add_backend_argument
     from launcher.model_io import add_template_arguments
     from pqrl.model_cache import DEFAULT_MODEL
     from pqrl.settings import add_arguments
@@ -33,6 +36,7 @@ def add_rollout_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--redis-url", default=None, help="default: $PQRL_REDIS_URL")
     p.add_argument("--run", required=True)
     p.add_argument("--engine", action="append", required=True, help="engine URL (repeatable)")
+    add_backend_argument(p, starts=False)
     p.add_argument(
         "--env-server", action="append", default=[], help="env server URL (repeatable); default: in process"
     )
@@ -50,8 +54,8 @@ def add_rollout_arguments(p: argparse.ArgumentParser) -> None:
 def rollout(args: argparse.Namespace) -> int:
     from agent_loop.config import EpisodeConfig, ManagerConfig
     from agent_loop.manager import RolloutManager
-    from engine.client import EngineClient
     from env_server.client import HttpEnvClient, LocalEnvClient
+    from launcher.engine_choice import connect_engines
     from launcher.model_io import renderer_from_args
     from pqrl.settings import from_arguments
     from pqrl.store import TrajectoryStore
@@ -64,8 +68,9 @@ def rollout(args: argparse.Namespace) -> int:
     cfg = from_arguments(ManagerConfig, args, episode=from_arguments(EpisodeConfig, args))
 
     async def main() -> int:
+        # not waited for: an engine not up yet is taken to be the kind named (auto: exit 2 at once)
+        engine = await connect_engines(args.engine, args.backend, None)
         store = TrajectoryStore(url, args.run)
-        engine = EngineClient(args.engine)
         token = args.env_token or setting("PQRL_ENV_TOKEN")
         env = HttpEnvClient(args.env_server, token=token) if args.env_server else LocalEnvClient()
         manager = RolloutManager(store, engine, env, renderer_from_args(args, args.model), cfg)
@@ -171,8 +176,9 @@ def filter_tasks(args: argparse.Namespace) -> int:
     valid, the run found nothing to train on, as a training job whose plan is used up."""
     from agent_loop.config import EpisodeConfig
     from agent_loop.difficulty import rewards_that_ran, run_samples
-    from engine.client import EngineClient
     from env_server.client import LocalEnvClient
+    from launcher.children import Children
+    from launcher.engine_choice import connect_engines, started_engine
     from launcher.model_io import renderer_from_args
     from launcher.suite_file import write_suite
     from pqrl.settings import from_arguments
@@ -193,8 +199,10 @@ def filter_tasks(args: argparse.Namespace) -> int:
         if done % max(1, total // 20) == 0 or done == total:
             print(f"\r  {done}/{total} episodes", end="", file=sys.stderr, flush=True)
 
+    children = Children(quiet=args.quiet, command="pqrl tasks filter")
+
     async def run(url: str) -> dict[str, list[float]]:
-        engine, env = EngineClient(url), LocalEnvClient()
+        engine, env = await connect_engines(url, args.backend, children), LocalEnvClient()
         try:
             renderer = renderer_from_args(args, args.model)
             ran = await run_samples(suite, engine=engine, env=env, renderer=renderer,
@@ -206,9 +214,15 @@ def filter_tasks(args: argparse.Namespace) -> int:
 
     if args.engine:
         rewards = asyncio.run(run(args.engine))
-    else:
+    elif args.backend in ("auto", "builtin"):
         with local_engine(args.model) as url:
             rewards = asyncio.run(run(url))
+    else:  # vLLM or SGLang: a server process of its own, its log kept where a failure names it
+        log = Path(tempfile.mkdtemp(prefix="pqrl-filter-")) / "engine.log"
+        with started_engine(args.model, args.backend, log, children, threads=os.cpu_count() or 1) as url:
+            rewards = asyncio.run(run(url))
+        if (died := children.death()) is not None:
+            raise died
     if not args.quiet:
         print(file=sys.stderr)
     rates = pass_rates(rewards)  # a task whose every episode failed on infrastructure has none

@@ -47,8 +47,6 @@ class Job:
 
     async def __aenter__(self) -> Job:
         """Connects the run's store, engine and environments and loads its suites."""
-        from engine.client import EngineClient
-        from engine.vllm_client import VLLMClient
         from env_server.client import HttpEnvClient, LocalEnvClient
         from pqrl.store import TrajectoryStore
 
@@ -57,15 +55,13 @@ class Job:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self._on_signal)
         self.store = TrajectoryStore(self.services["redis_url"], cfg.run)
-        client = VLLMClient if cfg.services.engine == "vllm" else EngineClient
-        self.engine = client(self.services["engines"]) if self.services["engines"] else None
         servers = self.services["env_servers"]
         self.env = HttpEnvClient(servers, token=self.services["env_token"]) if servers else LocalEnvClient()
         try:
             await self.store.ping()
             await self._agree_on_settings()
-            if self.engine is not None:
-                await self._wait_for_engines()
+            if self.services["engines"]:
+                await self._connect_engines()
             self.suites = [r.build() for r in cfg.tasks.suites]
             await self._check_env_servers()
         except BaseException:
@@ -73,17 +69,17 @@ class Job:
             raise
         return self
 
-    async def _wait_for_engines(self, timeout_s: float = 300) -> None:
-        """Until every engine answers; at once ends the job when one this job started has died."""
+    async def _connect_engines(self, timeout_s: float = 300) -> None:
+        """The client of the engines once every one answers, each checked to be of the kind
+        ``services.engine`` names; at once ends the job when one this job started has died."""
         from launcher.children import Children
+        from launcher.engine_choice import connect_engines
 
         children = self.services.get("children") or Children(quiet=self.quiet)
-
-        async def healthy() -> bool:
-            return all((await self.engine.health()).values())
-
-        what = "the engine" + "s" * (len(self.services["engines"]) > 1)
-        await children.wait_until(healthy, what=what, timeout_s=timeout_s, stop=self.stopping)
+        urls, backend = self.services["engines"], self.cfg.services.engine
+        self.engine = await connect_engines(
+            urls, backend, children, timeout_s=timeout_s, stop=self.stopping, named_by="services.engine:"
+        )
 
     async def _check_env_servers(self) -> None:
         """Ready, taking the token, knowing the suites' environments: else a permanent fault now."""

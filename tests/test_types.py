@@ -56,6 +56,9 @@ CHECKED = [
     "tasks/repo/generate.py",
     "tasks/repo/project.py",
     "tasks/coding/mutations.py",
+    "engine/config.py",
+    "engine/backends.py",
+    "launcher/engine_choice.py",
 ]
 
 

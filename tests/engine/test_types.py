@@ -59,11 +59,22 @@ def test_serve_flags_come_from_the_settings_classes():
     add_serve_arguments(parser)
     flags = {o for a in parser._actions for o in a.option_strings} - {"-h", "--help"}
     used = "--model --host --port --device --dtype --weight-version --seed --max-running-requests --api-key"
-    assert flags >= {*used.split(), "--log-level", "--sglang-arg", "--backend"}
+    assert flags >= {*used.split(), "--log-level", "--engine-arg", "--backend"}
     engine, serve = serve_configs(parser.parse_args([]))
     assert engine == EngineConfig() and serve == ServeConfig() and engine.model == DEFAULT_MODEL
-    args = parser.parse_args(["--port", "30001", "--sglang-arg=--tp-size=2", "--sglang-arg=x", "--seed", "3"])
+    args = parser.parse_args(["--port", "30001", "--engine-arg=--tp-size=2", "--engine-arg=x", "--seed", "3"])
     engine, serve = serve_configs(args)
-    assert serve.port == 30001 and serve.sglang_args == ("--tp-size=2", "x") and engine.seed == 3
+    assert serve.port == 30001 and serve.engine_args == ("--tp-size=2", "x") and engine.seed == 3
     with pytest.raises(ValueError, match="port"):
         serve_configs(parser.parse_args(["--port", "0"]))
+
+
+def test_sglang_arg_is_the_old_name_of_engine_arg():
+    """Scripts and code written for the old name keep working: both flags fill one list, in order."""
+    parser = argparse.ArgumentParser()
+    add_serve_arguments(parser)
+    _, serve = serve_configs(parser.parse_args(["--sglang-arg=--a", "--engine-arg=--b", "--sglang-arg", "c"]))
+    assert serve.engine_args == ("--a", "--b", "c")
+    assert ServeConfig(sglang_args=("--x",)).engine_args == ("--x",)
+    assert ServeConfig(engine_args=("--a",), sglang_args=["--b"]).engine_args == ("--a", "--b")
+    assert dataclasses.replace(ServeConfig(sglang_args=("--x",)), port=1).engine_args == ("--x",)

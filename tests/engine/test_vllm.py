@@ -236,4 +236,4 @@ def test_extra_arguments_cannot_move_vllm_off_loopback(extra):
     from engine.vllm import launch_vllm
 
     with pytest.raises(ValueError, match="give the address with --host/--port"):
-        launch_vllm(EngineConfig(), ServeConfig(sglang_args=tuple(extra)))
+        launch_vllm(EngineConfig(), ServeConfig(engine_args=tuple(extra)))

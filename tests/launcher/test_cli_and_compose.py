@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import shutil
 import subprocess
 import sys
@@ -95,6 +96,43 @@ def test_the_gpu_override_serves_sglang_to_the_same_address_and_builds_its_extra
     assert services["rollout"]["environment"]["PQRL_ENGINES"] == "http://engine:30000"
     assert services["rollout"]["build"]["args"]["EXTRAS"] == ""
     assert "EXTRAS" in (ROOT / "Dockerfile").read_text()
+
+
+def test_the_vllm_override_keeps_vllm_on_loopback_and_its_jobs_beside_it():
+    """vLLM's weight routes take no key: it listens on loopback, the jobs share its network namespace
+    and name it services.engine vllm (weights from disk, the /runs volume both mount); its command
+    passes the real parser and launch_vllm's loopback check; its venv is where the Dockerfile puts it."""
+    from engine.config import add_serve_arguments, serve_configs
+    from engine.vllm import _loopback
+    from launcher.jobconfig import load_config
+    from launcher.train_command import _overrides
+
+    known = _subcommand_paths(build_parser())
+    services = resolved_services({"PQRL_ENV_TOKEN": "t"}, "compose.yaml", "compose.vllm.yaml")
+    assert set(services) == {"redis", "env-server", "engine", "rollout", "trainer"}
+    engine = services["engine"]
+    assert engine["command"][:5] == ["pqrl", "engine", "serve", "--backend", "vllm"]
+    parser = build_parser()
+    serve_parser = argparse.ArgumentParser()
+    add_serve_arguments(serve_parser)
+    _, serve = serve_configs(serve_parser.parse_args(engine["command"][3:]))
+    assert serve.backend == "vllm" and _loopback(serve.host) and serve.port == 30000
+    assert engine["build"]["args"]["ENGINES"] == "vllm"
+    venv = engine["environment"]["PQRL_VLLM_PYTHON"]
+    assert venv.removesuffix("/bin/python") in (ROOT / "Dockerfile").read_text()
+    assert 'ARG ENGINES=""' in (ROOT / "Dockerfile").read_text()
+    for name in ("rollout", "trainer"):
+        svc = services[name]
+        assert svc["network_mode"] == "service:engine", name
+        assert svc["environment"]["PQRL_ENGINES"] == f"http://127.0.0.1:{serve.port}"
+        assert svc["environment"]["PQRL_REDIS_URL"] == "redis://redis:6379/0"  # the rest stays by name
+        assert "pqrl-runs:/runs:rw" in svc["volumes"] and "pqrl-runs:/runs:rw" in engine["volumes"]
+        cmd = svc["command"]
+        assert tuple(cmd[1:2]) in known
+        args = parser.parse_args(cmd[1:])
+        cfg = load_config(Path(args.config.replace("/config", str(ROOT / "examples"))), _overrides(args.set))
+        assert cfg.services.engine == "vllm" and cfg.services.weight_sync.method == "disk"
+    assert services["rollout"]["build"]["args"].get("ENGINES") is None  # only the engine carries vLLM
 
 
 def test_compose_refuses_to_start_without_an_env_server_token():

@@ -99,7 +99,7 @@ def test_rollout_with_redis_down_gives_up_after_its_grace_with_one_line():
     ends as RetriesExhausted (exit 4) with one line naming the URL and what to do."""
     url = f"redis://127.0.0.1:{free_port()}"
     args = ["rollout", "--run", "down", "--redis-url", url, "--engine", f"http://127.0.0.1:{free_port()}",
-            "--groups-per-step", "1", "--redis-grace-s", "2"]  # fmt: skip
+            "--groups-per-step", "1", "--redis-grace-s", "2", "--backend", "builtin"]  # fmt: skip
     out = subprocess.run([PQRL, *args, "--quiet"], capture_output=True, text=True, timeout=120)
     assert out.returncode == RetriesExhausted.exit_code == 4, out.stdout + out.stderr
     assert out.stdout == "" and out.stderr.count("\n") == 1, out.stderr
