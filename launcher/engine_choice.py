@@ -12,6 +12,7 @@ from typing import Any
 __all__ = ["BACKEND_CHOICES", "add_backend_argument", "connect_engines", "started_engine"]
 
 BACKEND_CHOICES = ("auto", "builtin", "sglang", "vllm")
+WAIT_S = 300.0  # how long an engine is waited for (to answer /health, or under auto to say its kind)
 
 
 def add_backend_argument(p: argparse.ArgumentParser, *, starts: bool) -> None:
@@ -19,7 +20,7 @@ def add_backend_argument(p: argparse.ArgumentParser, *, starts: bool) -> None:
     started = (
         "; without --engine, the engine started here (auto: builtin)"
         if starts
-        else "; an engine not answering yet is taken to be the one named (auto needs an answer)"
+        else "; an engine not answering yet is taken to be the one named (auto waits for an answer)"
     )
     p.add_argument(
         "--backend",
@@ -35,21 +36,30 @@ async def connect_engines(
     backend: str,
     children: Any,
     *,
-    timeout_s: float = 300,
+    timeout_s: float | None = None,
     stop: Any = None,
     named_by: str = "--backend",
 ) -> Any:
     """The client of the engines at ``urls``, of the class their kind needs. With ``children``
     (``launcher.children.Children``, watching the ones started here) once each answers ``/health``
     (every backend has it); without, at once: an engine not answering yet is taken to be of the kind
-    named (``auto`` needs an answer). ``UsageError`` when an engine is not of the kind named
-    (``named_by``: where the user names it, for the fix)."""
+    named (``auto`` waits up to ``timeout_s`` for every engine to answer). ``UsageError`` when an
+    engine is not of the kind named (``named_by``: where the user names it, for the fix)."""
     import asyncio
 
     from engine.backends import checked_urls, engine_backend, engine_client
     from engine.client import EngineClient
 
     urls = checked_urls(urls)
+    timeout_s = WAIT_S if timeout_s is None else timeout_s
+    if children is None and backend == "auto":  # a worker started beside its engine waits for it
+        from engine.backends import served_api
+
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while None in await asyncio.gather(*(served_api(u) for u in urls)):
+            if asyncio.get_running_loop().time() > deadline:
+                break  # engine_backend says which one never answered
+            await asyncio.sleep(2.0)
     if children is not None:
         probe = EngineClient(urls)
         try:

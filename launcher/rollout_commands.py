@@ -68,7 +68,7 @@ def rollout(args: argparse.Namespace) -> int:
     cfg = from_arguments(ManagerConfig, args, episode=from_arguments(EpisodeConfig, args))
 
     async def main() -> int:
-        # not waited for: an engine not up yet is taken to be the kind named (auto: exit 2 at once)
+        # an engine not up yet is taken to be the kind named (auto: waited for, then asked)
         engine = await connect_engines(args.engine, args.backend, None)
         store = TrajectoryStore(url, args.run)
         token = args.env_token or setting("PQRL_ENV_TOKEN")

@@ -6,11 +6,13 @@ job with ``services.engines``, against the real built-in engine and a server ans
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
 from engine.client import EngineClient
 from engine.vllm_client import VLLMClient
+from launcher import engine_choice
 from launcher.children import Children
 from launcher.cli import main
 from launcher.engine_choice import connect_engines
@@ -32,7 +34,7 @@ async def test_the_client_follows_what_the_engine_answers(served):
             await client.aclose()
 
 
-def test_rollout_and_filter_with_the_wrong_backend_end_with_one_line(served, tmp_path, capsys):
+def test_rollout_and_filter_with_the_wrong_backend_end_with_one_line(served, tmp_path, capsys, monkeypatch):
     url, _ = served
     suite = tmp_path / "calc.jsonl"
     suite.write_text(generate_suite(Generate("calc", n=1, seed=3)).to_jsonl())
@@ -42,11 +44,14 @@ def test_rollout_and_filter_with_the_wrong_backend_end_with_one_line(served, tmp
         err = capsys.readouterr().err
         assert code == UsageError.exit_code and err.count("\n") == 1, err
         assert err.startswith("pqrl rollout: ") and "answers as a vLLM server" in err
-    down = f"http://127.0.0.1:{free_port()}"  # auto needs an answer; a named kind is taken at its word
+    down = f"http://127.0.0.1:{free_port()}"  # auto waits for an answer; a named kind is taken at its word
+    monkeypatch.setattr(engine_choice, "WAIT_S", 3.0)
+    t0 = time.monotonic()
     code = main(["rollout", "--run", "r", "--redis-url", "redis://127.0.0.1:1/0", "--engine", down,
                  "--groups-per-step", "1", "--quiet"])  # fmt: skip
     err = capsys.readouterr().err
     assert code == UsageError.exit_code and "no answer, so which engine it is" in err, err
+    assert time.monotonic() - t0 >= 3.0  # it waited for the engine to come up before giving up
     code = main(["rollout", "--run", "r", "--redis-url", "redis://127.0.0.1:1/0", "--engine", "localhost:1",
                  "--groups-per-step", "1", "--backend", "vllm", "--quiet"])  # fmt: skip
     err = capsys.readouterr().err
