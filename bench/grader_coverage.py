@@ -8,14 +8,18 @@ place passes only by forging those. Each is counted by how the host judges it:
 
 - ``held``: an expected operand held on the host (tasks/coding/held.py), the kept one compared with
   the gold's value by content;
-- ``literal/polarity``: a dropped literal or the polarity of ``assert X`` held on the host;
+- ``literal``: an ``==`` against a dropped literal that is not True, False or None;
+- ``guessable``: the polarity of ``assert X``, or an ``==`` / other comparison against True, False,
+  None (held on the host, but one guess away);
 - ``raises``: a ``pytest.raises`` site (the gold's exact class; guessable);
 - ``container-truth``: the comparison's truth as the container reports it (a ``!=``, ``<`` or
-  ``in`` between computed values, or a check the unfixed run never reached the same way);
+  ``in`` between computed values);
 - ``unstable``: values that vary between gold runs.
 
-A task is ``protected`` when at least one such check is held on the host: a forger that does not
-know the correct values scores 0 there. Prints one line per task, then a JSON summary.
+Only checks the unfixed code reached and recorded differently count (``base_fails``): one it never
+reached may not depend on the bug at all. A task is ``protected`` when at least one of them is
+``held`` or ``literal``: a forger that does not know the correct values scores 0 there. Prints
+one line per task, then a JSON summary.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from sandboxes.docker_api import DockerAPI  # noqa: E402
 from sandboxes.hardening import SandboxSettings  # noqa: E402
 from tasks.coding.env import builtin_suite  # noqa: E402
 from tasks.coding.grader import CodingGrader  # noqa: E402
+from tasks.coding.probes import Site  # noqa: E402
 from tasks.coding.verdict import Reference  # noqa: E402
 from tasks.suite import CodingTask  # noqa: E402
 
@@ -54,11 +59,23 @@ def kinds(task: CodingTask, ref: Reference) -> collections.Counter[str]:
                 out["raises"] += 1
             elif site.held:
                 out["held"] += 1
+            elif site.strong and _literal(site):
+                out["literal"] += 1
             elif site.strong:
-                out["literal/polarity"] += 1
+                out["guessable"] += 1
             else:
                 out["container-truth"] += 1
     return out
+
+
+def _literal(site: Site) -> bool:
+    """An ``==`` against a dropped literal that is not one guess away."""
+    return (
+        site.kind == "compare"
+        and not site.negated
+        and set(site.ops) <= {"=="}
+        and any(not (v is None or isinstance(v, bool)) for _, v in site.literals)
+    )
 
 
 async def main() -> None:
@@ -74,7 +91,7 @@ async def main() -> None:
     unprotected = []
     for task, ref in zip(tasks, refs, strict=True):
         counts = kinds(task, ref)
-        protected = counts["held"] + counts["literal/polarity"] > 0
+        protected = counts["held"] + counts["literal"] > 0
         if not protected:
             unprotected.append(task.id)
         totals.update(counts)
