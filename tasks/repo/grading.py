@@ -55,6 +55,7 @@ from tasks.repo.values import (
 __all__ = [
     "MAX_PATCH_BYTES",
     "MAX_REFERENCE_TRIES",
+    "REFERENCE_BACKOFF_S",
     "ReferenceUnavailable",
     "capture_diff",
     "grade_patch",
@@ -290,13 +291,18 @@ async def reference(
         locks = _REFERENCE_LOCKS.setdefault(asyncio.get_running_loop(), {})
         async with locks.setdefault(key, asyncio.Lock()):  # one computation per task, across gradings
             if key not in _REFERENCES:
+                lost = _TRANSIENT.get(key)
+                if lost is not None and time.monotonic() - lost[1] < REFERENCE_BACKOFF_S:
+                    # the gradings that queued behind a lost computation do not each run another
+                    raise ReferenceUnavailable(f"task {task.id}: {lost[2]} (backing off after it)")
                 computed = await _compute_reference(task, make_sandbox, timeout)
                 unsafe = unsafe_fail_to_pass(computed.reference, task.fail_to_pass, computed.why_junit)
                 computed = dataclasses.replace(computed, unsafe=unsafe)
                 if not computed.cached:  # never graded by JUnit instead (tasks/repo/values.py)
-                    tries = _TRANSIENT[key] = _TRANSIENT.get(key, 0) + 1
+                    tries = (lost[0] if lost else 0) + 1
+                    _TRANSIENT[key] = (tries, time.monotonic(), computed.why_junit)
                     if tries >= MAX_REFERENCE_TRIES:
-                        _TRANSIENT.pop(key, None)
+                        _TRANSIENT[key] = (0, time.monotonic(), computed.why_junit)  # counted anew
                         raise GoldReferenceError(
                             f"task {task.id}: no gold record in {tries} tries: {computed.why_junit}"
                         )
@@ -394,7 +400,8 @@ async def _read_tests(task: RepoTask, sandbox: Sandbox) -> tuple[dict[str, str],
 _REFERENCES: dict[str, RepoReference] = {}
 MAX_REFERENCES, MAX_TEST_BYTES = 1024, 4 << 20
 MAX_REFERENCE_TRIES = 3  # references lost to the machine in a row before the task is retired
-_TRANSIENT: dict[str, int] = {}  # reference key -> references lost to the machine in a row
+REFERENCE_BACKOFF_S = 30.0  # after a lost one, the next computation waits this long at least
+_TRANSIENT: dict[str, tuple[int, float, str]] = {}  # reference key -> (lost in a row, when, why)
 _REFERENCE_LOCKS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, asyncio.Lock]] = (
     weakref.WeakKeyDictionary()
 )

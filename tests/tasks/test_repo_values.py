@@ -226,8 +226,6 @@ def test_checks_the_unfixed_code_never_reached_are_no_evidence():
 def test_a_reference_lost_to_the_machine_is_an_infra_failure_then_retires_the_task(monkeypatch):
     import asyncio
 
-    import pytest
-
     from tasks.coding.reference import GoldReferenceError
     from tasks.repo import grading
 
@@ -235,18 +233,30 @@ def test_a_reference_lost_to_the_machine_is_an_infra_failure_then_retires_the_ta
 
     async def lost(task, make_sandbox, timeout):  # what a dying sandbox or a timed-out gold returns
         calls.append(task.id)
+        await asyncio.sleep(0.01)
         return RepoReference(None, "no gold record: the gold's run timed out", cached=False)
 
     monkeypatch.setattr(grading, "_compute_reference", lost)
+    monkeypatch.setattr(grading, "REFERENCE_BACKOFF_S", 0.2)
 
-    async def grade() -> None:
-        await grading.reference(_task(id="lost"), None, 10.0)  # type: ignore[arg-type]
+    async def group(n: int) -> list[BaseException | RepoReference]:
+        """A group's gradings of one task, at once."""
+        return await asyncio.gather(
+            *(grading.reference(_task(id="lost"), None, 10.0) for _ in range(n)),  # type: ignore[arg-type]
+            return_exceptions=True,
+        )
 
     for n in range(1, grading.MAX_REFERENCE_TRIES):
-        with pytest.raises(grading.ReferenceUnavailable, match=f"try {n}"):
-            asyncio.run(grade())
-    with pytest.raises(GoldReferenceError, match=f"in {grading.MAX_REFERENCE_TRIES} tries"):
-        asyncio.run(grade())
+        got = asyncio.run(group(8))
+        # one computation for the whole group; the seven queued behind it back off, none is graded
+        assert len(calls) == n and all(isinstance(e, grading.ReferenceUnavailable) for e in got), got
+        assert sum(f"try {n})" in str(e) for e in got) == 1, got
+        asyncio.run(asyncio.sleep(0.25))  # the backoff passes
+    got = asyncio.run(group(8))
     assert len(calls) == grading.MAX_REFERENCE_TRIES
-    with pytest.raises(grading.ReferenceUnavailable, match="try 1"):  # the count starts again
-        asyncio.run(grade())
+    retired = [e for e in got if isinstance(e, GoldReferenceError)]
+    assert len(retired) == 1 and f"in {grading.MAX_REFERENCE_TRIES} tries" in str(retired[0]), got
+    assert all("backing off" in str(e) for e in got if e not in retired), got
+    asyncio.run(asyncio.sleep(0.25))
+    got = asyncio.run(group(1))  # the count starts again
+    assert "try 1)" in str(got[0]), got
