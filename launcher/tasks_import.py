@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from launcher.errors_cli import positive_int
 from launcher.suite_file import check_output, write_suite
-from pqrl.errors import UsageError
+from pqrl.errors import RetriesExhausted, UsageError
 
 if TYPE_CHECKING:
     from tasks.suite import Suite
@@ -71,9 +71,15 @@ def check_suite_command(suite: Suite, jobs: int) -> None:
     say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     failures = asyncio.run(check_suite(suite, jobs=jobs, progress=say))
     for f in failures:
-        print(f"FAIL {f.task_id}: {f.reason}")
-    if failures:
+        print(f"{'NOT CHECKED' if f.transient else 'FAIL'} {f.task_id}: {f.reason}")
+    failed = [f for f in failures if not f.transient]
+    if failed:
         raise UsageError(
-            f"{suite.id}: {len(failures)} of {len(suite.tasks)} task(s) fail --check, listed above"
+            f"{suite.id}: {len(failed)} of {len(suite.tasks)} task(s) fail --check, listed above"
+        )
+    if failures:  # the suite may be fine: the machine could not run these (load, Docker)
+        raise RetriesExhausted(
+            f"{suite.id}: {len(failures)} of {len(suite.tasks)} task(s) could not be checked, listed above",
+            fix="run --check again when the machine is less busy, or with fewer --jobs",
         )
     print(f"{suite.id}: all {len(suite.tasks)} task(s) pass --check (worked example 1, empty episode 0)")

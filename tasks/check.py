@@ -12,16 +12,21 @@ from typing import Any
 
 from env_server.conformance import scripted_episodes
 from env_server.registry import spec
-from env_server.sessions import SessionManager
+from env_server.sessions import BackendDown, GraderFailure, InfraFailure, SessionManager, TooManySessions
 from tasks.suite import Suite
 
-__all__ = ["CheckFailure", "check_suite"]
+__all__ = ["BACKOFF_S", "TRIES", "CheckFailure", "check_suite"]
+
+
+TRIES = 3  # a check lost to the machine (a sandbox, a reference) is tried this often
+BACKOFF_S = 30.0  # apart (a lost repo-v1 reference is computed again after its own backoff)
 
 
 @dataclass(frozen=True)
 class CheckFailure:
     task_id: str
     reason: str
+    transient: bool = False  # the machine's fault every time it was tried: the task was not judged
 
 
 async def check_suite(
@@ -42,14 +47,21 @@ async def check_suite(
 
     async def one(task: Any) -> CheckFailure | None:
         nonlocal done
-        async with gate:
-            reasons = await _check_task(
-                manager, env_id, cls, task.model_dump(), suite.manifest.defaults, seed
+        for attempt in range(1, TRIES + 1):
+            async with gate:
+                reasons, lost = await _check_task(
+                    manager, env_id, cls, task.model_dump(), suite.manifest.defaults, seed
+                )
+            if not lost or attempt == TRIES:
+                break
+            progress(
+                f"[check] {task.id}: lost to the machine ({reasons[0][:200]}); again in {BACKOFF_S:.0f}s"
             )
+            await asyncio.sleep(BACKOFF_S)
         done += 1
-        mark = "ok" if not reasons else "FAIL"
+        mark = "ok" if not reasons else "NOT CHECKED" if lost else "FAIL"
         progress(f"[check {done}/{len(suite.tasks)}] {task.id}: {mark}")
-        return CheckFailure(task.id, "; ".join(reasons)) if reasons else None
+        return CheckFailure(task.id, "; ".join(reasons), transient=lost) if reasons else None
 
     try:
         found = await asyncio.gather(*(one(t) for t in suite.tasks))
@@ -61,15 +73,19 @@ async def check_suite(
 
 async def _check_task(
     manager: SessionManager, env_id: str, cls: Any, task: dict[str, Any], defaults: dict[str, Any], seed: int
-) -> list[str]:
+) -> tuple[list[str], bool]:
+    """The task's problems, and whether they are the machine's (then the task was not judged)."""
     try:
         calls = cls.worked_example(task)
     except Exception as e:  # a gold solution that cannot be laid out is this task's failure
-        return [f"the worked example could not be built: {type(e).__name__}: {e}"]
+        return [f"the worked example could not be built: {type(e).__name__}: {e}"], False
     if calls is None:
-        return [f"{env_id} gives no worked example for this task"]
+        return [f"{env_id} gives no worked example for this task"], False
     try:
         worked, empty = await scripted_episodes(manager, env_id, task, calls, seed, defaults or None)
+    except (InfraFailure, BackendDown, TooManySessions) as e:
+        lost = not isinstance(e, GraderFailure)  # a grader's bug is the task's environment's failure
+        return [f"the episode failed: {type(e).__name__}: {str(e)[:300]}"], lost
     except Exception as e:  # the environment failed on this task: its reason, not a crash of the check
-        return [f"the episode failed: {type(e).__name__}: {str(e)[:300]}"]
-    return [f"worked example: {p}" for p in worked] + [f"empty episode: {p}" for p in empty]
+        return [f"the episode failed: {type(e).__name__}: {str(e)[:300]}"], False
+    return [f"worked example: {p}" for p in worked] + [f"empty episode: {p}" for p in empty], False

@@ -444,7 +444,8 @@ class _Checks:
 
     def __init__(self, key: str) -> None:
         self.path = cache_dir("generate") / f"{key}-checks.jsonl"
-        grader = sorted(Path(__file__).parents[1].glob("**/*.py"))  # tasks/: the grader and what it runs
+        root = Path(__file__).parents[2]  # the grader, what runs it and where: tasks, env_server, sandboxes
+        grader = sorted(f for d in ("tasks", "env_server", "sandboxes") for f in (root / d).glob("**/*.py"))
         self.grader = _Cache.key(*(f.read_text() for f in grader))
         self.known: dict[str, str] = {}
         if self.path.is_file():
@@ -475,14 +476,17 @@ async def _checked(
     if manager is None:
         return made
     todo = [t for t in made if checks.key(t) not in checks.known]
+    lost: dict[str, str] = {}  # the machine's fault: not judged, so not remembered either
     if todo:
         failures = await check_suite(Suite(manifest, tuple(todo)), jobs=jobs, progress=say, manager=manager)
-        failed = {f.task_id: f.reason for f in failures}
+        failed = {f.task_id: f.reason for f in failures if not f.transient}
+        lost = {f.task_id: f"could not be checked: {f.reason}" for f in failures if f.transient}
         for task in todo:
-            checks.put(checks.key(task), failed.get(task.id, ""))
+            if task.id not in lost:
+                checks.put(checks.key(task), failed.get(task.id, ""))
     kept = []
     for task in made:
-        reason = checks.known[checks.key(task)]
+        reason = lost.get(task.id) or checks.known[checks.key(task)]
         if reason:
             dropped.append(f"{task.instance_id}: {reason}")
             say(f"dropped {task.instance_id}: {reason[:300]}")
