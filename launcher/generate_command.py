@@ -37,6 +37,12 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
         "--workers", type=positive_int, default=2, help="--from-*: sandboxes running tests at once"
     )
     p.add_argument(
+        "--no-infer",
+        dest="infer",
+        action="store_false",
+        help="--from-*: install only the declared dependencies and --requirements, no guesses from imports",
+    )
+    p.add_argument(
         "--no-check",
         dest="check",
         action="store_false",
@@ -70,7 +76,7 @@ def generate_command(args: argparse.Namespace) -> int:
         source, name, origin = path, path.name, path.name
     with tempfile.TemporaryDirectory(prefix="pqrl-project-") as tmp:
         project = load_project(source, name, origin, Path(tmp, "tree"))
-        reqs = tuple(sorted({*infer_requirements(project), *args.requirements}))
+        reqs = tuple(sorted({*infer_requirements(project, infer=args.infer), *args.requirements}))
         say(
             f"{origin}: {len(project.sources)} source files, {len(project.tests)} test files, "
             f"requirements {list(reqs) or 'none'}"

@@ -47,7 +47,13 @@ _NOT_PROJECT = {".venv", "venv", "build", "dist", ".tox", ".nox", ".eggs", "site
 _NOT_SOURCE_FILES = {"setup.py", "conftest.py", "noxfile.py", "tasks.py", "fabfile.py", "conf.py"}
 # import names whose distribution is named otherwise; the base image already has pytest
 _DISTRIBUTIONS = {"yaml": "pyyaml", "dateutil": "python-dateutil", "PIL": "pillow", "attr": "attrs",
-                  "bs4": "beautifulsoup4", "sklearn": "scikit-learn"}  # fmt: skip
+                  "bs4": "beautifulsoup4", "sklearn": "scikit-learn", "skimage": "scikit-image",
+                  "serial": "pyserial", "jwt": "pyjwt", "cv2": "opencv-python-headless",
+                  "Crypto": "pycryptodome", "OpenSSL": "pyopenssl", "dotenv": "python-dotenv",
+                  "git": "gitpython", "docx": "python-docx", "zmq": "pyzmq", "magic": "python-magic",
+                  "google.protobuf": "protobuf", "google": "", "jose": "python-jose",
+                  "multipart": "python-multipart", "Levenshtein": "levenshtein"}  # fmt: skip
+# ("google": a namespace many distributions share: not guessed)
 _IN_IMAGE = {"pytest", "_pytest", "py", "pluggy", "iniconfig", "packaging"}
 
 
@@ -231,55 +237,92 @@ def _imports(tree: ast.Module, module: str, is_package: bool) -> set[str]:
     return out
 
 
-def infer_requirements(project: Project) -> list[str]:
+def infer_requirements(project: Project, *, infer: bool = True) -> list[str]:
     """What the tests need installed: the project's declared runtime dependencies (``pyproject.toml``
     ``[project] dependencies``, ``setup.cfg`` ``install_requires``, an sdist's ``Requires-Dist``
-    without an extra), then the distributions its test files and package modules import at their
-    top level (not under ``try``, not in a function) that are neither the standard library, the
-    project's own modules, declared already, nor in the base image (``hypothesis`` for ``import
-    hypothesis``)."""
+    without an extra), then (``infer``) the distributions its test files import at their top level
+    (not under ``try``, not in a function), and its package modules too when no metadata declares
+    its dependencies, that are neither the standard library, the project's own modules, private
+    (``_speedups``), declared already, nor in the base image (``hypothesis`` for ``import
+    hypothesis``). An import name whose distribution is named otherwise (``yaml``: ``pyyaml``) is
+    mapped when known; ``--requirements`` adds what is missed, ``--no-infer`` drops the guesses."""
     declared = declared_requirements(project.root)
-    have = {normal_name(m.group(0)) for r in declared if (m := _REQ_NAME.match(r))}
+    if not infer:
+        return declared or []
+    have = {normal_name(m.group(0)) for r in declared or () if (m := _REQ_NAME.match(r))}
     own = {m.split(".")[0] for m in project.modules}
     found: set[str] = set()
-    for name in (n for names in project.required.values() for n in names):
-        top = name.split(".")[0]
-        if top and top not in own and top not in sys.stdlib_module_names and top not in _IN_IMAGE:
-            dist = _DISTRIBUTIONS.get(top, top)
-            if normal_name(dist) not in have:
+    for path, names in project.required.items():
+        if declared is not None and path not in project.tests:
+            continue  # the metadata says what the package needs; its imports may be optional extras
+        for name in names:
+            top = name.split(".")[0]
+            if (
+                not top
+                or top.startswith("_")
+                or top in own
+                or top in sys.stdlib_module_names
+                or top in _IN_IMAGE
+            ):
+                continue
+            dist = _DISTRIBUTIONS.get(".".join(name.split(".")[:2]), _DISTRIBUTIONS.get(top, top))
+            if dist and normal_name(dist) not in have:
                 found.add(dist)
-    return [*declared, *sorted(found)]
+    return [*(declared or []), *sorted(found)]
 
 
 _REQ_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_RUNNER = {"pytest", "pluggy", "iniconfig", "py"}  # the base image's test runner: never replaced
 
 
-def declared_requirements(root: Path) -> list[str]:
+def declared_requirements(root: Path) -> list[str] | None:
     """The runtime dependencies ``root``'s metadata declares, as pip specs, in file order, without
-    the ones only an extra asks for and without the test runner the base image has."""
-    specs: list[str] = []
+    the ones only an extra asks for and without the test runner the base image has; None when no
+    metadata declares them (a bare folder, a ``setup.py`` that computes them)."""
+    specs: list[str] | None = None
     pyproject = root / "pyproject.toml"
     if pyproject.is_file():
         with contextlib.suppress(tomllib.TOMLDecodeError, UnicodeDecodeError, AttributeError):
-            deps = tomllib.loads(pyproject.read_text()).get("project", {}).get("dependencies", [])
-            specs += [d for d in deps if isinstance(d, str)]
+            project = tomllib.loads(pyproject.read_text()).get("project", {})
+            if "dependencies" in project:
+                specs = [d for d in project["dependencies"] if isinstance(d, str)]
     cfg = root / "setup.cfg"
-    if not specs and cfg.is_file():
+    if specs is None and cfg.is_file():
         parser = configparser.ConfigParser(interpolation=None)
         with contextlib.suppress(configparser.Error, UnicodeDecodeError):
             parser.read_string(cfg.read_text())
-            specs += parser.get("options", "install_requires", fallback="").splitlines()
+            if parser.has_option("options", "install_requires"):
+                specs = _lines(root, parser.get("options", "install_requires"))
     info = root / "PKG-INFO"
-    if not specs and info.is_file():
+    if specs is None and info.is_file():
         with contextlib.suppress(UnicodeDecodeError):
-            for line in info.read_text().splitlines():
-                if line.startswith("Requires-Dist:") and "extra ==" not in line:
-                    specs.append(line.split(":", 1)[1])
+            lines = info.read_text().split("\n\n", 1)[0].splitlines()  # the headers, not the description
+            specs = [
+                ln.split(":", 1)[1]
+                for ln in lines
+                if ln.startswith("Requires-Dist:") and "extra ==" not in ln
+            ]
+    if specs is None:
+        return None
     out = []
-    for spec in (s.split("#", 1)[0].strip() for s in specs):
+    for spec in (re.split(r"\s#", s, maxsplit=1)[0].strip() for s in specs):  # `name @ url#sha` stays whole
         name = _REQ_NAME.match(spec)
-        if name and normal_name(name.group(0)) not in _IN_IMAGE and spec not in out:
+        if name and normal_name(name.group(0)) not in _RUNNER and spec not in out:
             out.append(spec)
+    return out
+
+
+def _lines(root: Path, value: str) -> list[str]:
+    """setup.cfg's requirement lines; ``file: a.txt, b.txt`` reads those files (pip's format: no
+    options, no ``-r`` includes)."""
+    value = value.strip()
+    if not value.startswith("file:"):
+        return value.splitlines()
+    out = []
+    for name in value.removeprefix("file:").split(","):
+        path = root / name.strip()
+        if path.is_file() and path.resolve().is_relative_to(root.resolve()):
+            out += [ln for ln in path.read_text().splitlines() if not ln.strip().startswith(("-", "#"))]
     return out
 
 

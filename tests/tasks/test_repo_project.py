@@ -88,21 +88,22 @@ def test_requirements_are_what_the_metadata_declares_then_what_the_code_imports(
 
     files = {
         "pkgx/__init__.py": "from .tbl import table\n",
-        # the package's own top-level imports count (a test may import only pkgx.tbl)
-        "pkgx/tbl.py": "import json\nfrom tabulate import tabulate\nimport yaml\n\n\ndef table(r):\n"
-        "    return tabulate(r)\n",
+        # with no metadata, the package's own top-level imports count (a test may import only pkgx.tbl)
+        "pkgx/tbl.py": "import json\nfrom tabulate import tabulate\nimport yaml\nimport _pkgx_speedups\n"
+        "from google.protobuf import message\nimport google\n\n\ndef table(r):\n    return tabulate(r)\n",
         "pkgx/opt.py": "try:\n    import numpy\nexcept ImportError:\n    numpy = None\n",  # optional
-        "tests/test_tbl.py": "import pytest\nfrom pkgx.tbl import table\n\n\ndef test_t():\n"
+        "tests/test_tbl.py": "import pytest\nimport serial\nfrom pkgx.tbl import table\n\n\ndef test_t():\n"
         "    assert table([[1]])\n",
     }
     project = load_project(_write(tmp_path / "a", files), "pkgx", "pkgx", tmp_path / "ta")
-    assert infer_requirements(project) == ["pyyaml", "tabulate"]
-    declared = '[project]\nname = "pkgx"\ndependencies = ["tabulate>=0.9", "pytest>=7"]\n'
+    assert infer_requirements(project) == ["protobuf", "pyserial", "pyyaml", "tabulate"]
+    assert infer_requirements(project, infer=False) == []
+    declared = '[project]\nname = "pkgx"\ndependencies = ["tabulate>=0.9", "pytest>=7", "packaging>=24"]\n'
     project = load_project(
         _write(tmp_path / "b", {**files, "pyproject.toml": declared}), "pkgx", "pkgx", tmp_path / "tb"
     )
-    # the declared spec stands for tabulate; pytest is the base image's; yaml is still inferred
-    assert infer_requirements(project) == ["tabulate>=0.9", "pyyaml"]
+    # declared: the package's imports are not guessed (they may be optional); the tests' still are
+    assert infer_requirements(project) == ["tabulate>=0.9", "packaging>=24", "pyserial"]
 
 
 def test_an_sdists_requires_dist_counts_without_the_extras(tmp_path):
@@ -111,12 +112,23 @@ def test_an_sdists_requires_dist_counts_without_the_extras(tmp_path):
     info = (
         "Metadata-Version: 2.1\nName: x\nRequires-Dist: attrs>=22\n"
         'Requires-Dist: sphinx; extra == "docs"\nRequires-Dist: six ; python_version < "3.12"\n'
+        "Requires-Dist: pkg @ https://example.org/pkg.tar.gz#sha256=abc\n\nRequires-Dist: not a header\n"
     )
     _write(tmp_path, {"PKG-INFO": info})
-    assert declared_requirements(tmp_path) == ["attrs>=22", 'six ; python_version < "3.12"']
-    cfg = "[options]\ninstall_requires =\n    click>=8\n    # a comment\n    rich\n"
+    assert declared_requirements(tmp_path) == [
+        "attrs>=22",
+        'six ; python_version < "3.12"',
+        "pkg @ https://example.org/pkg.tar.gz#sha256=abc",
+    ]
+    cfg = "[options]\ninstall_requires =\n    click>=8\n    # a comment\n    rich  # pretty\n"
     _write(tmp_path / "c", {"setup.cfg": cfg})
     assert declared_requirements(tmp_path / "c") == ["click>=8", "rich"]
+    from_file = "[options]\ninstall_requires = file: requirements.txt\n"
+    _write(tmp_path / "d", {"setup.cfg": from_file, "requirements.txt": "-r other.txt\nidna\n# x\nsix>=1\n"})
+    assert declared_requirements(tmp_path / "d") == ["idna", "six>=1"]
+    assert declared_requirements(tmp_path / "e") is None  # nothing declares them
+    _write(tmp_path / "f", {"pyproject.toml": '[project]\nname = "f"\ndependencies = []\n'})
+    assert declared_requirements(tmp_path / "f") == []
 
 
 def test_a_function_whose_bug_is_not_kept_or_is_dropped_gets_its_next_mutant(tmp_path):
