@@ -260,7 +260,6 @@ class _Draws:
         self.scope: dict[str, list[str]] = {}
         self.queue: list[tuple[int, str, Mutation]] = []  # (draw index, path, mutation): a heap
         self.deferred: dict[str, list[tuple[int, str, Mutation]]] = {}
-        self.spare: list[_Kept] = []  # kept beyond what the last call wanted
         self.t0 = time.monotonic()
 
     async def start(self, say: Callable[[str], None]) -> None:
@@ -285,11 +284,11 @@ class _Draws:
             self.cache.put(key, got, self.runner.timeout if timed_out else None)
         return hit, got
 
-    def _batch(self) -> list[tuple[str, Mutation, str]]:
+    def _batch(self) -> list[tuple[int, str, Mutation, str]]:
         """The next ``workers`` runnable mutants in draw order. One of a function already at
         ``per_function`` (kept or running) waits in ``deferred``: it is drawn again, in its place,
         if that function's mutant is not kept or its task is dropped by the check."""
-        batch: list[tuple[str, Mutation, str]] = []
+        batch: list[tuple[int, str, Mutation, str]] = []
         pending = dict(self.per_function)
         while self.queue and len(batch) < self.opts.workers:
             i, path, m = heapq.heappop(self.queue)
@@ -302,7 +301,7 @@ class _Draws:
                 continue  # parsed only when drawn: a big module has thousands
             self.seen.add(mutated)
             pending[fn] = pending.get(fn, 0) + 1
-            batch.append((path, m, mutated))
+            batch.append((i, path, m, mutated))
         return batch
 
     def _requeue(self) -> None:
@@ -318,23 +317,29 @@ class _Draws:
 
     async def more(self, want: int, say: Callable[[str], None]) -> list[_Kept]:
         """Up to ``want`` more kept mutants (fewer when the candidates run out)."""
-        kept, self.spare = self.spare[:want], self.spare[want:]
+        kept: list[_Kept] = []
         # Batches of `workers` mutants run at once and are judged in draw order, so which are kept
         # depends only on the seed and the outcomes (a rerun from the cache gives the same suite).
         while len(kept) < want:
             batch = self._batch()
             if not batch:
                 break
-            results = await asyncio.gather(*(self._outcomes(p, mutated) for p, _, mutated in batch))
-            for (path, m, _), (hit, got) in zip(batch, results, strict=True):
+            results = await asyncio.gather(*(self._outcomes(p, mutated) for _, p, _, mutated in batch))
+            for (i, path, m, mutated), (hit, got) in zip(batch, results, strict=True):
                 fn = f"{path}:{m.function}"
                 self.stats["tried"] += 1
                 self.stats["cached"] += hit
                 self.files_run.append(len(self.scope[path]))
                 ids = sorted(b for b in self.baseline if b.split("::", 1)[0] in self.scope[path])
                 found = _judge(path, m, ids, got)
-                if found is not None and self.per_function.get(fn, 0) < self.opts.per_function:
-                    (kept if len(kept) < want else self.spare).append(found)  # a spare: the next call's
+                if found is not None and len(kept) == want:  # beyond this call: drawn again in its place
+                    self.stats["tried"] -= 1
+                    self.stats["cached"] -= hit
+                    self.files_run.pop()
+                    self.seen.discard(mutated)
+                    heapq.heappush(self.queue, (i, path, m))
+                elif found is not None and self.per_function.get(fn, 0) < self.opts.per_function:
+                    kept.append(found)
                     self.per_function[fn] = self.per_function.get(fn, 0) + 1
             self._requeue()
             rate = (time.monotonic() - self.t0) / self.stats["tried"]

@@ -145,13 +145,13 @@ def test_a_function_whose_bug_is_not_kept_or_is_dropped_gets_its_next_mutant(tmp
     assert len(drawn) >= 3 and {m.function for _, m in drawn} == {"shout"}
     draws.queue = [(i, p, m) for i, (p, m) in enumerate(drawn)]
     first = draws._batch()
-    assert [m for _, m, _ in first] == [drawn[0][1]]  # one per function at a time, the rest wait
+    assert [m for _, _, m, _ in first] == [drawn[0][1]]  # one per function at a time, the rest wait
     draws._requeue()  # not kept: the next one is drawn
     second = draws._batch()
-    assert [m for _, m, _ in second] == [drawn[1][1]]
+    assert [m for _, _, m, _ in second] == [drawn[1][1]]
     draws.per_function["w.py:shout"] = 1  # kept
     draws._requeue()
     assert draws._batch() == []  # the function has its bug
     kept = type("K", (), {"path": "w.py", "mutation": drawn[1][1]})()
     draws.release(kept)  # its task failed the check: the function's next mutant, in draw order
-    assert [m for _, m, _ in draws._batch()] == [drawn[2][1]]
+    assert [m for _, _, m, _ in draws._batch()] == [drawn[2][1]]
