@@ -82,7 +82,7 @@ def checked_urls(urls: str | Sequence[str]) -> list[str]:
 
 async def served_api(url: str, *, api_key: str | None = None, timeout_s: float = 10.0) -> Api | None:
     """The API the server at ``url`` speaks, by what it answers; None when nothing answered (down,
-    or not up yet). ``UsageError`` when it answered, but as neither kind."""
+    or not up yet, or only a proxy's 5xx). ``UsageError`` when it answered, but as neither kind."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     base = url.rstrip("/")
     async with httpx.AsyncClient(headers=headers, timeout=timeout_s) as http:
@@ -94,6 +94,8 @@ async def served_api(url: str, *, api_key: str | None = None, timeout_s: float =
         except httpx.TransportError:
             return None
     answer, model = _json(version), _json(info)
+    if version.status_code >= 500 and info.status_code >= 500:  # a proxy before an engine not up yet
+        return None
     if version.status_code == 200 and isinstance(answer, dict) and isinstance(answer.get("version"), str):
         return "vllm"
     if info.status_code == 200 and isinstance(model, dict) and "model_path" in model:
@@ -101,7 +103,7 @@ async def served_api(url: str, *, api_key: str | None = None, timeout_s: float =
     if info.status_code in (401, 403):
         raise UsageError(
             f"{url}: the engine refused the request (HTTP {info.status_code}): it takes an API key",
-            fix="serve it without one on a loopback address, or give the key",
+            fix="pqrl's engine clients send no key: serve the engine without one, on a private network",
         )
     raise UsageError(
         f"{url}: not an engine: GET /version answered HTTP {version.status_code}, GET /model_info HTTP "

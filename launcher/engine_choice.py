@@ -12,7 +12,7 @@ from typing import Any
 __all__ = ["BACKEND_CHOICES", "add_backend_argument", "connect_engines", "started_engine"]
 
 BACKEND_CHOICES = ("auto", "builtin", "sglang", "vllm")
-WAIT_S = 300.0  # how long an engine is waited for (to answer /health, or under auto to say its kind)
+WAIT_S = 1800.0  # how long an engine is waited for (to answer /health, or under auto to say its kind)
 
 
 def add_backend_argument(p: argparse.ArgumentParser, *, starts: bool) -> None:
@@ -53,13 +53,7 @@ async def connect_engines(
     urls = checked_urls(urls)
     timeout_s = WAIT_S if timeout_s is None else timeout_s
     if children is None and backend == "auto":  # a worker started beside its engine waits for it
-        from engine.backends import served_api
-
-        deadline = asyncio.get_running_loop().time() + timeout_s
-        while None in await asyncio.gather(*(served_api(u) for u in urls)):
-            if asyncio.get_running_loop().time() > deadline:
-                break  # engine_backend says which one never answered
-            await asyncio.sleep(2.0)
+        return await _asked(urls, timeout_s, named_by)
     if children is not None:
         probe = EngineClient(urls)
         try:
@@ -72,6 +66,31 @@ async def connect_engines(
         finally:
             await probe.aclose()
     return engine_client(urls, await engine_backend(urls, backend, named_by=named_by))
+
+
+async def _asked(urls: list[str], timeout_s: float, named_by: str) -> Any:
+    """The client of ``urls`` once every engine has said its kind, asked every few seconds (an
+    engine still loading, a proxy before it answering 5xx) for up to ``timeout_s``, with a line to
+    stderr each minute."""
+    import asyncio
+    import sys
+    import time
+
+    from engine.backends import engine_backend, engine_client, served_api
+
+    t0 = time.monotonic()
+    said = t0
+    while True:
+        apis = await asyncio.gather(*(served_api(u) for u in urls))
+        if None not in apis or time.monotonic() - t0 > timeout_s:
+            # the kinds just answered are asked once more by engine_backend, which names any missing
+            return engine_client(urls, await engine_backend(urls, "auto", named_by=named_by))
+        if time.monotonic() - said > 60:
+            said = time.monotonic()
+            waiting = [u for u, a in zip(urls, apis, strict=True) if a is None]
+            print(f"waiting for the engine at {', '.join(waiting)} to answer ({said - t0:.0f}s)",
+                  file=sys.stderr, flush=True)  # fmt: skip
+        await asyncio.sleep(2.0)
 
 
 @contextlib.contextmanager

@@ -106,3 +106,21 @@ async def test_nothing_answering_is_unknown_unless_named():
     for bad in ("localhost:30000", "ftp://127.0.0.1:1", "http://[::1", "http://"):
         with pytest.raises(UsageError, match="not an engine URL"):
             await engine_backend(bad, "vllm")  # named or not: no engine can ever answer there
+
+
+def test_a_proxy_before_an_engine_not_up_yet_is_no_answer_and_auto_waits_for_the_engine():
+    import asyncio
+    import time
+
+    from launcher import engine_choice
+
+    loading = {"/version": (503, {}), "/model_info": (502, {})}
+    with answering(loading) as proxy:
+        assert asyncio.run(served_api(proxy)) is None  # not "not an engine": it may come up
+    routes: dict[str, tuple[int, object]] = dict(loading)
+    with answering(routes) as url:
+        threading.Timer(3.0, lambda: routes.update({"/version": (200, {"version": "0.32.0"})})).start()
+        t0 = time.monotonic()
+        client = asyncio.run(engine_choice.connect_engines(url, "auto", None, timeout_s=60))
+        assert isinstance(client, VLLMClient) and time.monotonic() - t0 >= 2.5
+        asyncio.run(client.aclose())
