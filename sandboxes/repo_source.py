@@ -132,6 +132,11 @@ def _resolve(source: Path, base_commit: str) -> str:
     try:
         return _git("--git-dir", git_dir, "rev-parse", "--verify", "--quiet", f"{base_commit}^{{commit}}")
     except _GitFailed:
+        if not _git("--git-dir", git_dir, "rev-list", "-n1", "--all"):  # an empty repository
+            raise UsageError(
+                f"commit {base_commit} is not in {source}: it has no commits",
+                fix="commit first, or pass a plain folder",
+            ) from None
         raise UsageError(
             f"commit {base_commit} is not in {source}", fix="fetch it into the mirror or fix base_commit"
         ) from None
