@@ -7,6 +7,7 @@ Each rule is recorded as passed or failed in a ``ConformanceReport``.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -270,7 +271,8 @@ def worked_problems(reward: float, info: dict[str, Any]) -> list[str]:
     fallback = str(info.get("verdict_fallback") or "")
     gold_broken = fallback.startswith(_NO_GOLD)
     if gold_broken:  # the root cause: the reward and the unsafe tests follow from it
-        problems.append(f"the gold solution: {fallback[len(_NO_GOLD) :][:500]}")
+        why = re.sub(r"^task [^:\s]+: ", "", fallback[len(_NO_GOLD) :])  # the check names the task
+        problems.append(f"the gold solution: {why[:500]}")
     elif reward != 1.0:
         why = info.get("reason") or str(info)[:200]
         problems.append(f"the correct episode earned {reward:g}, not 1: {str(why)[:500]}")

@@ -72,12 +72,15 @@ def runs_pytest(command: str) -> bool:
     return any(w.rsplit("/", 1)[-1] in ("pytest", "py.test") for w in words)
 
 
+_TEST_FILES = (".py", ".txt", ".rst", ".md")  # pytest collects modules and, for doctests, text files
+
+
 def not_node_id(test: str) -> str | None:
     """Why ``test`` is not a pytest node id ``path::name`` (None: it is one). The ids are the files
     the grader runs and the names it reads from JUnit: unittest's ``name (module.Class)`` or a bare
     name (Django, SymPy) names no file, so no test of it could ever pass."""
     path, sep, name = test.partition("::")
-    if sep and path.strip() and name.strip():
+    if sep and path.endswith(_TEST_FILES) and name.strip():
         return None
     return (
         f"test id {test[:120]!r} is not a pytest node id: repo-v1 runs pytest and needs ids "

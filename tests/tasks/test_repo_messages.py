@@ -19,7 +19,15 @@ from tasks.repo.task import RepoTask, not_node_id, runs_pytest
 
 @pytest.mark.parametrize(
     "test",
-    ["test_clamp_high (tests.test_clamp.TestClamp)", "test_clamp", "tests/test_clamp.py", "t.py::", "::t"],
+    [
+        "test_clamp_high (tests.test_clamp.TestClamp)",
+        "test_clamp",
+        "tests/test_clamp.py",
+        "t.py::",
+        "::t",
+        "tests.test_clamp::TestClamp::test_high",
+        "tests/test_clamp::test_high",
+    ],  # fmt: skip
 )
 def test_an_id_that_is_not_a_pytest_node_id_is_refused_when_pytest_runs(test):
     assert "is not a pytest node id" in (not_node_id(test) or "")
@@ -33,7 +41,7 @@ def test_an_id_that_is_not_a_pytest_node_id_is_refused_when_pytest_runs(test):
 
 def test_node_ids_and_pytest_commands_are_recognised():
     assert not_node_id("tests/test_x.py::TestX::test_y[a b]") is None
-    assert not_node_id("test_x.py::test_y") is None
+    assert not_node_id("test_x.py::test_y") is None and not_node_id("docs/index.rst::index.rst") is None
     assert all(
         runs_pytest(c) for c in ("pytest -x", "python3 -m pytest", "/usr/bin/py.test", "tox -- pytest")
     )
@@ -91,7 +99,7 @@ def test_check_says_the_rewards_reason_first_and_the_gold_failure_once():
     info = {"output_tail": banner, "reason": "1 listed test(s) did not pass", "verdict_fallback": gold,
             "unsafe_fail_to_pass": {"t.py::a": gold, "t.py::b": gold}}  # fmt: skip
     assert worked_problems(0.0, info) == [
-        "the gold solution: task x: the gold patch does not apply: error: patch failed: src/tinycalc/ops.py:9"
+        "the gold solution: the gold patch does not apply: error: patch failed: src/tinycalc/ops.py:9"
     ]
     assert worked_problems(1.0, {"reason": "every listed test passed"}) == []
 
