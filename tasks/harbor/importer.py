@@ -254,7 +254,8 @@ _NOISE = re.compile(
 )
 _OFFLINE = re.compile(
     r"Temporary failure in name resolution|Could not resolve host|Name or service not known"
-    r"|Network is unreachable|Failed to establish a new connection|Could not resolve '",
+    r"|Network is unreachable|Failed to establish a new connection|Could not resolve '"
+    r"|Temporary failure resolving|unable to resolve host address|getaddrinfo EAI_AGAIN",
     re.IGNORECASE,
 )
 

@@ -222,11 +222,21 @@ def _convert(
         task = RepoTask.model_validate(fields)
     except ValidationError as e:
         return None, [ImportProblem(n, shown, _source_name(err["loc"]), err["msg"]) for err in e.errors()]
-    if recipe is not None:  # the clone is at hand: a patch that does not apply is refused now
-        field, why = _apply_problem(recipe.source, task)
+    clone = recipe.source if recipe is not None else _clone_with(repos, task)
+    if clone is not None:  # the clone is at hand: a patch that does not apply is refused now
+        field, why = _apply_problem(clone, task)
         if why:
             return None, [ImportProblem(n, shown, field, why)]
     return _Pending(n, fields, recipe), []
+
+
+def _clone_with(repos: Path | None, task: RepoTask) -> str | None:
+    """The clone under ``repos`` of an instance that names its own image, if it holds the base commit."""
+    source = _find_repo(repos, task.repo)
+    try:
+        return str(source) if source is not None and _resolved(str(source), task.base_commit) else None
+    except PqrlError:  # the image is the instance's own: a clone without the commit is no problem
+        return None
 
 
 def _apply_problem(source: str, task: RepoTask) -> tuple[str, str | None]:

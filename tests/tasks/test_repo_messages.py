@@ -113,3 +113,21 @@ def test_the_unsafe_line_names_the_tests_once_and_the_way_forward():
     )
     assert line.count("it recorded no stable") == 1 and '{"verdict": "junit"}' in line and "forge" in line
     assert "\n" not in line
+
+
+def test_a_build_failure_keeps_the_commands_error_and_says_when_it_found_no_network():
+    from tasks.harbor.importer import build_failure
+
+    out = "docker build -q ... failed (100): DEPRECATED: The legacy builder is deprecated\n"
+    out += (
+        "\x1b[91mE: Failed to fetch http://deb.debian.org/x  Temporary failure resolving 'deb.debian.org'\n"
+    )
+    out += "\x1b[0mRemoving intermediate container 1234\nThe command '/bin/sh -c apt-get install -y x' "
+    out += "returned a non-zero code: 100"
+    line = build_failure(out)
+    assert "Temporary failure resolving" in line and line.endswith(
+        "environment/ or start FROM a local image that has it)"
+    )
+    assert "\n" not in line and "\x1b" not in line and "Removing" not in line and "DEPRECATED" not in line
+    many = build_failure("\n".join(f"line {i}" for i in range(30)))
+    assert many == " | ".join(f"line {i}" for i in range(20, 30))  # the last ten

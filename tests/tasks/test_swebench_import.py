@@ -267,6 +267,7 @@ def test_what_repo_v1_cannot_grade_is_refused_at_import_with_the_reason(repos, t
         _instance("calc-3", base, patch=gold, FAIL_TO_PASS=["test_add (tests.test_calc.TestCalc)"]),
         _instance("calc-4", base, patch=gold, PASS_TO_PASS='["test_add"]'),
         _instance("calc-5", base, patch=gold),
+        _instance("calc-6", base, patch=stale, image_name="x:1"),  # its own image, the clone at hand
     ])  # fmt: skip
     out = tmp_path / "o.jsonl"
     r = _pqrl("import", "swebench", str(src), "-o", str(out), "--repos", repos["dir"])
@@ -283,7 +284,8 @@ def test_what_repo_v1_cannot_grade_is_refused_at_import_with_the_reason(repos, t
         "line 3 (calc-3): FAIL_TO_PASS: test id 'test_add (tests.test_calc.TestCalc)'"
     )
     assert "needs ids path::name" in problems[2] and problems[3].startswith("line 4 (calc-4): PASS_TO_PASS:")
-    assert len(problems) == 4 and "docker build" not in r.stderr, problems
+    assert problems[4].startswith("line 6 (calc-6): patch: the gold patch does not apply"), problems
+    assert len(problems) == 5 and "docker build" not in r.stderr, problems
 
     reqs = tmp_path / "reqs.yaml"
     reqs.write_text("owner/calc: []\nother/repo:\n  - six\n")
