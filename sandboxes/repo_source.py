@@ -132,7 +132,7 @@ def _resolve(source: Path, base_commit: str) -> str:
     try:
         return _git("--git-dir", git_dir, "rev-parse", "--verify", "--quiet", f"{base_commit}^{{commit}}")
     except _GitFailed:
-        if not _git("--git-dir", git_dir, "rev-list", "-n1", "--all"):  # an empty repository
+        if not _has_commits(git_dir):
             raise UsageError(
                 f"commit {base_commit} is not in {source}: it has no commits",
                 fix="commit first, or pass a plain folder",
@@ -140,6 +140,13 @@ def _resolve(source: Path, base_commit: str) -> str:
         raise UsageError(
             f"commit {base_commit} is not in {source}", fix="fetch it into the mirror or fix base_commit"
         ) from None
+
+
+def _has_commits(git_dir: str) -> bool:
+    try:
+        return bool(_git("--git-dir", git_dir, "rev-list", "-n1", "--all"))
+    except _GitFailed:  # a broken repository: the plain "not in" message then
+        return True
 
 
 def source_digest(source: str | Path, base_commit: str | None) -> str:
