@@ -7,6 +7,7 @@ Each rule is recorded as passed or failed in a ``ConformanceReport``.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,7 +25,9 @@ __all__ = [
     "Rule",
     "check_environment",
     "scripted_episodes",
+    "unsafe_line",
     "worked_calls",
+    "worked_problems",
 ]
 
 
@@ -245,13 +248,7 @@ async def scripted_episodes(
             if msg.status is not ToolStatus.OK:
                 problems.append(f"worked call {call.name} answered {msg.status.value}: {msg.content[:120]!r}")
         scored = await manager.evaluate(session.session_id)
-        if scored.reward != 1.0:
-            problems.append(
-                f"the correct episode earned {scored.reward:g}, not 1 (info {str(scored.info)[:200]})"
-            )
-        unsafe = scored.info.get("unsafe_fail_to_pass")
-        if unsafe:  # a forged test outcome could earn this task's reward (tasks/repo/values.py)
-            problems.append(f"FAIL_TO_PASS tests the verdict cannot judge safely: {str(unsafe)[:300]}")
+        problems += worked_problems(scored.reward, scored.info)
     except GraderFailure as e:
         problems.append(f"evaluate failed: {e.__cause__ or e}")
     finally:
@@ -265,3 +262,38 @@ async def scripted_episodes(
     finally:
         await manager.close(empty.session_id)
     return problems, zero
+
+
+def worked_problems(reward: float, info: dict[str, Any]) -> list[str]:
+    """What is wrong with a correct episode's reward, in lines: the reward's own ``reason`` first;
+    the gold solution's failure, when the grader could not use it, once instead of per test."""
+    problems: list[str] = []
+    fallback = str(info.get("verdict_fallback") or "")
+    gold_broken = fallback.startswith(_NO_GOLD)
+    if gold_broken:  # the root cause: the reward and the unsafe tests follow from it
+        why = re.sub(r"^task [^:\s]+: ", "", fallback[len(_NO_GOLD) :])  # the check names the task
+        problems.append(f"the gold solution: {why[:500]}")
+    elif reward != 1.0:
+        why = info.get("reason") or str(info)[:200]
+        problems.append(f"the correct episode earned {reward:g}, not 1: {str(why)[:500]}")
+    unsafe = info.get("unsafe_fail_to_pass")
+    if unsafe and not gold_broken:  # a forged outcome could earn the reward (tasks/repo/values.py)
+        problems.append(unsafe_line(unsafe))
+    return problems
+
+
+_NO_GOLD = "no gold record: "
+
+
+def unsafe_line(unsafe: dict[str, str]) -> str:
+    """One line naming the FAIL_TO_PASS tests a forged outcome could pass, and the way forward."""
+    whys = sorted(set(unsafe.values()))
+    names = ", ".join(list(unsafe)[:3]) + (f" and {len(unsafe) - 3} more" if len(unsafe) > 3 else "")
+    why = (
+        whys[0][:300] if len(whys) == 1 else "; ".join(f"{t}: {w[:120]}" for t, w in list(unsafe.items())[:3])
+    )
+    return (
+        f"FAIL_TO_PASS tests the verdict cannot judge safely ({names}): {why}; "
+        'fix the tests to assert values with ==, or set the suite\'s defaults {"verdict": "junit"} '
+        "to grade by pytest outcomes alone, which a submission can forge (docs/security.md)"
+    )

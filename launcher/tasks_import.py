@@ -32,6 +32,13 @@ def add_import_parser(sources: Any) -> None:
     p.add_argument(
         "--skip-bad", action="store_true", help="leave bad instances out (listed) instead of failing"
     )
+    p.add_argument(
+        "--verdict",
+        choices=("values", "junit"),
+        default=None,
+        help="the suite's default grading: values (the tests' checked values must match the gold's) or "
+        "junit (pytest outcomes alone, which a submission can forge: docs/security.md)",
+    )
     p.set_defaults(func=import_command)
 
 
@@ -50,7 +57,7 @@ def import_command(args: argparse.Namespace) -> int:
     try:
         name = args.name or suite_name(args.output)
         result = import_swebench(args.file, name=name, repos=args.repos, requirements=args.requirements,
-                                 skip_bad=args.skip_bad, progress=say)  # fmt: skip
+                                 skip_bad=args.skip_bad, verdict=args.verdict, progress=say)  # fmt: skip
     except ImportFailed as e:
         print("\n".join(str(p) for p in e.problems))
         raise

@@ -14,12 +14,21 @@ import os
 import shutil
 import subprocess
 import tarfile
+import tempfile
 import zipfile
+from collections.abc import Sequence
 from pathlib import Path
 
 from pqrl.errors import PermanentFault, UsageError
 
-__all__ = ["ARCHIVE_SUFFIXES", "source_digest", "stage_repository"]
+__all__ = [
+    "ARCHIVE_SUFFIXES",
+    "apply_problem",
+    "git_error",
+    "glob_literal",
+    "source_digest",
+    "stage_repository",
+]
 
 ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".tar", ".zip")
 # Fixed identity and dates: the same files give the same commit hash on every build.
@@ -57,6 +66,42 @@ def last_line(text: str) -> str:
     return lines[-1] if lines else ""
 
 
+def git_error(output: str) -> str:
+    """The line of git's output that says what went wrong (its first ``error:``/``fatal:`` line,
+    else its last line), at most 300 characters."""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith(("error:", "fatal:"))]
+    return (errors[0] if errors else lines[-1] if lines else "git gave no reason")[:300]
+
+
+def glob_literal(path: str) -> str:
+    """``path`` as a pattern of ``git apply --exclude`` (wildmatch) that matches only itself."""
+    return "".join("\\" + c if c in "*?[]\\" else c for c in path)
+
+
+def apply_problem(
+    source: str | Path, commit: str, patches: Sequence[tuple[str, str, Sequence[str]]]
+) -> str | None:
+    """Why the patches, each ``(label, text, paths left out)``, do not apply one after another to
+    ``commit`` of the git repository ``source`` (None: they do). Runs on a throwaway index: the
+    repository's own index and files are left alone."""
+    git_dir = _git_dir(Path(source))
+    with tempfile.TemporaryDirectory(prefix="pqrl-apply-") as tmp:
+        env = {**os.environ, **_GIT_ENV, "GIT_INDEX_FILE": f"{tmp}/index"}
+        try:
+            _git("--git-dir", git_dir, "read-tree", commit, env=env)
+        except _GitFailed as e:
+            return f"commit {commit} cannot be read in {source}: {e}"
+        for label, text, leave_out in patches:
+            excludes = [f"--exclude={glob_literal(p)}" for p in leave_out]
+            argv = ["git", "--git-dir", git_dir, "apply", "--cached", "--whitespace=nowarn", *excludes]
+            r = subprocess.run(argv, input=text.encode(), env=env, capture_output=True)
+            if r.returncode != 0:
+                why = git_error(r.stderr.decode("utf-8", "replace") or r.stdout.decode("utf-8", "replace"))
+                return f"{label} does not apply to {commit[:12]}: {why}"
+    return None
+
+
 def _kind(source: Path, base_commit: str | None) -> str:
     if not source.exists():
         raise UsageError(f"the recipe's source {source} does not exist")
@@ -87,9 +132,21 @@ def _resolve(source: Path, base_commit: str) -> str:
     try:
         return _git("--git-dir", git_dir, "rev-parse", "--verify", "--quiet", f"{base_commit}^{{commit}}")
     except _GitFailed:
+        if not _has_commits(git_dir):
+            raise UsageError(
+                f"commit {base_commit} is not in {source}: it has no commits",
+                fix="commit first, or pass a plain folder",
+            ) from None
         raise UsageError(
             f"commit {base_commit} is not in {source}", fix="fetch it into the mirror or fix base_commit"
         ) from None
+
+
+def _has_commits(git_dir: str) -> bool:
+    try:
+        return bool(_git("--git-dir", git_dir, "rev-list", "-n1", "--all"))
+    except _GitFailed:  # a broken repository: the plain "not in" message then
+        return True
 
 
 def source_digest(source: str | Path, base_commit: str | None) -> str:

@@ -82,9 +82,9 @@ def split_contents(contents: str) -> tuple[str, str]:
 
 class Document(BaseModel):
     """One article, the one rule for a corpus file's lines and a suite's inline documents: an ``id``
-    (a non-blank string, or an integer), a ``title`` (optional) and a non-blank ``text``;
-    Search-R1's ``contents`` (``'"Title"\\ntext'``) stands for title and text. Other fields are
-    kept and ignored. Ids are unique within a corpus (checked by its reader)."""
+    (a non-blank string, or an integer read as its decimal string), a ``title`` (optional) and a
+    non-blank ``text``; Search-R1's ``contents`` (``'"Title"\\ntext'``) stands for title and text.
+    Other fields are kept and ignored. Ids are unique within a corpus (checked by its reader)."""
 
     model_config = ConfigDict(extra="allow", strict=True)
     id: str
@@ -97,8 +97,6 @@ class Document(BaseModel):
         if not isinstance(raw, dict):
             return raw
         raw = dict(raw)
-        if isinstance(raw.get("id"), int) and not isinstance(raw["id"], bool):
-            raw["id"] = str(raw["id"])
         for key in ("title", "text"):
             if key in raw and raw[key] is None:
                 del raw[key]
@@ -107,6 +105,22 @@ class Document(BaseModel):
             if head:
                 raw["title"] = head
         return raw
+
+    @field_validator("id", mode="before")
+    @classmethod
+    def _id(cls, value: Any) -> Any:
+        """The one rule: a string, or an integer kept as its decimal string (``7`` and ``"7"`` are
+        one id); any other JSON value (``1.5``, ``true``, ``null``) is refused, saying so."""
+        if isinstance(value, int) and not isinstance(value, bool):
+            return str(value)
+        if not isinstance(value, str):
+            shown = (
+                json.dumps(value)
+                if isinstance(value, (float, bool)) or value is None
+                else type(value).__name__
+            )
+            raise ValueError(f"an id is a non-empty string or an integer, not {shown}")
+        return value
 
     @field_validator("id", "text")
     @classmethod
@@ -178,7 +192,8 @@ def _check(documents: Iterable[tuple[str, Any]], keep: Callable[[dict[str, str]]
         more = f"; and {len(problems) - _MAX_ERRORS} more" if len(problems) > _MAX_ERRORS else ""
         raise CorpusError(
             f"{name}: {len(problems)} problem(s): " + "; ".join(problems[:_MAX_ERRORS]) + more,
-            fix='each line needs a unique "id" and a non-empty "text" ("title" optional)',
+            fix='each line needs a unique "id" (a string or an integer) and a non-empty "text" '
+            '("title" optional)',
         )
     if not count:
         raise CorpusError(f"{name}: no documents", fix="one JSON object per line")
@@ -208,7 +223,8 @@ def _root() -> Path:
 def _file(path: str | os.PathLike[str]) -> Path:
     p = Path(path).expanduser()
     if not p.exists():
-        raise CorpusError(f"corpus file not found: {p}", fix="a JSONL path as this process sees it")
+        where = "" if p.is_absolute() else f" (relative to {Path.cwd()}, this process's working directory)"
+        raise CorpusError(f"corpus file not found: {p}{where}", fix="a JSONL path as this process sees it")
     if not p.is_file():  # a directory, a device or a FIFO (which would block a reader)
         raise CorpusError(f"corpus {p} is not a regular file", fix="a JSONL file")
     return p.resolve()

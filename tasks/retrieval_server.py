@@ -77,25 +77,30 @@ def create_app(index: LocalIndex, *, topk: int = 3) -> FastAPI:
 
 def serve(args: argparse.Namespace) -> int:
     """Indexes ``--corpus`` unless cached, then serves it until stopped."""
-    import uvicorn
-
     from env_server.app import ServerSettings
     from env_server.http_guard import uvicorn_options
+    from pqrl.serving import listening_socket
+    from pqrl.serving import serve as serve_on
 
     try:
         if not 1 <= args.topk <= MAX_TOPK:
             raise UsageError(f"--topk must be 1 to {MAX_TOPK}, got {args.topk}")
-        index = LocalIndex.open(build_index(args.corpus))
+        sock = listening_socket(args.host, args.port)  # a taken port: one line, before indexing
     except PqrlError as e:
         print(f"pqrl search serve: {e.line()}", file=sys.stderr)
         return e.exit_code
-    print(
-        f"serving {index.name} ({index.count} documents) on http://{args.host}:{args.port}", file=sys.stderr
-    )
-    options = uvicorn_options(ServerSettings(insecure_local=True))
-    uvicorn.run(
-        create_app(index, topk=args.topk), host=args.host, port=args.port, log_level=args.log_level, **options
-    )
+    with sock:
+        try:
+            index = LocalIndex.open(build_index(args.corpus))
+        except PqrlError as e:
+            print(f"pqrl search serve: {e.line()}", file=sys.stderr)
+            return e.exit_code
+        print(
+            f"serving {index.name} ({index.count} documents) on http://{args.host}:{args.port}",
+            file=sys.stderr,
+        )
+        options = uvicorn_options(ServerSettings(insecure_local=True))
+        serve_on(create_app(index, topk=args.topk), sock, log_level=args.log_level, **options)
     return 0
 
 

@@ -60,6 +60,7 @@ from typing import Any
 from pqrl.envvars import setting
 from sandboxes.docker import DockerSandbox
 from sandboxes.protocol import Sandbox, SandboxDied
+from sandboxes.repo_source import git_error
 from tasks.coding import probes
 from tasks.coding.capture import WORKSPACE, Submission, capture_workspace, submission_from_patch
 from tasks.coding.diffs import source_files
@@ -217,9 +218,8 @@ class CodingGrader:
         sources = source_files(task.repo, task.hidden_tests)
         apply_error = await _checkout(sandbox, task, sub.patch, gdir)
         if apply_error is not None:
-            return GradeResult(
-                0.0, {"reason": "the patch does not apply", "apply_error": apply_error[-2000:]}
-            )
+            reason = f"the patch does not apply: {git_error(apply_error)}"
+            return GradeResult(0.0, {"reason": reason, "apply_error": apply_error[-2000:]})
         violations: list[Violation] = []
         for path in sources:
             try:
@@ -339,7 +339,7 @@ class CodingGrader:
                 gdir = f"/tmp/pqrl-grade-{secrets.token_hex(8)}"
                 apply_error = await _checkout(box, task, task.gold_patch or "", gdir)
                 if apply_error is not None:
-                    why = apply_error[-500:]
+                    why = git_error(apply_error)
                     raise GoldReferenceError(f"task {task.id}: the gold patch does not apply: {why}")
                 return await self._gold_record(task, box, gdir, files)
 

@@ -26,7 +26,7 @@ from tasks.harbor.task import HarborTask
 from tasks.repo.task import task_id
 from tasks.suite import Suite, SuiteManifest, parse_suite
 
-__all__ = ["HarborInvalid", "TaskProblem", "import_harbor", "read_task_dir", "task_dirs"]
+__all__ = ["HarborInvalid", "TaskProblem", "build_failure", "import_harbor", "read_task_dir", "task_dirs"]
 
 _TEXT_LIMIT = 1 << 20  # bytes of tests/ (or of any one file) a task may carry in the suite
 
@@ -234,10 +234,7 @@ def import_harbor(
         try:
             image = build_task_image(d, fields["id"], progress)
         except ImageBuildError as e:
-            lines = [s for s in str(e).splitlines() if s.strip()]
-            problems.append(
-                TaskProblem(str(d / "environment"), 0, "image", lines[-1][-300:] if lines else "build failed")
-            )
+            problems.append(TaskProblem(str(d / "environment"), 0, "image", build_failure(str(e))))
             continue
         tasks.append(HarborTask.model_validate({**fields, "image": image}))
     if problems:
@@ -247,3 +244,34 @@ def import_harbor(
     )
     suite = Suite(manifest, tuple(tasks))
     return parse_suite(suite.to_jsonl(), source=str(root))  # the suite as a reader will check it
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+# docker's own chatter, never the cause: the builder's notices, step headers, intermediate containers
+_NOISE = re.compile(
+    r"^(DEPRECATED:|Install the buildx|https://docs\.docker\.com/|Sending build context|Step \d+/\d+ :"
+    r"|---> |Removing intermediate container|Successfully )"
+)
+_OFFLINE = re.compile(
+    r"Temporary failure in name resolution|Could not resolve host|Name or service not known"
+    r"|Network is unreachable|Failed to establish a new connection|Could not resolve '"
+    r"|Temporary failure resolving|unable to resolve host address|getaddrinfo EAI_AGAIN",
+    re.IGNORECASE,
+)
+
+
+def build_failure(output: str, keep: int = 10) -> str:
+    """A failed image build in one line: the last ``keep`` lines of the build's own output (the
+    failing command's error sits above docker's "returned a non-zero code"), joined by " | ", and a
+    hint when the output shows a download that found no network."""
+    lines = [
+        _ANSI.sub("", line).split("DEPRECATED: The legacy builder")[0].strip() for line in output.splitlines()
+    ]
+    lines = [line for line in lines if line and not _NOISE.match(line)]
+    text = " | ".join(lines[-keep:])[-1500:] or "the build failed with no output"
+    if _OFFLINE.search(output):
+        text += (
+            " (image builds run without network: copy what the Dockerfile downloads into "
+            "environment/ or start FROM a local image that has it)"
+        )
+    return text

@@ -34,6 +34,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from sandboxes.protocol import Sandbox, SandboxDied, SandboxError
+from sandboxes.repo_source import git_error, glob_literal
 from tasks.coding import probes
 from tasks.coding.capture import WORKSPACE
 from tasks.coding.diffs import split_patch
@@ -46,6 +47,7 @@ from tasks.repo.task import RepoTask
 from tasks.repo.values import (
     RepoReference,
     junit_only,
+    not_passed,
     reference_key,
     unrewritable,
     unsafe_fail_to_pass,
@@ -187,9 +189,11 @@ def _listed(task: RepoTask) -> list[str]:
     return sorted({*task.fail_to_pass, *task.pass_to_pass})
 
 
-async def _checkout(task: RepoTask, patch: bytes, sandbox: Sandbox, gdir: str) -> GradeResult | None:
-    """The repository in ``sandbox``'s workspace with ``patch`` (less the graded paths) and the test
-    patch applied; the 0 verdict when one does not apply."""
+async def _checkout(
+    task: RepoTask, patch: bytes, sandbox: Sandbox, gdir: str, label: str = "the patch"
+) -> GradeResult | None:
+    """The repository in ``sandbox``'s workspace with ``patch`` (``label`` in messages; less the
+    graded paths) and the test patch applied; the 0 verdict, with git's error, when one does not apply."""
     copy = await sandbox.exec(["cp", "-a", f"{task.repo_path}/.", WORKSPACE], timeout=600)
     if not copy.ok:
         raise RuntimeError(f"copying {task.repo_path} into the grading sandbox failed: {copy.text()[-500:]}")
@@ -200,21 +204,22 @@ async def _checkout(task: RepoTask, patch: bytes, sandbox: Sandbox, gdir: str) -
     # out here again, by the grader's own git, which also names them (quoted names included).
     named = await sandbox.exec(["git", "apply", "--numstat", "-z", f"{gdir}/tests.diff"], cwd=WORKSPACE)
     if not named.ok:
-        return GradeResult(
-            0.0, {"reason": "the test patch cannot be read", "apply_error": named.text()[-2000:]}
-        )
+        return _not_applied("the test patch cannot be read", named.text())
     names = {*_numstat_paths(named.stdout), *graded_paths(task)}  # numstat gives no old names
-    hidden = [f"--exclude={_glob_literal(p)}" for p in sorted(names)]
-    for name, what, options in (("agent.diff", "the patch", hidden), ("tests.diff", "the test patch", [])):
+    hidden = [f"--exclude={glob_literal(p)}" for p in sorted(names)]
+    for name, what, options in (("agent.diff", label, hidden), ("tests.diff", "the test patch", [])):
         if name == "agent.diff" and not patch.strip():
             continue
         argv = ["git", "apply", "--whitespace=nowarn", *options, f"{gdir}/{name}"]
         applied = await sandbox.exec(argv, cwd=WORKSPACE)
         if not applied.ok:
-            return GradeResult(
-                0.0, {"reason": f"{what} does not apply", "apply_error": applied.text()[-2000:]}
-            )
+            return _not_applied(f"{what} does not apply", applied.text())
     return None
+
+
+def _not_applied(what: str, output: str) -> GradeResult:
+    """The 0 verdict of a patch git refused: ``what`` and git's first error in one line."""
+    return GradeResult(0.0, {"reason": f"{what}: {git_error(output)}", "apply_error": output[-2000:]})
 
 
 def _numstat_paths(out: bytes) -> list[str]:
@@ -231,11 +236,6 @@ def _numstat_paths(out: bytes) -> list[str]:
             i += 2
         i += 1
     return sorted(set(paths))
-
-
-def _glob_literal(path: str) -> str:
-    """``path`` as a pattern of ``git apply --exclude`` (wildmatch) that matches only itself."""
-    return "".join("\\" + c if c in "*?[]\\" else c for c in path)
 
 
 def _test_files(task: RepoTask) -> list[str]:
@@ -343,9 +343,10 @@ async def _compute_reference(
 
             async def gold_in(box: Sandbox, files: Mapping[str, str]) -> Record:
                 here = f"/tmp/pqrl-grade-{secrets.token_hex(8)}"  # a grading folder of its own too
-                failed = await _checkout(task, task.patch.encode() if task.patch else b"", box, here)
+                gold = task.patch.encode() if task.patch else b""
+                failed = await _checkout(task, gold, box, here, "the gold patch")
                 if failed is not None:
-                    raise GoldReferenceError(f"task {task.id}: the gold {failed.info['reason']}")
+                    raise GoldReferenceError(f"task {task.id}: {failed.info['reason']}")
                 report = await _run_tests(task, box, here, timeout, files)
                 verdict = judge(task, report)
                 if verdict.reward != 1.0:
@@ -432,10 +433,11 @@ def judge(task: RepoTask, report: dict[str, Any]) -> GradeResult:
         return GradeResult(0.0, {**info, "reason": f"the test report cannot be trusted: {e}"})
     missing = [t for t in listed if t not in outcomes]
     failed = {t: outcomes[t].outcome for t in listed if t in outcomes and outcomes[t].outcome != "passed"}
+    ran = {o.split("::", 1)[0] for o in outcomes}  # a listed id absent from a file that ran: not found
+    not_found = [t for t in missing if t.split("::", 1)[0] in ran]
     info.update(missing_tests=missing, failed_tests=failed, passed=len(listed) - len(missing) - len(failed))
+    if not_found:
+        info["not_found_tests"] = not_found
     if missing or failed:
-        names = [*failed, *missing][:5]
-        return GradeResult(
-            0.0, {**info, "reason": f"{len(missing) + len(failed)} listed test(s) did not pass: {names}"}
-        )
+        return GradeResult(0.0, {**info, "reason": not_passed(list(failed), missing, not_found)})
     return GradeResult(1.0, {**info, "reason": "every listed test passed"})

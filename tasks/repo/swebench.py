@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,8 +28,9 @@ from pydantic import ValidationError
 
 from pqrl.errors import PqrlError, UsageError
 from sandboxes.recipes import RepoRecipe, build_recipe
-from sandboxes.repo_source import source_digest
-from tasks.repo.task import RepoTask, task_id
+from sandboxes.repo_source import apply_problem, source_digest
+from tasks.repo.grading import graded_paths
+from tasks.repo.task import RepoTask, not_node_id, task_id
 from tasks.suite import Problem, Suite, SuiteManifest
 
 __all__ = [
@@ -76,8 +77,10 @@ def read_instances(path: str | Path) -> list[tuple[int, Any]]:
             whole = None
         except RecursionError:
             raise UsageError(f"{path}: nested too deeply to read") from None
-        if isinstance(whole, list):
+        if isinstance(whole, list) and whole:
             return list(enumerate(whole, 1))
+        if isinstance(whole, list):  # as an empty file: one message for no instances
+            raise UsageError(f"{path} holds no instances")
         if isinstance(whole, dict):
             return [(1, whole)]
     out: list[tuple[int, Any]] = []
@@ -176,6 +179,10 @@ def _convert(
             fields[dest] = _test_ids(record.get(src))
         except ValueError as e:
             bad(src, "missing" if src not in record else str(e))
+            continue
+        why = next(filter(None, map(not_node_id, fields[dest])), None)  # the import runs pytest
+        if why:
+            bad(src, why)
     commit = record.get("base_commit")
     commit = commit.strip().lower() if isinstance(commit, str) else commit  # git reads either case
     if isinstance(commit, str) and commit and not _HEX.match(commit):
@@ -212,10 +219,34 @@ def _convert(
         test_patch=record["test_patch"], image=image or "(built)",
     )  # fmt: skip
     try:
-        RepoTask.model_validate(fields)
+        task = RepoTask.model_validate(fields)
     except ValidationError as e:
         return None, [ImportProblem(n, shown, _source_name(err["loc"]), err["msg"]) for err in e.errors()]
+    clone = recipe.source if recipe is not None else _clone_with(repos, task)
+    if clone is not None:  # the clone is at hand: a patch that does not apply is refused now
+        field, why = _apply_problem(clone, task)
+        if why:
+            return None, [ImportProblem(n, shown, field, why)]
     return _Pending(n, fields, recipe), []
+
+
+def _clone_with(repos: Path | None, task: RepoTask) -> str | None:
+    """The clone under ``repos`` of an instance that names its own image, if it holds the base commit."""
+    source = _find_repo(repos, task.repo)
+    try:
+        return str(source) if source is not None and _resolved(str(source), task.base_commit) else None
+    except PqrlError:  # the image is the instance's own: a clone without the commit is no problem
+        return None
+
+
+def _apply_problem(source: str, task: RepoTask) -> tuple[str, str | None]:
+    """(field, why) when the gold patch (less the paths the grader owns, as grading applies it) or
+    then the test patch does not apply to the base commit in the clone."""
+    patches: list[tuple[str, str, Sequence[str]]] = [("the test patch", task.test_patch, ())]
+    if task.patch:
+        patches.insert(0, ("the gold patch", task.patch, graded_paths(task)))
+    why = apply_problem(source, task.base_commit, patches)
+    return ("patch" if why and why.startswith("the gold") else "test_patch"), why
 
 
 @functools.lru_cache(maxsize=4096)
@@ -237,11 +268,13 @@ def import_swebench(
     repos: str | Path | None = None,
     requirements: str | Path | None = None,
     skip_bad: bool = False,
+    verdict: str | None = None,
     progress: Callable[[str], None] = print,
     build: Callable[..., str] = build_recipe,
 ) -> ImportResult:
     """The suite of the instances in ``path`` (images built first). Raises UsageError listing
-    every problem unless ``skip_bad`` (then the skipped instances are the result's ``skipped``)."""
+    every problem unless ``skip_bad`` (then the skipped instances are the result's ``skipped``).
+    ``verdict`` ("values" or "junit"): repo-v1's grading, written to the suite's ``defaults``."""
     try:
         SuiteManifest(name=name, version="1", env_id=ENV_ID, kind="repo", reward="env")
     except ValidationError:
@@ -249,11 +282,15 @@ def import_swebench(
     repos_dir = Path(repos) if repos is not None else None
     if repos_dir is not None and not repos_dir.is_dir():
         raise UsageError(f"--repos {repos} is not a directory")
+    if verdict not in (None, "values", "junit"):
+        raise UsageError(f"verdict {verdict!r} is neither values nor junit")
     reqs = read_requirements(requirements)
     pending: list[_Pending] = []
     problems: list[ImportProblem] = []
     seen: dict[str, int] = {}
-    for n, record in read_instances(path):
+    records = read_instances(path)
+    _unused_requirements(reqs, records)
+    for n, record in records:
         got, found = _convert(n, record, repos_dir, reqs)
         if got is not None and got.fields["id"] in seen:
             iid = got.fields["instance_id"]
@@ -282,10 +319,25 @@ def import_swebench(
         used[image] = used.get(image, 0) + 1
         tasks.append(RepoTask.model_validate({**p.fields, "image": image}))
     about = f"imported from {Path(path).name} ({len(tasks)} instances)"
+    defaults = {"verdict": verdict} if verdict else {}
     manifest = SuiteManifest(
-        name=name, version="1", env_id=ENV_ID, kind="repo", reward="env", description=about
+        name=name, version="1", env_id=ENV_ID, kind="repo", reward="env", description=about, defaults=defaults
     )
     return ImportResult(Suite(manifest, tuple(tasks)), problems, used)
+
+
+def _unused_requirements(reqs: dict[str, tuple[str, ...]], records: list[tuple[int, Any]]) -> None:
+    """A requirements key no instance's ``repo`` names (``owner/name`` or ``name``) is a typo that
+    would leave an image without its packages: refused."""
+    named = {r["repo"] for _, r in records if isinstance(r, dict) and isinstance(r.get("repo"), str)}
+    known = named | {repo.rsplit("/", 1)[-1] for repo in named}
+    unused = [key for key in reqs if key not in known]
+    if unused:
+        more = f" (and {len(unused) - 1} more key(s): {', '.join(unused[1:4])})" if len(unused) > 1 else ""
+        raise UsageError(
+            f"requirements for {unused[0]}: no instance names this repository{more}",
+            fix="key it by an instance's repo, owner/name or name",
+        )
 
 
 def suite_name(output: str | Path) -> str:

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import hashlib
 import re
+import shlex
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from tasks.suite import SLUG
 
-__all__ = ["RepoTask", "task_id"]
+__all__ = ["RepoTask", "not_node_id", "runs_pytest", "task_id"]
 
 
 class RepoTask(BaseModel):
@@ -51,6 +52,40 @@ class RepoTask(BaseModel):
         if len(set(v)) != len(v):
             raise ValueError("test ids must be unique")
         return v
+
+    @model_validator(mode="after")
+    def _node_ids(self) -> RepoTask:
+        if runs_pytest(self.test_command):
+            for name, ids in (("fail_to_pass", self.fail_to_pass), ("pass_to_pass", self.pass_to_pass)):
+                why = next(filter(None, map(not_node_id, ids)), None)
+                if why:
+                    raise ValueError(f"{name}: {why}")
+        return self
+
+
+def runs_pytest(command: str) -> bool:
+    """Whether ``command`` runs pytest (``pytest``, ``py.test``, ``python -m pytest``)."""
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        return False
+    return any(w.rsplit("/", 1)[-1] in ("pytest", "py.test") for w in words)
+
+
+_TEST_FILES = (".py", ".txt", ".rst", ".md")  # pytest collects modules and, for doctests, text files
+
+
+def not_node_id(test: str) -> str | None:
+    """Why ``test`` is not a pytest node id ``path::name`` (None: it is one). The ids are the files
+    the grader runs and the names it reads from JUnit: unittest's ``name (module.Class)`` or a bare
+    name (Django, SymPy) names no file, so no test of it could ever pass."""
+    path, sep, name = test.partition("::")
+    if sep and path.endswith(_TEST_FILES) and name.strip():
+        return None
+    return (
+        f"test id {test[:120]!r} is not a pytest node id: repo-v1 runs pytest and needs ids "
+        "path::name (e.g. tests/test_x.py::TestX::test_y); convert the ids or leave the instance out"
+    )
 
 
 def task_id(instance_id: str) -> str:

@@ -47,6 +47,7 @@ from tasks.repo.task import RepoTask
 __all__ = [
     "RepoReference",
     "junit_only",
+    "not_passed",
     "reference_key",
     "unrewritable",
     "unsafe_fail_to_pass",
@@ -156,7 +157,24 @@ def values_verdict(
     failed.update({t: "failed" for t in failures if t not in failed and t not in missing})
     info.update(failed_tests=failed, passed=len(listed) - len(missing) - len(failed))
     if missing or failed:
-        names = [*failed, *missing][:5]
-        reason = f"{len(missing) + len(failed)} listed test(s) did not pass: {names}"
+        reason = not_passed(list(failed), missing, junit.info.get("not_found_tests", []))
         return GradeResult(0.0, {**info, "reason": reason})
     return GradeResult(1.0, {**info, "reason": "every listed test passed, with the correct code's values"})
+
+
+def not_passed(failed: list[str], missing: list[str], not_found: list[str]) -> str:
+    """The reason of a 0 for listed tests that failed or are missing from the report; those
+    ``not_found`` (absent from a test file that ran) are named apart: a wrong id, not a failure."""
+    unrun = [t for t in missing if t not in not_found]
+    absent = [t for t in missing if t in not_found]
+    parts = (
+        [f"{len(failed) + len(unrun)} listed test(s) did not pass: {[*failed, *unrun][:5]}"]
+        if failed or unrun
+        else []
+    )
+    if absent:
+        parts.append(
+            f"{len(absent)} listed test(s) not found in their test files (missing, not failed; "
+            f"check the ids against the test patch): {absent[:5]}"
+        )
+    return "; ".join(parts)

@@ -170,7 +170,10 @@ async def test_directory_and_archive_sources_drop_their_history(history, built, 
 
 
 def test_bad_recipes_are_one_line(history, tmp_path):
+    _git(tmp_path, "init", "-q", "empty")  # a repository with no commit yet
     cases = [
+        (RepoRecipe(name="calc", source=str(tmp_path / "empty"), base_commit="HEAD"),
+         f"is not in {tmp_path / 'empty'}: it has no commits (commit first, or pass a plain folder)"),
         (RepoRecipe(name="calc", source=history["repo"], base_commit="0" * 40), "is not in"),
         (RepoRecipe(name="calc", source=history["repo"], base_commit="--all"), "is not a commit"),
         (RepoRecipe(name="calc", source=str(tmp_path / "nowhere")), "does not exist"),

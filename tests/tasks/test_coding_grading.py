@@ -309,6 +309,13 @@ async def test_a_wrong_solution_scores_zero(docker_api, task):
     )
 
 
+async def test_a_patch_that_does_not_apply_scores_0_with_gits_error_in_the_reason(docker_api):
+    stale = unified_diff("roman.py", "def nothing():\n    pass\n", "def nothing():\n    return 1\n")
+    result = await make_grader(docker_api).grade_patch(TASK, stale)
+    assert result.reward == 0.0 and result.info["reason"].startswith("the patch does not apply: error: ")
+    assert "roman.py" in result.info["reason"] and "\n" not in result.info["reason"], result.info
+
+
 async def test_an_endless_loop_times_out(docker_api):
     source = TASK.repo["roman.py"].replace(
         "    text = text.strip().upper()\n", "    while True:\n        pass\n"

@@ -41,18 +41,22 @@ def test_bad_lines_are_named_with_their_line_and_field(tmp_path):
         {"id": "c", "title": 7, "text": "x"},           # 6: title not a string
         ["a", "list"],                                  # 7
         {"id": "d", "text": "   "},                     # 8: blank text
+        {"id": 1.5, "text": "x"},                       # 9: an id neither a string nor an integer
+        {"id": True, "text": "x"},                      # 10
     ])  # fmt: skip
     with bad.open("ab") as f:
-        f.write(b'{"id": "e", "text": "\xff"}\n')  # 9: not UTF-8
+        f.write(b'{"id": "e", "text": "\xff"}\n')  # 11: not UTF-8
     with pytest.raises(CorpusError) as e:
         build_index(bad)
     message = str(e.value)
+    not_id = "field id: an id is a non-empty string or an integer, not"
     for expected in ("line 2: field text: missing", "line 3: field id: duplicate id 'a' (first at line 1)",
                      "line 4: not JSON", "line 5: field id: missing", "line 6: field title: not a string",
                      "line 7: not a JSON object", "line 8: field text: not a non-empty string",
-                     "line 9: not UTF-8"):  # fmt: skip
+                     "line 11: not UTF-8", f"line 9: {not_id} 1.5",
+                     f"line 10: {not_id} true"):  # fmt: skip
         assert expected in message, message
-    assert "line 1" not in message.replace("first at line 1", "")
+    assert "line 1:" not in message  # the good line
     assert e.value.exit_code == 2 and isinstance(e.value, ValueError)
     with pytest.raises(CorpusError, match="no documents"):
         build_index(write(tmp_path / "empty.jsonl", ["", "  "]))
@@ -153,3 +157,27 @@ async def test_a_corpus_file_ranks_as_the_same_corpus_inline_does(tmp_path, clie
         capped.session_id, [ToolCall(name="search", arguments={"query": "river", "k": 5})]
     )
     assert out.messages[0].status is ToolStatus.OK and out.messages[0].content.count("\n[") == 0
+
+
+def test_a_relative_corpus_path_is_the_suite_files_neighbour(tmp_path, monkeypatch):
+    """A suite naming ``corpus.jsonl`` reads the file next to it, from any working directory; a
+    corpus path that is not found says what a relative one was relative to."""
+    from tasks.suite import Suite, load_suite
+
+    folder = tmp_path / "suites"
+    folder.mkdir()
+    write(folder / "corpus.jsonl", DOCS)
+    manifest = SUITE.manifest.model_copy(update={"defaults": {"corpus": "corpus.jsonl"}})
+    (folder / "wiki.jsonl").write_text(Suite(manifest, SUITE.tasks).to_jsonl())
+    monkeypatch.chdir(tmp_path)
+    suite = load_suite("suites/wiki.jsonl")
+    assert suite.manifest.defaults["corpus"] == str(folder / "corpus.jsonl")
+    assert open_corpus(suite.manifest.defaults["corpus"]).count == len(DOCS)
+    for name in ("sha256:" + "0" * 64, str(folder / "corpus.jsonl")):  # a digest, an absolute path: as given
+        same = SUITE.manifest.model_copy(update={"defaults": {"corpus": name}})
+        (folder / "other.jsonl").write_text(Suite(same, SUITE.tasks).to_jsonl())
+        assert load_suite(folder / "other.jsonl").manifest.defaults["corpus"] == name
+    with pytest.raises(
+        CorpusError, match=rf"not found: nowhere.jsonl \(relative to {tmp_path}, this process"
+    ):
+        build_index("nowhere.jsonl")

@@ -235,6 +235,12 @@ def test_images_that_fail_to_build_or_lack_python_are_problems(tmp_path):
             "environment/Dockerfile": f"FROM {BASE}\nUSER root\nRUN rm -f /usr/bin/python3*\n",
         },
         "run-fails": {**task, "environment/Dockerfile": f"FROM {BASE}\nRUN exit 7\n"},
+        "no-pip": {**task, "environment/Dockerfile": f"FROM {BASE}\nRUN nopip-cmd install requests\n"},
+        "offline": {
+            **task,
+            "environment/Dockerfile": f"FROM {BASE}\nRUN python3 -c "
+            "\"import urllib.request as u; u.urlopen('http://pypi.org/simple/', timeout=20)\"\n",
+        },
     }
     root = write_tasks(tmp_path / "bad", bad)
     with pytest.raises(HarborInvalid) as e:
@@ -245,6 +251,11 @@ def test_images_that_fail_to_build_or_lack_python_are_problems(tmp_path):
         reason
     )
     assert reasons["run-fails"][0] == "image" and "7" in reasons["run-fails"][1]
+    # the failing command's own error, above docker's last line, in one line of the problem
+    no_pip = reasons["no-pip"][1]
+    assert "nopip-cmd: not found" in no_pip and "returned a non-zero code: 127" in no_pip, no_pip
+    assert "\n" not in no_pip and "\x1b" not in no_pip and "DEPRECATED" not in no_pip, no_pip
+    assert "without network" not in no_pip and "without network" in reasons["offline"][1], reasons
     # a failed build leaves no container behind (docker build --force-rm)
     ps = subprocess.run(
         ["docker", "ps", "-a", "--no-trunc", "--format", "{{.Command}}"], capture_output=True, text=True

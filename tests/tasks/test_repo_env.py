@@ -19,8 +19,9 @@ from sandboxes.docker import DockerSandbox
 from sandboxes.docker_api import DockerAPI
 from sandboxes.hardening import SandboxSettings
 from sandboxes.recipes import RepoRecipe, build_recipe
+from sandboxes.repo_source import glob_literal
 from tasks.repo.env import RepoEnv
-from tasks.repo.grading import _glob_literal, _numstat_paths, grade_patch, graded_paths, hidden_paths
+from tasks.repo.grading import _numstat_paths, grade_patch, graded_paths, hidden_paths
 from tasks.repo.task import RepoTask
 from tests.tasks.conftest import leftovers
 
@@ -235,8 +236,8 @@ async def test_the_verdict_is_by_values_and_says_where_it_falls_back_to_junit(gr
 
 async def test_a_patch_that_does_not_apply_scores_0_with_the_reason(grade, image):
     result = await grade(make_task(image), GOLD.replace("return a + b\n+", "return a ** b\n+").encode())
-    assert result.reward == 0.0 and result.info["reason"] == "the patch does not apply"
-    assert "mathx/__init__.py" in result.info["apply_error"]
+    assert result.reward == 0.0 and result.info["reason"].startswith("the patch does not apply: error: ")
+    assert "mathx/__init__.py" in result.info["reason"] and "mathx/__init__.py" in result.info["apply_error"]
 
 
 async def test_a_hanging_test_run_is_cut_by_the_timeout(grade, image):
@@ -343,7 +344,7 @@ def test_hidden_paths_are_excluded_by_git_whatever_their_names(tmp_path):
     assert set(hidden) == {*names, "tests/renamed.py"}
     _git(repo, "reset", "-q", "--hard")
     keep = [p for p in hidden if p != "tests/other.py"]
-    excludes = [f"--exclude={_glob_literal(p)}" for p in keep]
+    excludes = [f"--exclude={glob_literal(p)}" for p in keep]
     r = subprocess.run(
         ["git", "-C", str(repo), "apply", *excludes, "-"], input=agent, env=_GIT, capture_output=True
     )

@@ -95,6 +95,18 @@ def test_serve_answers_search_r1_requests_with_its_shape_and_ranking(retrieval_s
     assert httpx.post(retrieval_server + "/retrieve", content=b"x" * (9 << 20)).status_code == 413
 
 
+def test_serve_on_a_taken_port_is_one_line_and_exit_2(retrieval_server, tmp_path):
+    port = retrieval_server.rsplit(":", 1)[1]
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text('{"id": "a", "text": "some words"}\n')
+    cmd = [sys.executable, "-m", "launcher.cli", "search", "serve", "--corpus", str(corpus), "--port", port]
+    env = {**os.environ, "PQRL_CACHE": str(tmp_path / "cache")}
+    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert f"port {port} on 127.0.0.1 is in use" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert not (tmp_path / "cache").exists()  # refused before any indexing
+
+
 async def test_search_env_with_a_retrieval_server_finds_and_scores(client, retrieval_server):
     task = next(t for t in SUITE.tasks if t.hops == 1)
     for url in (retrieval_server, retrieval_server + "/retrieve"):

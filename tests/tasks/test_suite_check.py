@@ -107,7 +107,7 @@ def test_check_fails_a_repo_task_a_forged_outcome_could_pass(tmp_path):
         "fail_to_pass": [*sample["fail_to_pass"], "tests/test_calc.py::test_call"],
     }
     unsafe["test_patch"] = sample["test_patch"].replace("@@ -0,0 +1,5 @@", "@@ -0,0 +1,9 @@") + (
-        "+\n+\n+def test_call():\n+    add(1, 1)\n"
+        '+\n+\n+def test_call():\n+    importlib.import_module("calc").add(1, 1)\n'  # passes, checks nothing
     )
     manifest = {"name": "repo-safety", "version": "1", "env_id": "repo-v1", "kind": "repo", "reward": "env",
                 "description": "the sample and a variant", "defaults": {}}  # fmt: skip
@@ -117,4 +117,29 @@ def test_check_fails_a_repo_task_a_forged_outcome_could_pass(tmp_path):
     failed = [line for line in out.stdout.splitlines() if line.startswith("FAIL ")]
     assert out.returncode == 2 and not left, out.stdout + out.stderr
     assert len(failed) == 1 and failed[0].startswith("FAIL repo-sample-unsafe"), out.stdout
-    assert "cannot judge safely" in failed[0] and "test_call" in failed[0], failed
+    assert "cannot judge safely (tests/test_calc.py::test_call)" in failed[0], failed
+    assert '"verdict": "junit"' in failed[0] and "earned" not in failed[0], failed  # the way forward
+
+
+def test_check_names_a_repo_gold_that_does_not_apply_with_gits_error(tmp_path):
+    """A gold patch whose context is wrong: --check says so once, with git's own error line, not a
+    cut pytest banner and a list of tests judged unsafe because of it."""
+    from tasks.repo.sample import sample_task
+
+    sample = sample_task()
+    stale = "diff --git a/calc.py b/calc.py\n--- a/calc.py\n+++ b/calc.py\n@@ -1,2 +1,2 @@\n"
+    stale += " def add(a, b):\n-    return a - b\n+    return a + b\n"  # calc.py does not exist
+    task = {**sample, "id": "repo-sample-stale", "patch": stale}
+    typo = {**sample, "id": "repo-sample-typo", "fail_to_pass": ["tests/test_calc.py::test_ad"]}
+    manifest = {"name": "repo-stale", "version": "1", "env_id": "repo-v1", "kind": "repo", "reward": "env",
+                "description": "a gold that does not apply", "defaults": {}}  # fmt: skip
+    suite = tmp_path / "repo.jsonl"
+    suite.write_text("\n".join(json.dumps(x) for x in ({"suite": manifest}, task, typo)) + "\n")
+    out, left = _run("validate", "--check", str(suite))
+    failed = [line for line in out.stdout.splitlines() if line.startswith("FAIL ")]
+    assert out.returncode == 2 and not left and len(failed) == 2, out.stdout + out.stderr
+    assert "the gold solution: the gold patch does not apply: error: calc.py" in failed[0], failed
+    assert "cannot judge safely" not in failed[0] and "test session starts" not in failed[0], failed
+    # a mistyped id: not found in its file (missing), not a test the gold fails
+    assert "1 listed test(s) not found in their test files" in failed[1] and "test_ad']" in failed[1], failed
+    assert "did not pass" not in failed[1], failed

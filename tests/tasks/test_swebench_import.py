@@ -23,7 +23,24 @@ from tests.sandboxes.test_recipes import _dangling, _git
 pytestmark = pytest.mark.timeout(300)
 
 ROOT = Path(__file__).resolve().parents[2]
-TEST_PATCH = "diff --git a/tests/test_calc.py b/tests/test_calc.py\n--- /dev/null\n+++ b/tests/test_calc.py\n"
+
+
+def _new_file(path: str, text: str) -> str:
+    """A unified diff that creates ``path`` holding ``text``."""
+    lines = text.splitlines()
+    body = "".join(f"+{line}\n" for line in lines)
+    head = f"diff --git a/{path} b/{path}\nnew file mode 100644\n--- /dev/null\n+++ b/{path}\n"
+    return f"{head}@@ -0,0 +1,{len(lines)} @@\n{body}"
+
+
+_TESTS = _new_file(
+    "tests/test_calc.py",
+    "from calc import add\n\ndef test_add():\n    assert add(2, 3) == 5\n\ndef test_add_zero():\n"
+    "    assert add(0, 0) == 0\n",
+)
+
+
+GOLD = _new_file("NOTES.md", "fixed\n")  # applies at any commit of the fixture's repositories
 
 
 def _pqrl(*args: str) -> subprocess.CompletedProcess[str]:
@@ -63,7 +80,7 @@ def _instance(iid: str, commit: str | None, **over: object) -> dict[str, object]
     record: dict[str, object] = {
         "instance_id": iid, "repo": "owner/calc", "base_commit": commit, "version": "1.0",
         "environment_setup_commit": commit, "problem_statement": "add(2, 3) returns -1",
-        "patch": "diff --git a/calc.py b/calc.py\n", "test_patch": TEST_PATCH,
+        "patch": GOLD, "test_patch": _TESTS,
         "FAIL_TO_PASS": '["tests/test_calc.py::test_add"]', "PASS_TO_PASS": "[]",
         "created_at": "2024-01-01T00:00:00Z", "hints_text": "",
     }  # fmt: skip
@@ -205,21 +222,6 @@ def test_an_image_that_cannot_be_built_fails_its_instances_only(repos, tmp_path)
     assert [json.loads(x)["id"] for x in (tmp_path / "o.jsonl").read_text().splitlines()[1:]] == ["img-1"]
 
 
-def _new_file(path: str, text: str) -> str:
-    """A unified diff that creates ``path`` holding ``text``."""
-    lines = text.splitlines()
-    body = "".join(f"+{line}\n" for line in lines)
-    head = f"diff --git a/{path} b/{path}\nnew file mode 100644\n--- /dev/null\n+++ b/{path}\n"
-    return f"{head}@@ -0,0 +1,{len(lines)} @@\n{body}"
-
-
-_TESTS = _new_file(
-    "tests/test_calc.py",
-    "from calc import add\n\ndef test_add():\n    assert add(2, 3) == 5\n\ndef test_add_zero():\n"
-    "    assert add(0, 0) == 0\n",
-)
-
-
 def test_imported_instances_grade_gold_1_and_empty_0_and_a_gold_that_fixes_nothing_is_named(repos, tmp_path):
     """SWE-bench-format instances from the clone, imported, then every task's gold patch and an
     empty episode graded by repo-v1 in real sandboxes (``tasks validate --check``)."""
@@ -249,3 +251,56 @@ def test_imported_instances_grade_gold_1_and_empty_0_and_a_gold_that_fixes_nothi
     r = _pqrl("validate", str(out), "--check", "--jobs", "2")
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stdout + r.stderr
     assert "owner__calc-9" in r.stdout + r.stderr and "owner__calc-1" not in r.stdout, r.stdout + r.stderr
+
+
+def test_what_repo_v1_cannot_grade_is_refused_at_import_with_the_reason(repos, tmp_path):
+    """With the clone at hand: a gold or test patch that does not apply to the base commit (git's own
+    error), test ids that are not pytest node ids (unittest's style), a requirements key no instance
+    names; an empty JSON list reads as an empty file; --verdict writes the suite's default."""
+    base, clone = repos["base"], Path(repos["dir"]) / "owner__calc"
+    gold = _git(clone, "diff", base, repos["fix"]) + "\n"
+    stale = gold.replace(" def add(a, b):", " def add(x, y):")  # a wrong context line
+    elsewhere = gold.replace("calc.py", "tests/test_calc.py")  # changes a file the base lacks
+    src = _write(tmp_path / "bad.jsonl", [
+        _instance("calc-1", base, patch=stale),
+        _instance("calc-2", base, patch=gold, test_patch=elsewhere),
+        _instance("calc-3", base, patch=gold, FAIL_TO_PASS=["test_add (tests.test_calc.TestCalc)"]),
+        _instance("calc-4", base, patch=gold, PASS_TO_PASS='["test_add"]'),
+        _instance("calc-5", base, patch=gold),
+        _instance("calc-6", base, patch=stale, image_name="x:1"),  # its own image, the clone at hand
+    ])  # fmt: skip
+    out = tmp_path / "o.jsonl"
+    r = _pqrl("import", "swebench", str(src), "-o", str(out), "--repos", repos["dir"])
+    assert r.returncode == 2 and not out.exists() and "Traceback" not in r.stderr, r.stdout + r.stderr
+    problems = r.stdout.splitlines()
+    assert problems[0] == f"line 1 (calc-1): patch: the gold patch does not apply to {base[:12]}: " + (
+        "error: patch failed: calc.py:1"
+    ), problems
+    assert problems[1].startswith(
+        f"line 2 (calc-2): test_patch: the test patch does not apply to {base[:12]}"
+    )
+    assert "error: tests/test_calc.py" in problems[1], problems
+    assert problems[2].startswith(
+        "line 3 (calc-3): FAIL_TO_PASS: test id 'test_add (tests.test_calc.TestCalc)'"
+    )
+    assert "needs ids path::name" in problems[2] and problems[3].startswith("line 4 (calc-4): PASS_TO_PASS:")
+    assert problems[4].startswith("line 6 (calc-6): patch: the gold patch does not apply"), problems
+    assert len(problems) == 5 and "docker build" not in r.stderr, problems
+
+    reqs = tmp_path / "reqs.yaml"
+    reqs.write_text("owner/calc: []\nother/repo:\n  - six\n")
+    r = _pqrl(
+        "import", "swebench", str(src), "-o", str(out), "--repos", repos["dir"], "--requirements", str(reqs)
+    )
+    assert r.returncode == 2 and not out.exists(), r.stdout + r.stderr
+    assert "requirements for other/repo: no instance names this repository" in r.stderr, r.stderr
+
+    for empty in ("", "[]", "  [ ]\n"):
+        (tmp_path / "empty.json").write_text(empty)
+        r = _pqrl("import", "swebench", str(tmp_path / "empty.json"), "-o", str(out))
+        assert r.returncode == 2 and "holds no instances" in r.stderr and "line 0" not in r.stdout, r.stderr
+
+    named = _write(tmp_path / "img.jsonl", [_instance("img-1", "c" * 40, image_name="x:1")])
+    r = _pqrl("import", "swebench", str(named), "-o", str(out), "--verdict", "junit")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert json.loads(out.read_text().splitlines()[0])["suite"]["defaults"] == {"verdict": "junit"}
