@@ -84,10 +84,14 @@ def apply_problem(
 ) -> str | None:
     """Why the patches, each ``(label, text, paths left out)``, do not apply one after another to
     ``commit`` of the git repository ``source`` (None: they do). Runs on a throwaway index: the
-    repository's own index and files are left alone."""
+    repository's own index, files and objects are left alone (the blobs the patches make go to a
+    throwaway object store), so a read-only clone works too."""
     git_dir = _git_dir(Path(source))
     with tempfile.TemporaryDirectory(prefix="pqrl-apply-") as tmp:
-        env = {**os.environ, **_GIT_ENV, "GIT_INDEX_FILE": f"{tmp}/index"}
+        Path(tmp, "objects").mkdir()
+        objects = Path(git_dir, _git("--git-dir", git_dir, "rev-parse", "--git-path", "objects")).resolve()
+        env = {**os.environ, **_GIT_ENV, "GIT_INDEX_FILE": f"{tmp}/index", "GIT_OBJECT_DIRECTORY":
+               f"{tmp}/objects", "GIT_ALTERNATE_OBJECT_DIRECTORIES": str(objects)}  # fmt: skip
         try:
             _git("--git-dir", git_dir, "read-tree", commit, env=env)
         except _GitFailed as e:

@@ -87,5 +87,15 @@ async def _check_task(
         lost = not isinstance(e, GraderFailure)  # a grader's bug is the task's environment's failure
         return [f"the episode failed: {type(e).__name__}: {str(e)[:300]}"], lost
     except Exception as e:  # the environment failed on this task: its reason, not a crash of the check
-        return [f"the episode failed: {type(e).__name__}: {str(e)[:300]}"], False
+        return [f"the episode failed: {type(e).__name__}: {str(e)[:300]}"], _lost(e)
     return [f"worked example: {p}" for p in worked] + [f"empty episode: {p}" for p in empty], False
+
+
+def _lost(e: BaseException | None) -> bool:
+    """Whether ``e`` or what caused it says the machine, not the task, failed (``lost_to_machine``:
+    e.g. a repo-v1 task retired after its reference was lost three times)."""
+    while e is not None:
+        if getattr(e, "lost_to_machine", False):
+            return True
+        e = e.__cause__
+    return False

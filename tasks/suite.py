@@ -273,22 +273,4 @@ def load_suite(path: str | Path) -> Suite:
         text = p.read_text()
     except (OSError, UnicodeDecodeError) as e:
         raise SuiteInvalid(str(p), [Problem(0, None, "file", str(e))]) from None
-    return _anchored(parse_suite(text, source=str(p)), p.parent)
-
-
-_FILE_DEFAULTS = ("corpus",)  # defaults that may name a file: search-v1's corpus (tasks/retrieval.py)
-
-
-def _anchored(suite: Suite, folder: Path) -> Suite:
-    """``suite`` with a relative file path in its defaults made absolute against ``folder`` (the
-    suite file's): a path next to the suite works whatever directory a command runs in."""
-    defaults = dict(suite.manifest.defaults)
-    for key in _FILE_DEFAULTS:
-        value = defaults.get(key)
-        if not isinstance(value, str) or not value.strip() or value.startswith("sha256:"):
-            continue
-        if not Path(value).expanduser().is_absolute():
-            defaults[key] = str((folder / value).resolve())
-    if defaults == suite.manifest.defaults:
-        return suite
-    return Suite(suite.manifest.model_copy(update={"defaults": defaults}), suite.tasks)
+    return parse_suite(text, source=str(p))

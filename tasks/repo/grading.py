@@ -58,6 +58,7 @@ __all__ = [
     "MAX_PATCH_BYTES",
     "MAX_REFERENCE_TRIES",
     "REFERENCE_BACKOFF_S",
+    "ReferenceRetired",
     "ReferenceUnavailable",
     "capture_diff",
     "grade_patch",
@@ -303,7 +304,7 @@ async def reference(
                     _TRANSIENT[key] = (tries, time.monotonic(), computed.why_junit)
                     if tries >= MAX_REFERENCE_TRIES:
                         _TRANSIENT[key] = (0, time.monotonic(), computed.why_junit)  # counted anew
-                        raise GoldReferenceError(
+                        raise ReferenceRetired(
                             f"task {task.id}: no gold record in {tries} tries: {computed.why_junit}"
                         )
                     raise ReferenceUnavailable(f"task {task.id}: {computed.why_junit} (try {tries})")
@@ -379,6 +380,13 @@ async def _compute_reference(
 class ReferenceUnavailable(SandboxError):
     """The task's reference could not be computed this time for the machine's sake: the episode
     is an infrastructure failure, never graded without it."""
+
+
+class ReferenceRetired(GoldReferenceError):
+    """The reference was lost to the machine too often: the task is retired from the run (a bad
+    task to the env server), though nothing says the task itself is wrong."""
+
+    lost_to_machine = True  # tasks/check.py: the task was not judged
 
 
 class _GoldTimedOut(GoldReferenceError):

@@ -15,6 +15,7 @@ any instance is bad unless ``skip_bad``.
 
 from __future__ import annotations
 
+import difflib
 import functools
 import json
 import re
@@ -289,7 +290,7 @@ def import_swebench(
     problems: list[ImportProblem] = []
     seen: dict[str, int] = {}
     records = read_instances(path)
-    _unused_requirements(reqs, records)
+    _unused_requirements(reqs, records, progress)
     for n, record in records:
         got, found = _convert(n, record, repos_dir, reqs)
         if got is not None and got.fields["id"] in seen:
@@ -326,18 +327,27 @@ def import_swebench(
     return ImportResult(Suite(manifest, tuple(tasks)), problems, used)
 
 
-def _unused_requirements(reqs: dict[str, tuple[str, ...]], records: list[tuple[int, Any]]) -> None:
-    """A requirements key no instance's ``repo`` names (``owner/name`` or ``name``) is a typo that
-    would leave an image without its packages: refused."""
+def _unused_requirements(
+    reqs: dict[str, tuple[str, ...]], records: list[tuple[int, Any]], progress: Callable[[str], None]
+) -> None:
+    """Requirements keys no instance's ``repo`` names (``owner/name`` or ``name``). One close to a
+    repository that has no requirements is a typo that would leave its image without its
+    packages: refused. The others are a shared file's entries for repositories not imported here:
+    said, and left alone."""
     named = {r["repo"] for _, r in records if isinstance(r, dict) and isinstance(r.get("repo"), str)}
     known = named | {repo.rsplit("/", 1)[-1] for repo in named}
     unused = [key for key in reqs if key not in known]
+    bare = sorted(r for r in named if r not in reqs and r.rsplit("/", 1)[-1] not in reqs)
+    for key in unused:
+        near = difflib.get_close_matches(key, bare, n=1, cutoff=0.8)
+        if near:
+            raise UsageError(
+                f"requirements for {key}: no instance names this repository; {near[0]} has none",
+                fix=f"key it {near[0]}",
+            )
     if unused:
-        more = f" (and {len(unused) - 1} more key(s): {', '.join(unused[1:4])})" if len(unused) > 1 else ""
-        raise UsageError(
-            f"requirements for {unused[0]}: no instance names this repository{more}",
-            fix="key it by an instance's repo, owner/name or name",
-        )
+        progress(f"requirements for {len(unused)} repositories no instance here names, not used: "
+                 f"{', '.join(unused[:5])}{' ...' if len(unused) > 5 else ''}")  # fmt: skip
 
 
 def suite_name(output: str | Path) -> str:

@@ -41,3 +41,15 @@ def test_a_check_lost_every_time_is_not_checked_rather_than_failed(monkeypatch):
 def test_a_graders_bug_is_the_tasks_failure_at_once(monkeypatch):
     failures, calls = _run(monkeypatch, [GraderFailure("KeyError")])
     assert calls == 1 and len(failures) == 1 and not failures[0].transient
+
+
+def test_a_task_retired_because_its_reference_was_lost_is_not_checked_not_failed(monkeypatch):
+    from env_server.sessions import BadTask
+    from tasks.repo.grading import ReferenceRetired
+
+    retired = BadTask("session s: repo-v1: ReferenceRetired: no gold record in 3 tries")
+    retired.__cause__ = ReferenceRetired("task t: no gold record in 3 tries: timed out")
+    failures, calls = _run(monkeypatch, [retired])
+    assert calls == check.TRIES and failures[0].transient
+    failures, calls = _run(monkeypatch, [BadTask("session s: repo-v1: the gold patch fails")])
+    assert calls == 1 and not failures[0].transient  # a task that is wrong fails at once

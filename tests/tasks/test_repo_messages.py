@@ -14,7 +14,7 @@ from env_server.conformance import unsafe_line, worked_problems
 from sandboxes.repo_source import git_error
 from tasks.repo.grading import judge
 from tasks.repo.sample import sample_task
-from tasks.repo.task import RepoTask, not_node_id, runs_pytest
+from tasks.repo.task import RepoTask, not_node_id
 
 
 @pytest.mark.parametrize(
@@ -29,23 +29,22 @@ from tasks.repo.task import RepoTask, not_node_id, runs_pytest
         "tests/test_clamp::test_high",
     ],  # fmt: skip
 )
-def test_an_id_that_is_not_a_pytest_node_id_is_refused_when_pytest_runs(test):
+def test_an_id_that_is_not_a_pytest_node_id_is_refused(test):
     assert "is not a pytest node id" in (not_node_id(test) or "")
     with pytest.raises(ValidationError, match=r"fail_to_pass: test id .* needs ids path::name"):
         RepoTask.model_validate({**sample_task(), "fail_to_pass": [test]})
     with pytest.raises(ValidationError, match="pass_to_pass: test id"):
         RepoTask.model_validate({**sample_task(), "pass_to_pass": [test]})
-    own = RepoTask.model_validate({**sample_task(), "fail_to_pass": [test], "test_command": "./runtests.py"})
-    assert own.fail_to_pass == [test]  # another runner names its tests its own way
+    with pytest.raises(ValidationError, match="fail_to_pass: test id"):  # the grader reads JUnit anyway
+        RepoTask.model_validate({**sample_task(), "fail_to_pass": [test], "test_command": "./runtests.py"})
 
 
 def test_node_ids_and_pytest_commands_are_recognised():
     assert not_node_id("tests/test_x.py::TestX::test_y[a b]") is None
     assert not_node_id("test_x.py::test_y") is None and not_node_id("docs/index.rst::index.rst") is None
-    assert all(
-        runs_pytest(c) for c in ("pytest -x", "python3 -m pytest", "/usr/bin/py.test", "tox -- pytest")
-    )
-    assert not any(runs_pytest(c) for c in ("./runtests.py", "python -m unittest", "make test 'x"))
+    cut = "astropy/units/tests/test_format.py::test_ogip_grammar_fail[log(photon"  # cut at a space
+    assert "cut short" in (not_node_id(cut) or "")
+    assert not_node_id("t.py::test_y[a::b]") is None and not_node_id("t.py::C::test[x-1]") is None
 
 
 def _report(cases: dict[str, str]) -> dict[str, object]:

@@ -288,12 +288,12 @@ def test_what_repo_v1_cannot_grade_is_refused_at_import_with_the_reason(repos, t
     assert len(problems) == 5 and "docker build" not in r.stderr, problems
 
     reqs = tmp_path / "reqs.yaml"
-    reqs.write_text("owner/calc: []\nother/repo:\n  - six\n")
+    reqs.write_text("owner/cacl:\n  - six\nother/repo:\n  - six\n")  # a typo of owner/calc
     r = _pqrl(
         "import", "swebench", str(src), "-o", str(out), "--repos", repos["dir"], "--requirements", str(reqs)
     )
     assert r.returncode == 2 and not out.exists(), r.stdout + r.stderr
-    assert "requirements for other/repo: no instance names this repository" in r.stderr, r.stderr
+    assert "requirements for owner/cacl: no instance names this repository; owner/calc" in r.stderr
 
     for empty in ("", "[]", "  [ ]\n"):
         (tmp_path / "empty.json").write_text(empty)
