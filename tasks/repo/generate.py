@@ -327,18 +327,16 @@ class _Draws:
             results = await asyncio.gather(*(self._outcomes(p, mutated) for _, p, _, mutated in batch))
             for (i, path, m, mutated), (hit, got) in zip(batch, results, strict=True):
                 fn = f"{path}:{m.function}"
-                self.stats["tried"] += 1
-                self.stats["cached"] += hit
-                self.files_run.append(len(self.scope[path]))
                 ids = sorted(b for b in self.baseline if b.split("::", 1)[0] in self.scope[path])
                 found = _judge(path, m, ids, got)
                 if found is not None and len(kept) == want:  # beyond this call: drawn again in its place
-                    self.stats["tried"] -= 1
-                    self.stats["cached"] -= hit
-                    self.files_run.pop()
                     self.seen.discard(mutated)
                     heapq.heappush(self.queue, (i, path, m))
-                elif found is not None and self.per_function.get(fn, 0) < self.opts.per_function:
+                    continue
+                self.stats["tried"] += 1
+                self.stats["cached"] += hit
+                self.files_run.append(len(self.scope[path]))
+                if found is not None and self.per_function.get(fn, 0) < self.opts.per_function:
                     kept.append(found)
                     self.per_function[fn] = self.per_function.get(fn, 0) + 1
             self._requeue()
@@ -416,8 +414,9 @@ def generate_tasks(project: Project, opts: Options, say: Callable[[str], None] =
                     t2 = time.monotonic()
                     passed = await _checked(made, manifest, manager, checks, opts.workers, dropped, say)
                     tasks.extend(passed)
+                    ok = {t.id for t in passed}
                     for k, task in zip(kept, made, strict=True):
-                        if task not in passed:
+                        if task.id not in ok:
                             draws.release(k)
                     timing["task_images_s"] += t2 - t1
                     timing["check_s"] += time.monotonic() - t2
