@@ -47,8 +47,10 @@ class AlgorithmConfig(Settings):
     is_level: Literal["token", "sequence"] = setting(
         "token", "off-policy weight per token, or one per sequence (product of its token ratios)"
     )
-    is_mode: Literal["truncate", "mask"] = setting(
-        "truncate", "a weight above the cap: clipped to it, or the token / sequence dropped"
+    is_mode: Literal["truncate", "mask", "off"] = setting(
+        "truncate",
+        "a weight above the cap: clipped to it, or the token / sequence dropped; off: no weight"
+        " (every token 1: the engine's numerics and staleness left uncorrected, for ablations)",
     )
     kl_coef: float = setting(
         0.0, "weight of the KL to the reference model (0: off; loads the reference)", ge=0

@@ -62,7 +62,9 @@ def offpolicy_weights(
     logp_prox: Tensor, logp_behavior: Tensor, lengths: Sequence[int], alg: AlgorithmConfig
 ) -> Tensor:
     """The off-policy weight of each token: per token, or one per sequence of ``lengths`` tokens
-    (its tokens' ratios multiplied), capped or masked as ``alg`` says."""
+    (its tokens' ratios multiplied), capped or masked as ``alg`` says; all 1 when it is off."""
+    if alg.is_mode == "off":  # the ablation's baseline: samples treated as the trainer's own
+        return torch.ones_like(logp_prox)
     if alg.is_level == "token":
         return truncated_is_weights(
             logp_prox, logp_behavior, torch.ones_like(logp_prox), cap=alg.is_cap, mode=alg.is_mode

@@ -63,6 +63,11 @@ def test_sequence_level_and_masked_weights_hand_numbers():
     out = _loss(AlgorithmConfig(**SYMMETRIC, is_mode="mask"))
     assert out.loss.item() == pytest.approx(-3.6 - 0.25)
     assert out.sums["is_masked"] == 1
+    # off: no weight at all, the clipped surrogate [-2.4, 4.0, -1.0] as it is, at either level
+    for level in ("token", "sequence"):
+        out = _loss(AlgorithmConfig(**SYMMETRIC, is_mode="off", is_level=level), lengths=(2, 1))
+        assert out.loss.item() == pytest.approx(-2.4 + 4.0 - 1.0)
+        assert out.sums["is_weight"].item() == 3.0 and out.sums["is_masked"] == 0
 
 
 def test_entropy_kl_and_value_terms_hand_numbers():
