@@ -145,6 +145,10 @@ def launch_vllm(engine: EngineConfig, serve: ServeConfig) -> NoReturn:
         extra_args=serve.engine_args,
     )
     path = os.pathsep.join(p for p in (str(ext), os.environ.get("PYTHONPATH", "")) if p)
-    env = {"VLLM_CPU_KVCACHE_SPACE": str(KV_CACHE_GIB)} | dict(os.environ) | {"VLLM_SERVER_DEV_MODE": "1",
-                                                                             "PYTHONPATH": path}  # fmt: skip
+    # nobind: the CPU build's worker runs OMP_NUM_THREADS threads (the engine threads pqrl gives it)
+    # where the OS schedules them. Its automatic binding pins the worker to one core and keeps
+    # another for its scheduler: on 2 cores that generated 11 tokens/s instead of 430
+    # (bench/results/engine_backends_cpu.json). Set VLLM_CPU_OMP_THREADS_BIND=auto for big servers.
+    defaults = {"VLLM_CPU_KVCACHE_SPACE": str(KV_CACHE_GIB), "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+    env = defaults | dict(os.environ) | {"VLLM_SERVER_DEV_MODE": "1", "PYTHONPATH": path}
     os.execve(cmd[0], cmd, env)
