@@ -32,6 +32,7 @@ from launcher.lora_config import check_lora_job
 from launcher.model_section import ModelSection
 from launcher.precision import cpu_bfloat16
 from pqrl.settings import fields_of, type_name
+from pqrl.yaml_text import load_yaml
 from tasks.rewards import RewardSpec
 from trainer.config import AlgorithmConfig, LoopConfig, StepConfig
 
@@ -395,7 +396,7 @@ class ConfigInvalid(ValueError):
 def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> TrainConfig:
     """Reads and validates a YAML config; ``overrides`` maps dotted field paths to values."""
     try:
-        data = yaml.safe_load(Path(path).read_text()) or {}
+        data = load_yaml(Path(path).read_text()) or {}
     except (OSError, yaml.YAMLError) as e:
         raise ConfigInvalid(f"{path}: {e}") from None
     if not isinstance(data, dict):

@@ -49,9 +49,9 @@ class SFTJobConfig(SFTConfig):
 
 def load_sft_config(path: str | Path, **overrides: Any) -> SFTJobConfig:
     """The config in a YAML file, with the non-None ``overrides`` applied."""
-    import yaml
+    from pqrl.yaml_text import load_yaml
 
-    data = yaml.safe_load(Path(path).read_text()) or {}
+    data = load_yaml(Path(path).read_text()) or {}
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a mapping of SFT config fields")
     data |= {k: v for k, v in overrides.items() if v is not None}

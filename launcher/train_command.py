@@ -30,6 +30,7 @@ from launcher.jobconfig import ConfigInvalid, TrainConfig, explain_lines, explai
 from launcher.quiet import QUIET_HELP
 from pqrl.envvars import checked_redis_url, setting
 from pqrl.errors import PqrlError, UsageError
+from pqrl.yaml_text import load_yaml
 
 __all__ = ["add_train_arguments", "train_command"]
 
@@ -87,7 +88,7 @@ def _overrides(pairs: list[str]) -> dict[str, Any]:
         key, sep, value = pair.partition("=")
         if not sep or not key:
             raise ConfigInvalid(f"--set {pair!r}: expected FIELD=VALUE")
-        out[key] = yaml.safe_load(value)
+        out[key] = load_yaml(value)
     return out
 
 

@@ -28,6 +28,7 @@ import yaml
 from pydantic import ValidationError
 
 from pqrl.errors import PqrlError, UsageError
+from pqrl.yaml_text import load_yaml
 from sandboxes.recipes import RepoRecipe, build_recipe
 from sandboxes.repo_source import apply_problem, source_digest
 from tasks.repo.grading import graded_paths
@@ -109,7 +110,7 @@ def read_requirements(path: str | Path | None) -> dict[str, tuple[str, ...]]:
     if path is None:
         return {}
     try:
-        data = yaml.safe_load(Path(path).read_text())  # JSON is YAML
+        data = load_yaml(Path(path).read_text())  # JSON is YAML
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
         raise UsageError(f"requirements {path} cannot be read: {str(e).splitlines()[0]}") from None
     if not isinstance(data, dict):

@@ -76,6 +76,19 @@ def test_overrides_use_dotted_paths_and_yaml_values(tmp_path):
         load_config(tmp_path / "missing.yaml")
 
 
+def test_on_off_yes_no_are_words_where_a_word_is_meant_and_booleans_where_a_bool_is(tmp_path):
+    # YAML 1.1 reads `off` as False: `is_mode: off` was refused with a message naming 'off'
+    from launcher.train_command import _overrides
+
+    text = "run: x\ntasks:\n  suites: [{generate: calc}]\nalgorithm: {is_mode: off}\ntrain: {stream: on}\n"
+    cfg = load_config(_write(tmp_path, text))
+    assert cfg.algorithm.is_mode == "off" and cfg.train.stream is True
+    sets = _overrides(["algorithm.is_mode=off", "train.stream=no", "train.gradient_checkpointing=yes"])
+    cfg = load_config(_write(tmp_path, "run: x\ntasks:\n  suites: [{generate: calc}]\n"), sets)
+    assert cfg.algorithm.is_mode == "off" and not cfg.train.stream
+    assert cfg.train.gradient_checkpointing is True
+
+
 def test_model_name_is_shorthand_for_the_model_section(tmp_path):
     """``model: NAME`` names the model alone, in pqrl train as in pqrl sft; --set still reaches the
     section's other fields, and the section's checks still hold."""
