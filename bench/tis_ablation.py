@@ -6,7 +6,10 @@ vLLM samples with its own bfloat16 kernels, so its logprobs differ from the trai
 that difference is the mismatch the weight ``min(pi_prox / pi_behavior, C)`` corrects. Per arm
 and seed the job runs ``pqrl train CONFIG`` with ``services.engine=vllm`` and the seeds of the
 task sampler, the trainer and the sampling (``tasks.seed``, ``seed``, ``rollout.seed``) set to the
-seed, so the two arms' first batches are the same requests. Reported per arm: the learning curve
+seed, so the two arms' first batches are the same requests. ``rollout.max_staleness`` is 0 unless
+``--set`` says otherwise: every token then comes from the weights being trained, so the weight
+corrects the engine's numerics alone (with stale tokens it also corrects staleness, and the job
+reports the mismatch on current tokens only). Reported per arm: the learning curve
 (reward per step), the mismatch per step (``offpolicy/mismatch_kl``, the weights' mean and max
 and the fraction capped; the job logs them in both arms, in the off arm as the weights that would
 have applied), and greedy pass@1 on ``--eval-tasks`` held-out tasks (served by a fresh built-in
@@ -69,22 +72,26 @@ def main() -> None:
     ap.add_argument("--minutes", type=float, default=20.0, help="wall-clock budget of each job")
     ap.add_argument("--eval-tasks", type=int, default=96)
     ap.add_argument("--engine", default="vllm", help="services.engine of the jobs (builtin: the control)")
+    ap.add_argument("--set", action="append", default=None, metavar="FIELD=VALUE",
+                    help="config overrides for every job (default: rollout.max_staleness=0)")  # fmt: skip
     ap.add_argument("--output-dir", default=str(ROOT / "runs" / "bench_tis"))
     ap.add_argument("--out", help="also append the JSON line to this file")
     args = ap.parse_args()
 
     seeds = [int(s) for s in args.seeds.split(",")]
+    extra = args.set if args.set is not None else ["rollout.max_staleness=0"]
     cfg = load_config(args.config)
     suite = held_out(cfg, args.eval_tasks)
     header = {"command": " ".join(["python", *sys.argv]), "commit": short_commit(ROOT),
-              "load_at_start": [round(x, 2) for x in os.getloadavg()], "cpus": os.cpu_count()}  # fmt: skip
+              "load_at_start": [round(x, 2) for x in os.getloadavg()], "cpus": os.cpu_count(),
+              "engine": args.engine}  # fmt: skip
     print(json.dumps(header), file=sys.stderr)
     base = greedy_pass(suite, cfg.model.name, cfg, "base")
     runs, solved = [], {arm: {} for arm in ARMS}
     for seed in seeds:
         for arm, mode in ARMS.items():
             sets = [f"services.engine={args.engine}", f"algorithm.is_mode={mode}",
-                    f"tasks.seed={seed}", f"seed={seed}", f"rollout.seed={seed}"]  # fmt: skip
+                    f"tasks.seed={seed}", f"seed={seed}", f"rollout.seed={seed}", *extra]  # fmt: skip
             out = Path(args.output_dir) / f"{arm}-seed{seed}"
             summary, run_dir, final, minutes = train(args.config, str(out), steps=args.steps,
                                                      minutes=args.minutes, sets=sets)  # fmt: skip
@@ -100,7 +107,7 @@ def main() -> None:
             print(json.dumps(runs[-1]), file=sys.stderr)
     base_all = {f"{s}:{k}": v for s in seeds for k, v in base.items()}
     result = {
-        "header": header | {"load_at_end": [round(x, 2) for x in os.getloadavg()], "engine": args.engine},
+        "header": header | {"load_at_end": [round(x, 2) for x in os.getloadavg()], "sets": extra},
         "pass_base": round(sum(base.values()) / len(base), 4),
         "arms": {
             arm: {"pass_after": round(sum(s.values()) / len(s), 4), "vs_base": paired(base_all, s)}
