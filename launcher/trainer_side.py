@@ -123,16 +123,16 @@ class _Run:
         await self._write_manifest()
         await self._resume_or_open_gate(resumed=resumed)
         self.phases["start-up"] = time.monotonic() - self.job.started
-        # the first step's groups generate while the held-out suite is evaluated: the engine batches
-        # both episodes, and the weights change only when that step trains, after the evaluation
-        await self._start_rollouts()
         first_step = self.trainer.state.step
+        if self.eval_suite is not None and first_step == 0:
+            # alone on the engine: batched beside the first step's sampled episodes, its greedy ones
+            # come out differently (the products vary with the batch); one engine thread does both
+            with self._timed("eval before"):
+                before = await self._evaluate(0)
+            if before is not None:
+                evals["before"] = before
+        await self._start_rollouts()
         try:
-            if self.eval_suite is not None and first_step == 0:
-                with self._timed("eval before"):
-                    before = await self._evaluate(0)
-                if before is not None:
-                    evals["before"] = before
             with self._timed("steps"):
                 await self._steps(time.monotonic())
         except PqrlError as e:  # a permanent fault of the rollout side: summarised, then raised
