@@ -14,6 +14,10 @@ A variant is ``name=`` followed by comma-free ``field=value`` overrides joined b
 ``--baseline-commit C`` each variant also runs on commit C's code (a git worktree; ``C:name``),
 alternated with this tree's. Prints one JSON line per run, then a summary: per variant the medians
 and the ratios to the first variant (to ``C:name`` for ``name`` with a baseline).
+
+``minutes`` is the job's summary figure: in rows with ``phase_s`` (the job's seconds by phase) it
+counts from the command's start; in older rows, without it, from the first step's start (after
+start-up and the "before" evaluation).
 """
 
 from __future__ import annotations
@@ -93,6 +97,7 @@ def run(name: str, overrides: list[str], tree: Path = ROOT) -> dict:
                 {k: m.get(k) for k in ("step", "perf/forward_tokens", "perf/micro_batches", "perf/step_s")}
             )
     return {"variant": name, "overrides": overrides, "minutes": summary["minutes"],
+            "phase_s": summary.get("phase_s"),
             "wall_minutes": round((time.time() - t0) / 60, 2), "eval_after": summary["eval_after"],
             "job_peak_mib": job, "engine_peak_mib": engine, "steps": steps,
             "job_rss_by_step": [list(by_step[k]) for k in sorted(by_step)]}  # fmt: skip

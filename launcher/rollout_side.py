@@ -31,10 +31,12 @@ class Job:
         quiet: bool,
         ctx: Any = None,
         fresh: bool = False,
+        started: float | None = None,
     ) -> None:
         from trainer.distributed import DistContext
 
         self.cfg, self.services, self.role, self.quiet, self.fresh = cfg, services, role, quiet, fresh
+        self.started = time.monotonic() if started is None else started  # the command's start
         self.ctx = ctx or DistContext()
         self.stopping = asyncio.Event()  # first Ctrl-C: finish the step, checkpoint, stop
         self.hurry = asyncio.Event()  # second: give up the step in progress too (see _on_signal)

@@ -22,6 +22,7 @@ import os
 import shutil
 import signal
 import sys
+import time
 from typing import Any
 
 import yaml
@@ -108,6 +109,7 @@ def _service_overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def train_command(args: argparse.Namespace) -> int:
+    args.started = time.monotonic()  # the job's time counts from here: services start-up included
     if args.explain:
         print(explain_markdown() if args.markdown else "\n".join(explain_lines()) + "\n", end="")
         return 0
@@ -170,7 +172,8 @@ def _rank(cfg: TrainConfig, args: argparse.Namespace, ctx: Any) -> int:
 
     try:
         with job_services(cfg, quiet=args.quiet) as services:
-            how = {"role": args.role, "quiet": args.quiet, "ctx": ctx, "fresh": args.fresh}
+            how = {"role": args.role, "quiet": args.quiet, "ctx": ctx, "fresh": args.fresh,
+                   "started": args.started}  # fmt: skip
             try:
                 summary = asyncio.run(_run_job(cfg, services, **how))
             finally:
@@ -194,10 +197,16 @@ async def _run_job(cfg: TrainConfig, services: dict[str, Any], **how: Any) -> di
     from launcher.trainer_side import train
 
     job = Job(cfg, services, **how)
+    building = None
+    if job.role != "rollout" and not job.ctx.distributed:  # while the engine starts, in its own process
+        from launcher.trainer_build import build_trainer
+
+        building = asyncio.ensure_future(asyncio.to_thread(build_trainer, cfg, job.ctx))
+        building.add_done_callback(lambda f: f.cancelled() or f.exception())  # raised where awaited
 
     async def work() -> dict[str, Any]:
         async with job:
-            return await job.rollout_only() if job.role == "rollout" else await train(job)
+            return await job.rollout_only() if job.role == "rollout" else await train(job, building)
 
     task = asyncio.ensure_future(work())
     children = services.get("children")

@@ -14,12 +14,13 @@ import re
 import shutil
 import sys
 import time
+from collections.abc import Awaitable
 from typing import Any
 
 from launcher.jobconfig import loop_config
 from launcher.ram_weights import model_bytes, ram_weights_dir
 from launcher.rollout_side import Job
-from launcher.trainer_build import build_trainer
+from launcher.trainer_build import TrainerParts, build_trainer
 from pqrl.errors import PqrlError
 from pqrl.redis_server import free_port
 
@@ -27,13 +28,18 @@ __all__ = ["train"]
 
 log = logging.getLogger("pqrl.train")
 
+# the job's phases, in order ("steps" includes "checkpoints in steps"): the summary's ``phase_s``
+PHASES = ("start-up", "eval before", "steps", "checkpoints in steps", "wind-down", "eval after",
+          "last checkpoint")  # fmt: skip
 
-async def train(job: Job) -> dict[str, Any]:
-    """Role ``all`` or ``trainer``: the whole run on this side, to its summary."""
+
+async def train(job: Job, building: Awaitable[TrainerParts] | None = None) -> dict[str, Any]:
+    """Role ``all`` or ``trainer``: the whole run on this side, to its summary; ``building``: the
+    trainer's parts, when they are already being built."""
     from trainer.loop import TrainerLoop
     from trainer.ranks import Leader
 
-    parts = build_trainer(job.cfg, job.ctx)
+    parts = await building if building is not None else build_trainer(job.cfg, job.ctx)
     if parts.latest is not None:
         log.info("loaded checkpoint %s", parts.latest)
     leader = Leader(job.ctx) if job.ctx.distributed else None
@@ -57,6 +63,8 @@ async def train(job: Job) -> dict[str, Any]:
     try:
         return await run.run(resumed=parts.latest is not None)
     finally:
+        with contextlib.suppress(Exception):  # failed before waiting for it: what was trained is kept
+            await run.last_checkpoint()
         if run.trackers is not None:  # closed already unless the run failed; then its service too
             run.trackers.close()
         await asyncio.to_thread(trainer.close)  # the rollout log's last step
@@ -105,6 +113,8 @@ class _Run:
         self.fault: PqrlError | None = None  # a permanent fault that ended it
         self.stopped_by: str | None = None  # "time budget" when max_time_min ended it
         self.trackers: Any = None  # opened with the manifest
+        self.phases = dict.fromkeys(PHASES, 0.0)  # seconds of the job by phase
+        self.checkpointing: asyncio.Task[None] | None = None  # the last step's, beside what follows it
 
     async def run(self, *, resumed: bool) -> dict[str, Any]:
         from trainer.metrics import plot_curves
@@ -112,19 +122,25 @@ class _Run:
         evals = self.job.evals
         await self._write_manifest()
         await self._resume_or_open_gate(resumed=resumed)
-        if self.eval_suite is not None and self.trainer.state.step == 0:
-            before = await self._evaluate(0)
+        self.phases["start-up"] = time.monotonic() - self.job.started
+        first_step = self.trainer.state.step
+        if self.eval_suite is not None and first_step == 0:
+            # alone on the engine: batched beside the first step's sampled episodes, its greedy ones
+            # come out differently (the products vary with the batch); one engine thread does both
+            with self._timed("eval before"):
+                before = await self._evaluate(0)
             if before is not None:
                 evals["before"] = before
         await self._start_rollouts()
-        started, first_step = time.monotonic(), self.trainer.state.step
         try:
-            await self._steps(started)
+            with self._timed("steps"):
+                await self._steps(time.monotonic())
         except PqrlError as e:  # a permanent fault of the rollout side: summarised, then raised
             self.fault = e
             log.error("%s", e.line())
         finally:
-            await self._wind_down()
+            with self._timed("wind-down"):
+                await self._wind_down()
         if self.leader is not None:
             await asyncio.to_thread(self.leader.stop)  # the other ranks' work is done
         if self.eval_suite is not None and self.fault is not None:
@@ -135,9 +151,12 @@ class _Run:
             log.warning("stopped at step %d: final evaluation skipped; run the same command again to "
                      "resume, and it runs when the job finishes", self.trainer.state.step)  # fmt: skip
         elif self.eval_suite is not None:
-            after = await self._evaluate(self.trainer.state.step)
+            with self._timed("eval after"):
+                after = await self._evaluate(self.trainer.state.step)
             if after is not None:
                 evals["after"] = after
+        with self._timed("last checkpoint"):  # what of it the evaluation did not hide
+            await self.last_checkpoint()
         self.writer.close()
         self.trackers.close()
         png = plot_curves(self.writer.path, self.cfg.run_dir / "curves.png")
@@ -147,11 +166,13 @@ class _Run:
             "steps": self.trainer.state.step,
             "updates": self.trainer.state.step - first_step,  # optimizer steps taken by this process
             "policy_version": self.trainer.state.policy_version,
-            "minutes": round((time.monotonic() - started) / 60, 2),
+            "minutes": round((time.monotonic() - self.job.started) / 60, 2),  # the job's, from its start
             "metrics": str(self.writer.path),
             "plot": str(png),
         }
         summary |= self._ending()
+        summary["phase_s"] = {k: round(v, 1) for k, v in self.phases.items()}
+        log.info("time by phase: %s", ", ".join(f"{k} {v:.1f} s" for k, v in self.phases.items()))
         manager = self.job.manager
         if manager is not None and manager.stats.tasks_dead_lettered:
             summary["dead_tasks"] = manager.stats.tasks_dead_lettered
@@ -223,13 +244,12 @@ class _Run:
                 if "rollout/reward_mean" in last:
                     self.rewards.append(last["rollout/reward_mean"])
                 timeout = deadline is not None and time.monotonic() > deadline
-                if (
-                    step % cfg.checkpoint.every == 0
-                    or step == t.steps
-                    or timeout
-                    or self.job.stopping.is_set()
-                ):
-                    await self._checkpoint()
+                last_one = step >= t.steps or timeout or self.job.stopping.is_set()
+                if last_one and self.leader is None:  # written while the job winds down and evaluates
+                    self.checkpointing = asyncio.create_task(self._checkpoint())
+                elif last_one or step % cfg.checkpoint.every == 0:
+                    with self._timed("checkpoints in steps"):
+                        await self._checkpoint()
                 await self._report(last)
                 bar.update(1)
                 reward = last.get("rollout/reward_mean", 0)
@@ -284,14 +304,32 @@ class _Run:
     async def _checkpoint(self) -> None:
         await self.trainer.checkpoint(sampler_position=await self.store.sampler.position())
 
+    async def last_checkpoint(self) -> None:
+        """Waits for the checkpoint of the last step when it is still being written."""
+        task, self.checkpointing = self.checkpointing, None
+        if task is not None:
+            await task
+
+    @contextlib.contextmanager
+    def _timed(self, phase: str) -> Any:
+        t0 = time.monotonic()
+        try:
+            yield
+        finally:
+            self.phases[phase] += time.monotonic() - t0
+
     async def _wind_down(self) -> None:
         # stopped mid-interval (error or signal): keep nothing unsaved. Not with other ranks: after
         # an error they may sit in another collective; the last checkpoint covers what was acked.
-        if self.trainer.state.unacked_entries and self.leader is None:
+        if self.checkpointing is None and self.trainer.state.unacked_entries and self.leader is None:
             with contextlib.suppress(Exception):
                 await self._checkpoint()
         manager = self.job.manager
-        if manager is not None:
+        if manager is not None and self.trainer.state.step >= self.cfg.train.steps:
+            # the budget is trained: a group in flight could only serve a longer run, which generates
+            # its own from its newer policy (the task goes back to the queue when the run resumes)
+            manager.abandon()
+        elif manager is not None:
             manager.stop()
         if self.rollout_task is not None:
             # the groups in flight finish (up to 2 minutes), unless the user asked to stop at once:

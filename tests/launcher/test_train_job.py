@@ -56,6 +56,13 @@ def test_embedded_job_trains_checkpoints_evaluates_and_resumes(tmp_path):
     first = _train(config)
     run = tmp_path / "runs" / "e2e"
     assert first["steps"] == 1 and 0.0 <= first["eval_before"] <= 1.0 and "eval_after" in first
+    # the job's time by phase, in order; ``minutes`` counts from the command's start, so covers them
+    phases = first["phase_s"]
+    assert list(phases) == ["start-up", "eval before", "steps", "checkpoints in steps", "wind-down",
+                            "eval after", "last checkpoint"], phases  # fmt: skip
+    assert phases["checkpoints in steps"] == 0.0, "the last step's checkpoint: beside the evaluation"
+    spent = sum(v for k, v in phases.items() if k != "checkpoints in steps")
+    assert 0 < spent <= first["minutes"] * 60 + 1, (phases, first["minutes"])
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     train_rows = [r for r in rows if "rollout/groups" in r]
     # dynamic sampling reads past signal-free groups: 1 group, up to 15 extra reads
@@ -90,6 +97,7 @@ def test_embedded_job_trains_checkpoints_evaluates_and_resumes(tmp_path):
     groups = state["trained_groups"]
     assert state["step"] == 2 and 2 <= len(groups) <= 8 and len(set(groups)) == len(groups)
     assert "eval_before" not in second, "a resumed run does not evaluate the start again"
+    assert second["phase_s"]["eval before"] == 0.0 and second["phase_s"]["steps"] > 0
 
 
 @pytest.mark.timeout(900)
