@@ -98,7 +98,8 @@ def run(name: str, overrides: list[str], tree: Path = ROOT) -> dict:
             )
     return {"variant": name, "overrides": overrides, "minutes": summary["minutes"],
             "phase_s": summary.get("phase_s"),
-            "wall_minutes": round((time.time() - t0) / 60, 2), "eval_after": summary["eval_after"],
+            "wall_minutes": round((time.time() - t0) / 60, 2), "eval_before": summary.get("eval_before"),
+            "eval_after": summary["eval_after"],
             "job_peak_mib": job, "engine_peak_mib": engine, "steps": steps,
             "job_rss_by_step": [list(by_step[k]) for k in sorted(by_step)]}  # fmt: skip
 
