@@ -27,7 +27,8 @@ pqrl's .venv is not touched). Prints and appends to bench/results/grpo_peer_cpu.
 pqrl/TRL of the step time. A round takes about 3 minutes on an idle 2-core AVX512-BF16 machine at
 ``--steps 6`` (TRL's step is the longer one); under load, much more.
 
-    python bench/grpo_peer.py [--steps 6] [--rounds 1] [--threads N] [--log FILE]
+    python bench/grpo_peer.py [--steps 6] [--rounds 1] [--first trl] [--threads N] [--log FILE]
+                              [--min-available-gb 0.5] [--note TEXT]
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import asyncio
 import hashlib
 import json
 import os
+import resource
 import shlex
 import statistics
 import subprocess
@@ -163,8 +165,10 @@ def pqrl_side(args: argparse.Namespace, variant: str) -> dict[str, Any]:
     ns = argparse.Namespace(steps=args.steps, engine_threads=args.threads, trainer_threads=args.threads,
                             weights_dir=args.weights_dir, sync_only=True)  # fmt: skip
     r = asyncio.run(grpo_step._variant(ns, variant, ROOT))
+    r["trainer_peak_rss_gib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)
     keys = ("cpu_autocast", "gradient_checkpointing", "generate_s", "train_s", "weight_sync_s",
-            "generated_tokens_per_step", "mismatch_kl", "engine_prefill_tokens")  # fmt: skip
+            "generated_tokens_per_step", "mismatch_kl", "engine_prefill_tokens",
+            "trainer_peak_rss_gib")  # fmt: skip
     return {"variant": variant, "step_s": r["sync_step_s"], "steps": args.steps} | {k: r.get(k) for k in keys}
 
 
@@ -182,6 +186,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=6, help="timed steps after one warm-up step, each side")
     ap.add_argument("--rounds", type=int, default=1, help="runs of both sides, alternating which goes first")
+    ap.add_argument("--first", choices=("trl", "pqrl"), default="trl", help="the side that starts round 0")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--weights-dir", default=grpo_step._default_weights_parent())
     ap.add_argument("--min-available-gb", type=float, default=0.5,
@@ -206,7 +211,8 @@ def main() -> None:
     print(header, flush=True)
     lines, trl, pq = [header], [], []
     for r in range(args.rounds):
-        for side in ("trl", "pqrl") if r % 2 == 0 else ("pqrl", "trl"):
+        order = ("trl", "pqrl") if args.first == "trl" else ("pqrl", "trl")
+        for side in order if r % 2 == 0 else order[::-1]:
             res = trl_side(python, spec, args.min_available_gb) if side == "trl" else pqrl_side(args, variant)
             (trl if side == "trl" else pq).append(res)
             lines.append(json.dumps({"round": r, "side": side} | res))
