@@ -146,7 +146,8 @@ def trl_side(python: Path, spec: dict[str, Any], min_available_gb: float) -> dic
     steps, info = lines[1:-1], lines[-1]  # the warm-up step left out
     versions = {k: info[k] for k in ("trl", "transformers", "torch")}
     return summary_trl(steps) | {"peak_rss_gib": round(peak, 2), "threads": info["threads"],
-                                 "bf16_autocast": info["bf16"], "versions": versions}  # fmt: skip
+                                 "bf16_autocast": info["bf16"], "versions": versions,
+                                 "gradient_checkpointing": info["checkpointing"]}  # fmt: skip
 
 
 def summary_trl(steps: list[dict[str, float]]) -> dict[str, Any]:

@@ -106,6 +106,7 @@ def main() -> None:
             return out
 
     step_times: list[float] = []
+    checkpointing: list[bool] = []  # whether the model recomputed activations, each step
 
     class StepTimer(TrainerCallback):  # type: ignore[misc]
         def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
@@ -113,6 +114,7 @@ def main() -> None:
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             step_times.append(time.perf_counter() - self.t0)
+            checkpointing.append(kw["model"].is_activation_checkpointing)
 
     with tempfile.TemporaryDirectory() as out:
         kwargs = grpo_kwargs(prompts_per_step=spec["prompts_per_step"], generations=spec["generations"],
@@ -134,7 +136,8 @@ def main() -> None:
         print(json.dumps({"step_s": round(s, 3), "generate_s": round(g, 3), "completion_tokens": n}))
     versions = {"trl": trl.__version__, "transformers": transformers.__version__, "torch": torch.__version__}
     config = {k: v for k, v in kwargs.items() if k != "output_dir"}
-    print(json.dumps(versions | {"threads": torch.get_num_threads(), "bf16": spec["bf16"], "config": config}))
+    info = {"threads": torch.get_num_threads(), "bf16": spec["bf16"], "checkpointing": all(checkpointing)}
+    print(json.dumps(versions | info | {"config": config}))
     sys.stdout.flush()
 
 
