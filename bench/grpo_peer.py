@@ -24,8 +24,9 @@ thread count of each side (pqrl's engine and trainer both, which never run at on
 The first run installs TRL_REQUIREMENTS into ``$PQRL_CACHE/venvs/trl-*`` (about 1 GB, a few minutes;
 pqrl's .venv is not touched). Prints and appends to bench/results/grpo_peer_cpu.log a header
 (command, commit, load, CPU) and a JSON line per side per round, then the medians and the ratio
-pqrl/TRL of the step time. A round takes about 3 minutes on an idle 2-core AVX512-BF16 machine at
-``--steps 6`` (TRL's step is the longer one); under load, much more.
+pqrl/TRL of the step time. On a 2-core AVX512-BF16 machine a round at ``--steps 6`` took about 6
+minutes (TRL's 7 steps of about 30 s, pqrl's of about 7 s, the engine's start), ``--rounds 2`` 13
+minutes; TRL's process peaked near 9 GiB, so leave that much memory free.
 
     python bench/grpo_peer.py [--steps 6] [--rounds 1] [--first trl] [--threads N] [--log FILE]
                               [--min-available-gb 0.5] [--note TEXT]
@@ -166,6 +167,7 @@ def pqrl_side(args: argparse.Namespace, variant: str) -> dict[str, Any]:
     ns = argparse.Namespace(steps=args.steps, engine_threads=args.threads, trainer_threads=args.threads,
                             weights_dir=args.weights_dir, sync_only=True)  # fmt: skip
     r = asyncio.run(grpo_step._variant(ns, variant, ROOT))
+    # this process's peak so far: the first pqrl round's is the trainer's (TRL runs in a child)
     r["trainer_peak_rss_gib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)
     keys = ("cpu_autocast", "gradient_checkpointing", "generate_s", "train_s", "weight_sync_s",
             "generated_tokens_per_step", "mismatch_kl", "engine_prefill_tokens",
@@ -218,10 +220,11 @@ def main() -> None:
             (trl if side == "trl" else pq).append(res)
             lines.append(json.dumps({"round": r, "side": side} | res))
             print(lines[-1], flush=True)
-    trl_s = statistics.median(x["step_s"] for x in trl)
-    pq_s = statistics.median(x["step_s"] for x in pq)
+    trl_s = round(statistics.median(x["step_s"] for x in trl), 2)
+    pq_s = round(statistics.median(x["step_s"] for x in pq), 2)
     lines.append(json.dumps({
         "pqrl_step_s": pq_s, "trl_step_s": trl_s, "ratio_pqrl_over_trl": round(pq_s / trl_s, 3),
+        "ratio_by_round": [round(p["step_s"] / t["step_s"], 3) for p, t in zip(pq, trl, strict=True)],
         "rounds": args.rounds, "steps": args.steps, "threads": args.threads,
         "load_after": " ".join(f"{x:.2f}" for x in os.getloadavg()),
     }))  # fmt: skip
