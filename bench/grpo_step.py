@@ -11,7 +11,7 @@ does not depend on which episodes earned what).
 
     sync:  generate 2 groups, then train on them, then push the weights; ``--steps`` times.
     async: the next step's groups are generated while this step trains and pushes (one version of
-           staleness, the quickstart's ``max_staleness``); the mean time per step.
+           staleness, the quickstart's ``max_staleness``); the mean time per step (``--sync-only``: not run).
 
 The variants named by ``--variants`` run in the same run, one after the other, the first being the
 baseline (its engine served from ``--baseline-engine-commit``'s checkout when given, so one variant
@@ -33,7 +33,7 @@ variant's ``sync_step_s``, ``async_step_s``, ``generate_s``, ``train_s``, ``weig
 ``generate_tok_s``, with the ratios of the baseline to it.
 
     python bench/grpo_step.py [--steps 3] [--engine-threads 1] [--trainer-threads 1]
-                              [--variants no_sharing,sharing] [--weights-dir DIR]
+                              [--variants no_sharing,sharing] [--weights-dir DIR] [--sync-only]
                               [--baseline-engine-commit C]
 """
 
@@ -152,6 +152,19 @@ class Step:
         return time.perf_counter() - t0
 
 
+async def _overlapped(step: Step, steps: int) -> float:
+    """Mean seconds a step when the next step's groups are generated while this one trains."""
+    t0 = time.perf_counter()
+    pending = asyncio.ensure_future(step.generate())
+    for s in range(steps):
+        groups = (await pending)[0]
+        if s + 1 < steps:
+            pending = asyncio.ensure_future(step.generate())
+        await step.train(groups)
+        await step.push()
+    return round((time.perf_counter() - t0) / steps, 2)
+
+
 async def _variant(args: argparse.Namespace, name: str, engine_root: Path) -> dict[str, Any]:
     import torch
 
@@ -182,15 +195,7 @@ async def _variant(args: argparse.Namespace, name: str, engine_root: Path) -> di
                     tok += n
                     train.append(await step.train(groups))
                     push.append(await step.push())
-                t0 = time.perf_counter()
-                pending = asyncio.ensure_future(step.generate())
-                for s in range(args.steps):  # overlapped: generate the next step while this one trains
-                    groups = (await pending)[0]
-                    if s + 1 < args.steps:
-                        pending = asyncio.ensure_future(step.generate())
-                    await step.train(groups)
-                    await step.push()
-                async_step_s = (time.perf_counter() - t0) / args.steps
+                async_step_s = None if args.sync_only else await _overlapped(step, args.steps)
         stats = httpx.get(f"{url}/engine_stats", timeout=30).json()
     finally:
         proc.terminate()
@@ -200,11 +205,12 @@ async def _variant(args: argparse.Namespace, name: str, engine_root: Path) -> di
         "variant": name,
         **{k: getattr(step.step_cfg, k) for k in ("cpu_autocast", "gradient_checkpointing")},
         "sync_step_s": round(statistics.median(sync), 2),
-        "async_step_s": round(async_step_s, 2),
+        "async_step_s": async_step_s,
         "generate_s": round(statistics.median(gen), 2),
         "train_s": round(statistics.median(train), 2),
         "weight_sync_s": round(statistics.median(push), 2),
         "generate_tok_s": round(tok / sum(gen), 1),
+        "generated_tokens_per_step": round(tok / args.steps, 1),
         # engine vs trainer on the same weights, over every step trained (warm-up included)
         "mismatch_kl": round(statistics.mean(step.mismatch_kl), 5),
         "engine_prompt_tokens": stats.get("prompt_tokens"),
@@ -232,6 +238,7 @@ def main() -> None:
         default=_default_weights_parent(),
         help="where each push's checkpoint is written (default: RAM, as the quickstart)",
     )
+    ap.add_argument("--sync-only", action="store_true", help="skip the overlapped steps")
     ap.add_argument("--baseline-engine-commit", help="serve the first variant's engine from this commit")
     ap.add_argument("--variants", default="no_sharing,sharing", help=f"comma-separated: {sorted(VARIANTS)}")
     args = ap.parse_args()
@@ -246,6 +253,7 @@ def main() -> None:
             print(json.dumps(results[-1]), flush=True)
     old, new = results[0], results[-1]
     keys = ("sync_step_s", "async_step_s", "generate_s", "train_s", "weight_sync_s", "generate_tok_s")
+    keys = tuple(k for k in keys if new[k] is not None)
     ratios = {f"{k}_ratio_{old['variant']}": round(old[k] / new[k], 2) for k in keys}
     print(json.dumps({"variant": new["variant"]} | {k: new[k] for k in keys} | ratios
                      | {"steps": args.steps, "engine_threads": args.engine_threads,
