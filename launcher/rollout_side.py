@@ -12,6 +12,7 @@ import contextlib
 import logging
 import signal
 import time
+from collections.abc import Callable
 from typing import Any
 
 from launcher.jobconfig import TrainConfig, episode_config, manager_config, shared_settings
@@ -37,6 +38,8 @@ class Job:
 
         self.cfg, self.services, self.role, self.quiet, self.fresh = cfg, services, role, quiet, fresh
         self.started = time.monotonic() if started is None else started  # the command's start
+        self.on_store: Callable[[], Any] | None = None  # called once the store answers
+        self.prepared: Any = None  # what it returned
         self.ctx = ctx or DistContext()
         self.stopping = asyncio.Event()  # first Ctrl-C: finish the step, checkpoint, stop
         self.hurry = asyncio.Event()  # second: give up the step in progress too (see _on_signal)
@@ -62,6 +65,8 @@ class Job:
         try:
             await self.store.ping()
             await self._agree_on_settings()
+            if self.on_store is not None:
+                self.prepared = self.on_store()
             if self.services["engines"]:
                 await self._connect_engines()
             self.suites = [r.build() for r in cfg.tasks.suites]

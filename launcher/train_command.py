@@ -197,16 +197,21 @@ async def _run_job(cfg: TrainConfig, services: dict[str, Any], **how: Any) -> di
     from launcher.trainer_side import train
 
     job = Job(cfg, services, **how)
-    building = None
-    if job.role != "rollout" and not job.ctx.distributed:  # while the engine starts, in its own process
+    if job.role != "rollout" and not job.ctx.distributed:
+        # the trainer loads while the job waits for its engine, once the store has answered: a job
+        # that cannot reach Redis says so at once, without loading a model first
         from launcher.trainer_build import build_trainer
 
-        building = asyncio.ensure_future(asyncio.to_thread(build_trainer, cfg, job.ctx))
-        building.add_done_callback(lambda f: f.cancelled() or f.exception())  # raised where awaited
+        def start_building() -> asyncio.Future[Any]:
+            building = asyncio.ensure_future(asyncio.to_thread(build_trainer, cfg, job.ctx))
+            building.add_done_callback(lambda f: f.cancelled() or f.exception())  # raised where awaited
+            return building
+
+        job.on_store = start_building
 
     async def work() -> dict[str, Any]:
         async with job:
-            return await job.rollout_only() if job.role == "rollout" else await train(job, building)
+            return await job.rollout_only() if job.role == "rollout" else await train(job, job.prepared)
 
     task = asyncio.ensure_future(work())
     children = services.get("children")
