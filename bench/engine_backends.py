@@ -27,7 +27,6 @@ import json
 import math
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -37,7 +36,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.learning import short_commit  # noqa: E402
+from bench.learning import short_commit, tree_differs  # noqa: E402
 from engine.backends import engine_client  # noqa: E402
 from engine.client import SamplingParams  # noqa: E402
 from engine.vllm import vllm_python  # noqa: E402
@@ -135,10 +134,8 @@ def main() -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
-                           capture_output=True, text=True).stdout.strip()  # fmt: skip
     header = {"command": " ".join(["python", *sys.argv]), "commit": short_commit(ROOT),
-              "tree_differs_from_commit": bool(dirty), "load_at_start": os.getloadavg(),
+              "tree_differs_from_commit": tree_differs(ROOT), "load_at_start": os.getloadavg(),
               "cpus": os.cpu_count()}  # fmt: skip
     print(json.dumps(header), file=sys.stderr)
     prompts = prompt_ids()

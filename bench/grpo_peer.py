@@ -52,7 +52,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # before bench/, whose engine.py would shadow the engine package
 from bench import grpo_step  # noqa: E402
-from bench.learning import short_commit  # noqa: E402
+from bench.learning import short_commit, tree_differs  # noqa: E402
 
 TRL_REQUIREMENTS = ("torch==2.13.0", "trl==1.16.0", "transformers==5.25.0")  # torch pinned: the CPU build
 TRL_RECIPE = 1  # bump when the install steps change
@@ -205,9 +205,7 @@ def main() -> None:
             "threads": args.threads, "bf16": bf16, "prompts_per_step": grpo_step.GROUPS,
             "generations": grpo_step.G, "max_new_tokens": 48}  # fmt: skip
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
-                           capture_output=True, text=True).stdout.strip()  # fmt: skip
-    commit = short_commit(ROOT) + (" + uncommitted changes" if dirty else "")
+    commit = short_commit(ROOT) + (" + uncommitted changes" if tree_differs(ROOT) else "")
     header = (f"## {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC python bench/grpo_peer.py "
               f"{shlex.join(sys.argv[1:])}  (commit {commit}; "
               f"{cpu_line()}; load before {load}{'; ' + args.note if args.note else ''})")  # fmt: skip

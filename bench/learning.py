@@ -23,6 +23,12 @@ def short_commit(repo: Path) -> str:
                           capture_output=True, text=True).stdout.strip()  # fmt: skip
 
 
+def tree_differs(repo: Path) -> bool:
+    """Whether ``repo``'s tracked files differ from its commit (a figure then comes from neither)."""
+    return bool(subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True).stdout.strip())  # fmt: skip
+
+
 def held_out(cfg: Any, n: int) -> Any:
     """The config's eval suite with ``n`` tasks; refuses a seed that training also uses."""
     ref = cfg.eval.suite
