@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import pyarrow.parquet as pq
 import pytest
 import yaml
 
@@ -74,9 +75,11 @@ def test_a_search_job_reads_its_articles_from_the_retrieval_server(server, tmp_p
     ref = cfg["tasks"]["suites"][0]
     ref |= {"n": 16, "seed": 3}  # the questions of the served corpus
     ref["defaults"]["retriever_url"] = url
-    # groups of 8: about one episode in five searches at its first turn (examples/search.yaml)
-    cfg["rollout"] |= {"group_size": 8, "max_turns": 2, "max_new_tokens": 48, "seed": 0}
-    cfg["train"] |= {"steps": 1, "groups_per_step": 1, "max_extra_reads": 1, "warmup_steps": 0}
+    # Whether the base model searches first or guesses is decided mostly by the question (a group
+    # at 0.7 tends to search all or none), and which questions do varies with the CPU's numerics. So
+    # many questions in small groups, sampled at 1.0: about one episode in three searches.
+    cfg["rollout"] |= {"group_size": 2, "max_turns": 2, "max_new_tokens": 48, "seed": 0, "temperature": 1.0}
+    cfg["train"] |= {"steps": 2, "groups_per_step": 4, "max_extra_reads": 1, "warmup_steps": 0}
     cfg["checkpoint"] = {"every": 1}
     config = tmp_path / "job.yaml"
     config.write_text(yaml.safe_dump(cfg))
@@ -85,17 +88,24 @@ def test_a_search_job_reads_its_articles_from_the_retrieval_server(server, tmp_p
                        timeout=500)  # fmt: skip
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
     summary = json.loads(r.stdout.strip().splitlines()[-1])
-    assert summary["steps"] == 1 and summary["exit_code"] == 0 and summary["ended"].startswith("done")
+    assert summary["steps"] == 2 and summary["exit_code"] == 0 and summary["ended"].startswith("done")
     assert _processes_mentioning(tmp_path / "runs") == [], "the job left processes"
 
-    episodes = [t for g in asyncio.run(stored_groups(tmp_path / "runs" / run / "redis", run)) for t in g]
-    assert episodes and {t.env for t in episodes} == {"search-v1"}
-    assert all(0.0 <= t.reward <= 1.0 and "found" in t.reward_info for t in episodes)  # rewards produced
-    searches = [c for t in episodes for turn in t.turns for c in turn.tool_calls if c.name == "search"]
-    asked = [c for c in searches if c.status.value == "ok" and query_words(str(c.arguments.get("query", "")))]
-    served = httpx.get(f"{url}/healthz").json()
-    calls = [c for t in episodes for turn in t.turns for c in turn.tool_calls]
+    # every episode: those the steps read (the rollout log) and those still queued in the job's Redis
+    log = tmp_path / "runs" / run / "rollouts"
+    trained = [e for f in sorted(log.glob("step-*.parquet")) for e in pq.read_table(f).to_pylist()]
+    queued = [t for g in asyncio.run(stored_groups(tmp_path / "runs" / run / "redis", run)) for t in g]
+    episodes = [(e["env"], e["reward"], json.loads(e["reward_info"])) for e in trained]
+    episodes += [(t.env, t.reward, t.reward_info) for t in queued]
+    assert len(trained) >= 2 * 4 * 2 and {env for env, _, _ in episodes} == {"search-v1"}
+    assert all(0.0 <= reward <= 1.0 and "found" in info for _, reward, info in episodes)  # rewards produced
+    calls = [c for e in trained for turn in json.loads(e["turns"]) for c in turn["tool_calls"]]
+    calls += [{"name": c.name, "arguments": c.arguments, "status": c.status and c.status.value}
+              for t in queued for turn in t.turns for c in turn.tool_calls]  # fmt: skip
+    asked = [c for c in calls if c["name"] == "search" and c["status"] == "ok"
+             and query_words(str(c["arguments"].get("query", "")))]  # fmt: skip
     assert asked, f"no episode searched: {calls}"
-    # every search of the stored episodes asked the server (and those of groups already trimmed)
+    # every search of these episodes asked the server (groups dropped in flight may have asked more)
+    served = httpx.get(f"{url}/healthz").json()
     assert len(asked) <= served["queries"] == served["requests"], served
     assert _processes_mentioning(tmp_path / "runs") == [], "reading the episodes back left its Redis running"
