@@ -28,7 +28,7 @@ from pydantic import (
 )
 
 from agent_loop.config import MAX_FAILED_INFRA, EpisodeConfig, ManagerConfig
-from launcher.lora_config import check_lora_job
+from launcher.lora_config import check_lora_job, publishes_merged
 from launcher.model_section import ModelSection
 from launcher.precision import cpu_bfloat16
 from pqrl.settings import fields_of, type_name
@@ -254,6 +254,7 @@ TrainSection = _composed(
         LoopConfig,
         exclude=(
             "weights_dir",
+            "publish_merged",
             "ckpt_dir",
             "keep_checkpoints",
             "consumer",
@@ -379,7 +380,8 @@ def shared_settings(cfg: TrainConfig) -> dict[str, Any]:
 def loop_config(cfg: TrainConfig) -> LoopConfig:
     return _pick(LoopConfig, cfg.train, step=step_config(cfg), weights_dir=str(cfg.run_dir / "weights"),
                  ckpt_dir=str(cfg.run_dir / "checkpoints"), keep_checkpoints=cfg.checkpoint.keep,
-                 manifest=str(cfg.run_dir / "manifest.json"), **_rollout_log(cfg))  # fmt: skip
+                 manifest=str(cfg.run_dir / "manifest.json"), publish_merged=publishes_merged(cfg),
+                 **_rollout_log(cfg))  # fmt: skip
 
 
 def _rollout_log(cfg: TrainConfig) -> dict[str, Any]:

@@ -54,6 +54,8 @@ async def train(job: Job, building: Awaitable[TrainerParts] | None = None) -> di
         shutil.rmtree(ram, ignore_errors=True)  # a crashed earlier process's
         loop = dataclasses.replace(loop, weights_dir=str(ram))
         log.info("published weights go to %s (RAM; removed when the job ends)", ram)
+    if loop.publish_merged:
+        log.info("weight syncs carry whole weights, the adapter merged (model.lora.publish)")
     trainer = TrainerLoop(
         parts.model, parts.optimizer, job.store, job.engine, loop, tokenizer=parts.tokenizer,
         scheduler=parts.scheduler, state=parts.state, ref_model=parts.ref_model, critic=parts.critic,

@@ -159,6 +159,9 @@ class LoopConfig(Settings):
     keep_weights: int = setting(2, "published weight directories kept on disk", ge=1)
     read_block_ms: int = setting(1000, "how long one read of the stream blocks", ge=1)
     weights_dir: str = setting("runs/weights", "where published weights are saved")
+    publish_merged: bool = setting(
+        False, "a LoRA model's published weights are whole, its adapter merged (else the adapter alone)"
+    )
     ckpt_dir: str | None = setting(
         None, "checkpoints; empty: acknowledge each step's groups at once (no resume)"
     )

@@ -109,7 +109,11 @@ class TrainerLoop:
         self.state = state or CheckpointState()
         # default: save to disk and have the engines load it (None: save only)
         self.sync: WeightSync = sync or DiskWeightSync(
-            engine, self.cfg.weights_dir, keep=self.cfg.keep_weights, tokenizer=tokenizer
+            engine,
+            self.cfg.weights_dir,
+            keep=self.cfg.keep_weights,
+            tokenizer=tokenizer,
+            merged=self.cfg.publish_merged,
         )
         self._redelivered: list[GroupEntry] | None = None  # own pending groups, read once
         self._gathered: WholeModel | None = None  # sharded: the weights last published, until they change

@@ -5,6 +5,8 @@ step runs unchanged; only the adapters' parameters require grad.
 An adapter leaves this process in PEFT's format, a directory of ``adapter_config.json`` and
 ``adapter_model.safetensors``: checkpoints (``save_weights``) and disk weight syncs alike. The
 built-in engine merges it into its base weights (``engine.lora_merge``); PEFT and SGLang load it too.
+Engines that load whole weights only (vLLM, SGLang's ``/update_weights_from_disk``) are sent the
+merged weights instead (``save_weights(merged=True)``), computed beside the live model.
 The reference model of the KL term is the same model with its adapters switched off (``base_only``),
 no second copy.
 """
@@ -112,11 +114,33 @@ def adapter_bytes(model: Any) -> int:
     return sum(p.numel() * p.element_size() for n, p in model.named_parameters() if ".lora_" in n)
 
 
-def save_weights(model: Any, path: str | Path) -> None:
-    """``model``'s published form: its adapter in PEFT's format when it has one, else the whole
-    model (``save_pretrained``)."""
+def _merged_state(model: Any) -> dict[str, torch.Tensor]:
+    """``model``'s whole weights with its adapters merged, under the base model's own names: each
+    targeted ``W0 + (alpha/r) B A``, summed in float32 in a new tensor, so the live model (and the
+    frozen base it keeps training against) is unchanged."""
+    layers = {id(m) for m in _lora_layers(model)}
+    deltas = {name: m for name, m in model.named_modules() if id(m) in layers}
+    state: dict[str, torch.Tensor] = {}
+    with torch.no_grad():
+        for key, t in model.state_dict().items():
+            if ".lora_" in key:
+                continue
+            name = key.replace(".base_layer.", ".")
+            owner, _, leaf = name.rpartition(".")
+            if leaf == "weight" and owner in deltas:
+                t = (t.float() + deltas[owner].get_delta_weight("default").float()).to(t.dtype)
+            state[name] = t
+    return state
+
+
+def save_weights(model: Any, path: str | Path, *, merged: bool = False) -> None:
+    """``model``'s published form: its adapter in PEFT's format when it has one (``merged``: its whole
+    weights with the adapter merged, which any engine loads), else the whole model (``save_pretrained``)."""
     if not is_lora(model):
         model.save_pretrained(path)
+        return
+    if merged:
+        model.save_pretrained(path, state_dict=_merged_state(model))
         return
     from safetensors.torch import save_file
 

@@ -5,8 +5,9 @@ engines abort in-flight generations at the swap and the client resumes them, so 
 stay exact. Nothing may change the parameters while a push runs (call it between optimizer steps).
 
 - ``DiskWeightSync``: save a Hugging Face checkpoint (a LoRA model's adapter only, which the built-in
-  engine merges into its base weights), then ``/update_weights_from_disk``. Engines must see the
-  directory.
+  engine merges into its base weights; with ``merged``, its whole weights with the adapter merged,
+  for engines that load whole weights only), then ``/update_weights_from_disk``. Engines must see
+  the directory.
 - ``DistributedWeightSync``: SGLang's NCCL path. The trainer is rank 0 of a process group of its own
   with every engine rank (``init``); ``push`` posts ``/update_weights_from_distributed`` with the
   parameters' names, dtypes and shapes while broadcasting each tensor, in that order. ``nccl`` between
@@ -62,12 +63,20 @@ class DiskWeightSync:
         weights_dir: where checkpoints go (engines must read it under the same path).
         keep: most recent checkpoints kept on disk.
         tokenizer: saved with each checkpoint when given.
+        merged: a LoRA model is saved whole with its adapter merged, not as the adapter alone.
     """
 
     def __init__(
-        self, client: EngineClient | None, weights_dir: str | Path, *, keep: int = 2, tokenizer: Any = None
+        self,
+        client: EngineClient | None,
+        weights_dir: str | Path,
+        *,
+        keep: int = 2,
+        tokenizer: Any = None,
+        merged: bool = False,
     ) -> None:
         self.client, self.weights_dir, self.keep, self.tokenizer = client, Path(weights_dir), keep, tokenizer
+        self.merged = merged
         self._saved: list[Path] = []
 
     def location(self, version: int) -> str:
@@ -85,7 +94,7 @@ class DiskWeightSync:
             shutil.rmtree(self._saved.pop(0), ignore_errors=True)
 
     def _save(self, model: Any, path: Path) -> None:
-        save_weights(model, path)  # a LoRA model's adapter only: the engines merge it into their base
+        save_weights(model, path, merged=self.merged)  # unmerged, a LoRA model's adapter only
         if self.tokenizer is not None:
             self.tokenizer.save_pretrained(path)
 

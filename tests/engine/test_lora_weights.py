@@ -200,3 +200,31 @@ def test_an_engine_started_from_a_lora_checkpoint_merges_later_adapters_into_the
     engine.load_weights(tmp_path / "v2")
     served = forced_logprobs(engine.model, prompt, ids)
     assert max_abs_diff(forced_logprobs(second, prompt, ids), served) < 1e-4, "W0 + d2, not W0 + d1 + d2"
+
+
+async def test_merged_weights_serve_as_the_adapted_model_and_leave_it_unchanged(tiny, tmp_path):
+    """``save_weights(merged=True)``, what engines that load whole weights only are sent: a plain
+    checkpoint (no adapter file, no PEFT names) that any engine serves as base + adapter, while the
+    trained model keeps its frozen base and its adapters exactly."""
+    _, base, tok, _ = tiny
+    model = _adapted(base, 11)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    save_weights(model, tmp_path / "merged", merged=True)
+    assert not (tmp_path / "merged" / "adapter_config.json").exists()
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items()), "saving changed the model"
+    from safetensors.torch import load_file
+
+    (weights,) = (tmp_path / "merged").glob("*.safetensors")
+    names = set(load_file(weights))
+    assert not any("lora_" in n or "base_layer" in n for n in names) and names <= set(base.state_dict())
+
+    prompt = chat_prompt(tok, "What is 2 + 3?")
+    fresh = BatchEngine(copy.deepcopy(base), tok, seed=0)  # its own: the module's engine keeps its base
+    with serve_in_thread(create_app(fresh)) as url:
+        async with EngineClient(url) as client:
+            await client.update_weights_from_disk(str(tmp_path / "merged"), 1)
+        ids, served = await _logprobs(url, prompt, 1)
+    assert not fresh.adapters.base, "served as whole weights, not as an adapter"
+    assert max_abs_diff(forced_logprobs(model, prompt, ids), served) < 1e-4
+    with base_only(model):
+        assert max_abs_diff(forced_logprobs(model, prompt, ids), served) > 1e-2, "the adapter is in them"

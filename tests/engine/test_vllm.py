@@ -96,8 +96,9 @@ def _far(a: list[float], b: list[float]) -> float:
     return max(abs(x - y) for x, y in zip(a, b, strict=True))
 
 
-def _job(tmp_path: Path) -> Path:
+def _job(tmp_path: Path, **model: object) -> Path:
     cfg = {
+        "model": model,
         "run": "vllm", "output_dir": str(tmp_path / "runs"),
         "tasks": {"suites": [{"generate": "calc", "level": 1, "n": 8, "shots": 2, "format_reward": 0.2}]},
         "rollout": {"group_size": 4, "max_turns": 1, "max_new_tokens": 32, "max_total_tokens": 1024,
@@ -205,8 +206,12 @@ def test_generation_weight_update_mid_generation_and_abort(vllm_url, tmp_path):
 
 
 @needs_vllm
-def test_a_job_with_a_vllm_engine_trains_and_updates_it(tmp_path):
-    cmd = [sys.executable, "-m", "launcher.cli", "train", str(_job(tmp_path)), "--quiet"]
+@pytest.mark.parametrize("lora", [None, {"rank": 8}], ids=["whole", "lora"])
+def test_a_job_with_a_vllm_engine_trains_and_updates_it(tmp_path, lora):
+    """A whole-model job, and a LoRA job whose syncs carry the adapter merged into whole weights
+    (``model.lora.publish: auto``): vLLM takes in both and serves them as the next version."""
+    config = _job(tmp_path, **({"lora": lora} if lora else {}))
+    cmd = [sys.executable, "-m", "launcher.cli", "train", str(config), "--quiet"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=1100)
     run = tmp_path / "runs" / "vllm"
     log = (run / "engine.log").read_text() if (run / "engine.log").exists() else ""
@@ -225,6 +230,9 @@ def test_a_job_with_a_vllm_engine_trains_and_updates_it(tmp_path):
     assert "Reloading weights inplace" in log, "the trained weights were pushed to vLLM"
     manifest = json.loads((run / "manifest.json").read_text())
     assert manifest["packages"]["vllm"] == "0.32.0" and manifest["config"]["services"]["engine"] == "vllm"
+    if lora:  # the run's checkpoint still holds the adapter alone; only the engine got whole weights
+        final = run / "checkpoints" / (run / "checkpoints" / "latest").read_text().strip() / "model"
+        assert (final / "adapter_config.json").is_file() and not (final / "config.json").exists()
     _assert_gone(log)
 
 

@@ -125,15 +125,16 @@ def test_a_bad_lora_config_is_one_line_and_exit_2(tmp_path, lora, message):
 
 
 @pytest.mark.parametrize(
-    ("services", "message"),
+    ("lora", "services", "message"),
     [
-        ({"weight_sync": {"method": "distributed"}}, "weight_sync.method: disk"),
-        ({"engine": "vllm"}, "services.engine: builtin"),  # vLLM would fail at the first sync
+        ({}, {"weight_sync": {"method": "distributed"}}, "weight_sync.method: disk"),
+        # vLLM loads whole weights: an adapter directory would fail at the first sync
+        ({"publish": "adapter"}, {"engine": "vllm"}, "set model.lora.publish: merged"),
     ],
 )
-def test_lora_with_what_cannot_take_an_adapter_is_refused(tmp_path, services, message):
+def test_lora_with_what_cannot_take_an_adapter_is_refused(tmp_path, lora, services, message):
     path = tmp_path / "job.yaml"
-    cfg = {"run": "r", "model": {"lora": {"rank": 4}}, "tasks": {"suites": [{"generate": "calc"}]},
+    cfg = {"run": "r", "model": {"lora": {"rank": 4} | lora}, "tasks": {"suites": [{"generate": "calc"}]},
            "services": services}  # fmt: skip
     path.write_text(yaml.safe_dump(cfg))
     out = subprocess.run(
