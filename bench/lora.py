@@ -11,7 +11,10 @@ over the trained parameters only) and pushes the weights as an embedded job does
 them; through /dev/shm when it has room). The first step is a warm-up (optimizer states, allocator)
 and is left out of the medians.
 
-    python bench/lora.py [--steps 3] [--variants full,lora]
+    python bench/lora.py [--steps 3] [--variants full,lora,lora_merged]
+
+``lora_merged`` is the LoRA run publishing whole weights with its adapter merged
+(``model.lora.publish: merged``, what vLLM and SGLang engines are sent).
 
 Prints one JSON line per variant (``train_s``, ``sync_s``, ``sync_bytes``, ``peak_rss_mib``,
 ``trained_params``), then the ratios of full fine-tuning to LoRA.
@@ -36,7 +39,8 @@ sys.path.insert(0, str(ROOT))  # before bench/, whose engine.py would shadow the
 from bench.grpo_step import Step, _default_weights_parent, _engine  # noqa: E402
 from bench.learning import short_commit  # noqa: E402
 
-CONFIGS = {"full": "quickstart.yaml", "lora": "quickstart_lora.yaml"}
+# lora_merged: the same LoRA run publishing whole merged weights, as it does to vLLM or SGLang
+CONFIGS = {"full": "quickstart.yaml", "lora": "quickstart_lora.yaml", "lora_merged": "quickstart_lora.yaml"}
 
 
 def _dir_bytes(path: Path) -> int:
@@ -76,6 +80,7 @@ async def _one(variant: str, steps: int, weights_parent: str | None) -> dict[str
                 step = Step(
                     cfg, engine, model, load_tokenizer(cfg.model.name), weights, {"max_staleness": 10**6}
                 )
+                step.sync.merged = variant == "lora_merged"
                 trained = [p for p in model.parameters() if p.requires_grad]
                 step.optimizer = adamw(trained, lr=cfg.train.lr)
                 groups, gen_s, _ = await step.generate()
@@ -108,7 +113,7 @@ def main() -> None:
     ap.add_argument(
         "--steps", type=int, default=3, help="train + sync rounds per variant (the first is a warm-up)"
     )
-    ap.add_argument("--variants", default="full,lora")
+    ap.add_argument("--variants", default="full,lora,lora_merged")
     ap.add_argument("--weights-dir", default=_default_weights_parent(), help="where pushes are written")
     ap.add_argument("--one", help=argparse.SUPPRESS)  # a variant, in this (fresh) process
     args = ap.parse_args()
@@ -133,6 +138,13 @@ def main() -> None:
         full, lora = results["full"], results["lora"]
         keys = ("train_s", "sync_s", "sync_bytes", "peak_rss_mib", "trained_params")
         print(json.dumps({f"{k}_full_over_lora": round(full[k] / lora[k], 2) for k in keys}))
+    if {"lora", "lora_merged"} <= set(results):
+        merged, lora = results["lora_merged"], results["lora"]
+        print(
+            json.dumps(
+                {f"{k}_merged_over_adapter": round(merged[k] / lora[k], 2) for k in ("sync_s", "sync_bytes")}
+            )
+        )
 
 
 if __name__ == "__main__":
