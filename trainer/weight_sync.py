@@ -88,7 +88,15 @@ class DiskWeightSync:
         if self.client is not None:
             # an engine that is down loads the run's weights when it is back (the rollout side sees
             # it serving an older version than the run's); one that answered and failed is an error
-            await self.client.update_weights_from_disk(str(path), version, skip_unreachable=True)
+            try:
+                await self.client.update_weights_from_disk(str(path), version, skip_unreachable=True)
+            except WeightUpdateFailed as e:
+                if not self.merged and is_lora(model):  # SGLang's route takes whole weights only
+                    raise WeightUpdateFailed(
+                        f"{e} (the engines were sent the LoRA adapter alone: engines other than pqrl's "
+                        "built-in one, such as SGLang, need model.lora.publish: merged)"
+                    ) from e
+                raise
         self._saved.append(path)
         while len(self._saved) > self.keep:
             shutil.rmtree(self._saved.pop(0), ignore_errors=True)

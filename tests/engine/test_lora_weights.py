@@ -228,3 +228,24 @@ async def test_merged_weights_serve_as_the_adapted_model_and_leave_it_unchanged(
     assert max_abs_diff(forced_logprobs(model, prompt, ids), served) < 1e-4
     with base_only(model):
         assert max_abs_diff(forced_logprobs(model, prompt, ids), served) > 1e-2, "the adapter is in them"
+
+
+class _WholeWeightsOnly:
+    """An engine client whose servers answer an adapter directory as SGLang's route does: failed."""
+
+    async def update_weights_from_disk(self, path: str, version: int, **_: Any) -> None:
+        if (Path(path) / "adapter_config.json").exists():
+            raise WeightUpdateFailed(f"{path}: no model weights found")
+
+
+@pytest.mark.parametrize("merged", [False, True])
+async def test_an_adapter_refused_by_an_engine_says_what_to_publish_instead(tiny, tmp_path, merged):
+    from trainer.weight_sync import DiskWeightSync
+
+    sync = DiskWeightSync(_WholeWeightsOnly(), tmp_path, merged=merged)  # type: ignore[arg-type]
+    model = _adapted(tiny[1], 13)
+    if merged:
+        await sync.push(model, 1)  # whole weights: taken
+        return
+    with pytest.raises(WeightUpdateFailed, match=r"no model weights found .*model.lora.publish: merged"):
+        await sync.push(model, 1)
